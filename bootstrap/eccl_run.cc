@@ -1,0 +1,211 @@
+// eccl-run: starts N local ranks of a program with the environment that
+// ecclCommInitFromEnv reads, prefixes their output with the rank, forwards
+// SIGINT/SIGTERM, and exits non-zero if any rank fails. The rendezvous root
+// runs inside the launcher, so killing any rank never kills it.
+#include <CLI/CLI.hpp>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "bootstrap/unique_id.h"
+#include "common/clock.h"
+#include "common/error.h"
+
+namespace {
+
+volatile sig_atomic_t pendingSignal = 0;
+void onSignal(int sig) { pendingSignal = sig; }
+
+struct Child {
+  int rank = 0;
+  pid_t pid = -1;
+  int outFd = -1, errFd = -1;
+  std::string outLine, errLine;
+  bool exited = false;
+  int status = 0;
+};
+
+// Writes complete lines with a "[rank] " prefix; keeps partial lines.
+void pump(int fd, int rank, std::string& pending, FILE* sink, bool flushAll) {
+  char buf[65536];
+  ssize_t n = fd >= 0 ? ::read(fd, buf, sizeof(buf)) : 0;
+  if (n > 0) pending.append(buf, static_cast<size_t>(n));
+  size_t start = 0, nl;
+  while ((nl = pending.find('\n', start)) != std::string::npos) {
+    fprintf(sink, "[%d] %.*s\n", rank, static_cast<int>(nl - start), pending.data() + start);
+    start = nl + 1;
+  }
+  pending.erase(0, start);
+  if (flushAll && !pending.empty()) {
+    fprintf(sink, "[%d] %s\n", rank, pending.c_str());
+    pending.clear();
+  }
+  fflush(sink);
+}
+
+bool isLocalHost(const std::string& h) { return h == "localhost" || h == "127.0.0.1" || h == "::1"; }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"eccl-run: launch ranks of an eccl program"};
+  int np = 0;
+  std::string hostList;
+  double timeoutSeconds = 0;
+  std::vector<std::string> command;
+  app.add_option("-n,--np", np, "number of ranks (-np N also works)")->required()->check(CLI::Range(1, 4096));
+  app.add_option("--host-list", hostList, "comma-separated hosts (this release launches on localhost only)");
+  app.add_option("--timeout", timeoutSeconds, "kill every rank after this many seconds (0: never)");
+  app.add_option("command", command, "program and its arguments")->required();
+  app.positionals_at_end();
+  app.allow_extras(false);
+  // mpirun's spelling "-np N" is the one people type; CLI11 takes one-letter
+  // short names only, so rewrite it before parsing.
+  std::vector<std::string> args;
+  for (int i = argc - 1; i >= 1; --i) args.push_back(std::string(argv[i]) == "-np" ? "--np" : argv[i]);
+  try {
+    app.parse(args);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  if (!hostList.empty()) {
+    size_t start = 0;
+    while (start <= hostList.size()) {
+      size_t comma = hostList.find(',', start);
+      std::string host = hostList.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+      if (!host.empty() && !isLocalHost(host)) {
+        fprintf(stderr, "eccl-run: host '%s': launching on remote hosts (over ssh) is not in this release; "
+                        "start one eccl-run per host or use mpirun\n", host.c_str());
+        return 2;
+      }
+      if (comma == std::string::npos) break;
+      start = comma + 1;
+    }
+  }
+  // Every rank is on this host: keep all traffic on loopback unless told otherwise.
+  setenv("ECCL_SOCKET_IFNAME", getenv("ECCL_SOCKET_IFNAME") ? getenv("ECCL_SOCKET_IFNAME") : "lo", 1);
+  std::string idText;
+  try {
+    idText = eccl::bootstrap::uniqueIdToText(eccl::bootstrap::createUniqueId());
+  } catch (const eccl::Error& e) {
+    fprintf(stderr, "eccl-run: %s\n", e.what());
+    return 2;
+  }
+
+  struct sigaction sa {};
+  sa.sa_handler = onSignal;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  std::vector<Child> children(np);
+  for (int r = 0; r < np; ++r) {
+    int out[2], err[2];
+    if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) {
+      perror("eccl-run: pipe");
+      return 2;
+    }
+    pid_t pid = fork();
+    if (pid == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);  // no orphaned ranks if the launcher dies
+      dup2(out[1], 1);
+      dup2(err[1], 2);
+      setenv("ECCL_RANK", std::to_string(r).c_str(), 1);
+      setenv("ECCL_NRANKS", std::to_string(np).c_str(), 1);
+      setenv("ECCL_UNIQUE_ID", idText.c_str(), 1);
+      std::vector<char*> args;
+      for (auto& a : command) args.push_back(a.data());
+      args.push_back(nullptr);
+      execvp(args[0], args.data());
+      fprintf(stderr, "eccl-run: cannot execute %s: %s\n", args[0], strerror(errno));
+      _exit(127);
+    }
+    close(out[1]);
+    close(err[1]);
+    children[r] = Child{r, pid, out[0], err[0], {}, {}, false, 0};
+  }
+
+  auto deadline = eccl::deadlineAfterMs(static_cast<int64_t>(timeoutSeconds * 1000));
+  int running = np;
+  bool timedOut = false;
+  while (running > 0) {
+    if (pendingSignal) {
+      for (auto& c : children)
+        if (!c.exited) kill(c.pid, pendingSignal);
+      pendingSignal = 0;
+    }
+    if (timeoutSeconds > 0 && !timedOut && eccl::Clock::now() >= deadline) {
+      fprintf(stderr, "eccl-run: --timeout of %.1f s reached; killing every rank\n", timeoutSeconds);
+      for (auto& c : children)
+        if (!c.exited) kill(c.pid, SIGKILL);
+      timedOut = true;
+    }
+    std::vector<pollfd> fds;
+    std::vector<std::pair<Child*, bool>> owners;
+    for (auto& c : children) {
+      if (c.outFd >= 0) fds.push_back({c.outFd, POLLIN, 0}), owners.push_back({&c, true});
+      if (c.errFd >= 0) fds.push_back({c.errFd, POLLIN, 0}), owners.push_back({&c, false});
+    }
+    if (!fds.empty() && poll(fds.data(), fds.size(), 100) > 0) {
+      for (size_t i = 0; i < fds.size(); ++i) {
+        if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+        auto [c, isOut] = owners[i];
+        int& fd = isOut ? c->outFd : c->errFd;
+        std::string& pending = isOut ? c->outLine : c->errLine;
+        char buf[65536];
+        ssize_t n = ::read(fd, buf, sizeof(buf));
+        if (n > 0) {
+          pending.append(buf, static_cast<size_t>(n));
+          pump(-1, c->rank, pending, isOut ? stdout : stderr, false);
+        } else {
+          pump(-1, c->rank, pending, isOut ? stdout : stderr, true);
+          close(fd);
+          fd = -1;
+        }
+      }
+    } else if (fds.empty()) {
+      usleep(10000);
+    }
+    int status;
+    pid_t pid;
+    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+      for (auto& c : children) {
+        if (c.pid != pid) continue;
+        c.exited = true;
+        c.status = status;
+        --running;
+        if (WIFSIGNALED(status))
+          fprintf(stderr, "eccl-run: rank %d (pid %d) was killed by signal %d (%s)\n", c.rank, pid,
+                  WTERMSIG(status), strsignal(WTERMSIG(status)));
+        else if (WEXITSTATUS(status) != 0)
+          fprintf(stderr, "eccl-run: rank %d (pid %d) exited with status %d\n", c.rank, pid, WEXITSTATUS(status));
+      }
+    }
+  }
+  // Drain what is left in the pipes.
+  for (auto& c : children) {
+    for (int* fd : {&c.outFd, &c.errFd}) {
+      if (*fd < 0) continue;
+      std::string& pending = fd == &c.outFd ? c.outLine : c.errLine;
+      char buf[65536];
+      ssize_t n;
+      while ((n = ::read(*fd, buf, sizeof(buf))) > 0) pending.append(buf, static_cast<size_t>(n));
+      pump(-1, c.rank, pending, fd == &c.outFd ? stdout : stderr, true);
+      close(*fd);
+    }
+  }
+  int failed = 0;
+  for (auto& c : children)
+    if (!WIFEXITED(c.status) || WEXITSTATUS(c.status) != 0) ++failed;
+  if (failed) fprintf(stderr, "eccl-run: %d of %d ranks failed\n", failed, np);
+  return failed ? 1 : 0;
+}

@@ -1,0 +1,128 @@
+#include "bootstrap/handshake.h"
+
+#include <cstring>
+#include <vector>
+
+#include "common/error.h"
+#include "common/socket.h"
+
+namespace eccl::bootstrap {
+namespace {
+
+constexpr uint32_t kHelloMagic = 0x4F4C4845;  // "EHLO"
+constexpr uint16_t kHelloVersion = 1;
+
+Mac proof(const Secret& secret, char side, const uint8_t hello[kHelloBytes], const Nonce& nonce) {
+  uint8_t buf[1 + kHelloBytes + sizeof(Nonce)];
+  buf[0] = static_cast<uint8_t>(side);
+  std::memcpy(buf + 1, hello, kHelloBytes);
+  std::memcpy(buf + 1 + kHelloBytes, nonce.data(), nonce.size());
+  return hmacSha256(secret, buf, sizeof(buf));
+}
+
+}  // namespace
+
+// Layout: magic u32, version u16, purpose u16, jobId u64, from u64, to u64,
+// lane u32, pad u32, client nonce[16].
+void encodeHello(const Hello& h, const Nonce& nonce, uint8_t out[kHelloBytes]) {
+  std::memset(out, 0, kHelloBytes);
+  uint16_t purpose = static_cast<uint16_t>(h.purpose);
+  std::memcpy(out + 0, &kHelloMagic, 4);
+  std::memcpy(out + 4, &kHelloVersion, 2);
+  std::memcpy(out + 6, &purpose, 2);
+  std::memcpy(out + 8, &h.jobId, 8);
+  std::memcpy(out + 16, &h.fromMember, 8);
+  std::memcpy(out + 24, &h.toMember, 8);
+  std::memcpy(out + 32, &h.lane, 4);
+  std::memcpy(out + 40, nonce.data(), 16);
+}
+
+bool decodeHello(const uint8_t in[kHelloBytes], Hello* h, std::string* why) {
+  uint32_t magic;
+  uint16_t version, purpose;
+  std::memcpy(&magic, in, 4);
+  std::memcpy(&version, in + 4, 2);
+  std::memcpy(&purpose, in + 6, 2);
+  if (magic != kHelloMagic) {
+    *why = fmt::format("not an eccl hello (magic 0x{:08x})", magic);
+    return false;
+  }
+  if (version != kHelloVersion) {
+    *why = fmt::format("hello version {} is not supported", version);
+    return false;
+  }
+  if (purpose != static_cast<uint16_t>(Purpose::kBootstrap) &&
+      purpose != static_cast<uint16_t>(Purpose::kData)) {
+    *why = fmt::format("hello names unknown purpose {}", purpose);
+    return false;
+  }
+  h->purpose = static_cast<Purpose>(purpose);
+  std::memcpy(&h->jobId, in + 8, 8);
+  std::memcpy(&h->fromMember, in + 16, 8);
+  std::memcpy(&h->toMember, in + 24, 8);
+  std::memcpy(&h->lane, in + 32, 4);
+  return true;
+}
+
+void authenticateAsClient(int fd, const Secret& secret, const Hello& hello, Deadline deadline,
+                          const std::string& what) {
+  Nonce clientNonce;
+  randomBytes(clientNonce.data(), clientNonce.size());
+  uint8_t helloBytes[kHelloBytes];
+  encodeHello(hello, clientNonce, helloBytes);
+  sendAll(fd, helloBytes, kHelloBytes, deadline, what);
+  uint8_t reply[sizeof(Nonce) + sizeof(Mac)];
+  try {
+    recvAll(fd, reply, sizeof(reply), deadline, what);
+  } catch (const Error& e) {
+    fail(ecclAuthError, "{}: the peer closed the connection during authentication (wrong job secret?): {}",
+         what, e.what());
+  }
+  Nonce serverNonce;
+  Mac serverMac;
+  std::memcpy(serverNonce.data(), reply, serverNonce.size());
+  std::memcpy(serverMac.data(), reply + serverNonce.size(), serverMac.size());
+  // The server's proof covers our fresh nonce, so it cannot be replayed.
+  if (!macEqual(serverMac, proof(secret, 'S', helloBytes, serverNonce)))
+    fail(ecclAuthError, "{}: the peer failed to prove the job secret", what);
+  Mac mine = proof(secret, 'C', helloBytes, serverNonce);
+  sendAll(fd, mine.data(), mine.size(), deadline, what);
+  uint8_t verdict = 0;
+  try {
+    recvAll(fd, &verdict, 1, deadline, what);
+  } catch (const Error&) {
+    verdict = 0;
+  }
+  if (verdict != 1) fail(ecclAuthError, "{}: the peer rejected our proof of the job secret (wrong secret?)", what);
+}
+
+Hello authenticateAsServer(int fd, const Secret& secret, uint64_t jobId, Deadline deadline,
+                           const std::string& what) {
+  uint8_t helloBytes[kHelloBytes];
+  recvAll(fd, helloBytes, kHelloBytes, deadline, what);
+  Hello hello;
+  std::string why;
+  if (!decodeHello(helloBytes, &hello, &why)) fail(ecclAuthError, "{}: {}", what, why);
+  if (hello.jobId != jobId)
+    fail(ecclAuthError, "{}: hello for job {:016x}, this is job {:016x}", what, hello.jobId, jobId);
+  Nonce serverNonce;
+  randomBytes(serverNonce.data(), serverNonce.size());
+  // Bind the server's proof to the client's nonce (inside helloBytes).
+  Mac serverMac = proof(secret, 'S', helloBytes, serverNonce);
+  uint8_t reply[sizeof(Nonce) + sizeof(Mac)];
+  std::memcpy(reply, serverNonce.data(), serverNonce.size());
+  std::memcpy(reply + serverNonce.size(), serverMac.data(), serverMac.size());
+  sendAll(fd, reply, sizeof(reply), deadline, what);
+  Mac clientMac;
+  recvAll(fd, clientMac.data(), clientMac.size(), deadline, what);
+  if (!macEqual(clientMac, proof(secret, 'C', helloBytes, serverNonce))) {
+    uint8_t no = 0;
+    ::send(fd, &no, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+    fail(ecclAuthError, "{}: member {} failed to prove the job secret", what, hello.fromMember);
+  }
+  uint8_t yes = 1;
+  sendAll(fd, &yes, 1, deadline, what);
+  return hello;
+}
+
+}  // namespace eccl::bootstrap

@@ -1,0 +1,29 @@
+// What an ecclUniqueId carries: the rendezvous root's address, a random
+// 128-bit job secret that every connection must prove it knows, and a job id.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "common/crypto.h"
+#include "common/socket.h"
+#include "eccl.h"
+
+namespace eccl::bootstrap {
+
+struct UniqueIdData {
+  SockAddr root;
+  Secret secret{};
+  uint64_t jobId = 0;
+};
+
+ecclUniqueId encodeUniqueId(const UniqueIdData& data);
+UniqueIdData decodeUniqueId(const ecclUniqueId& id);  // throws on a malformed id
+std::string uniqueIdToText(const ecclUniqueId& id);
+ecclUniqueId uniqueIdFromText(const std::string& text);  // throws on malformed text
+
+// Creates a fresh id and starts its rendezvous root on a detached thread of
+// this process, listening on the chosen interface.
+ecclUniqueId createUniqueId();
+
+}  // namespace eccl::bootstrap

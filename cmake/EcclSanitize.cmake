@@ -1,0 +1,15 @@
+# Applied per target through eccl_sanitize(<target>), never directory-wide.
+if(ECCL_SANITIZE STREQUAL "address")
+  set(ECCL_SANITIZE_FLAGS -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer)
+elseif(ECCL_SANITIZE STREQUAL "thread")
+  set(ECCL_SANITIZE_FLAGS -fsanitize=thread -fno-omit-frame-pointer)
+elseif(NOT ECCL_SANITIZE STREQUAL "")
+  message(FATAL_ERROR "ECCL_SANITIZE must be empty, address or thread")
+endif()
+
+function(eccl_sanitize target)
+  if(ECCL_SANITIZE_FLAGS)
+    target_compile_options(${target} PRIVATE ${ECCL_SANITIZE_FLAGS})
+    target_link_options(${target} PRIVATE ${ECCL_SANITIZE_FLAGS})
+  endif()
+endfunction()

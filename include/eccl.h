@@ -1,0 +1,123 @@
+/* eccl: elastic collective communication. Public C ABI (C99 and C++). */
+#ifndef ECCL_H_
+#define ECCL_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define ECCL_MAJOR 0
+#define ECCL_MINOR 1
+#define ECCL_PATCH 0
+#define ECCL_VERSION_CODE (ECCL_MAJOR * 10000 + ECCL_MINOR * 100 + ECCL_PATCH)
+
+/* Result codes, grouped by blast radius (see docs/errors.md). */
+typedef enum {
+  ecclSuccess = 0,
+  /* Caller's fault; nothing changed, the communicator stays usable. */
+  ecclInvalidArgument = 1,
+  ecclInvalidUsage = 2,
+  /* A peer or link failed; the communicator is revoked until recovered. */
+  ecclRemoteError = 3,
+  ecclTimeout = 4,
+  ecclAuthError = 5,
+  /* Local failure: the system or the library itself. */
+  ecclSystemError = 6,
+  ecclInternalError = 7,
+  ecclNumResults = 8
+} ecclResult_t;
+
+typedef enum {
+  ecclInt8 = 0, ecclUint8 = 1, ecclInt32 = 2, ecclUint32 = 3,
+  ecclInt64 = 4, ecclUint64 = 5, ecclFloat16 = 6, ecclFloat32 = 7,
+  ecclFloat64 = 8, ecclBfloat16 = 9,
+  ecclNumTypes = 10
+} ecclDataType_t;
+
+typedef enum {
+  ecclSum = 0, ecclProd = 1, ecclMax = 2, ecclMin = 3, ecclAvg = 4,
+  ecclNumOps = 5
+} ecclRedOp_t;
+
+#define ECCL_UNIQUE_ID_BYTES 128
+typedef struct { char internal[ECCL_UNIQUE_ID_BYTES]; } ecclUniqueId;
+
+typedef struct ecclComm* ecclComm_t;
+/* Present for NCCL parity: host calls take NULL. */
+typedef void* ecclStream_t;
+
+/* Config for ecclCommInitConfig. Set size = sizeof(ecclConfig_t); fields
+ * past what the caller's size covers take their defaults, so new fields can
+ * be appended without breaking the ABI. */
+typedef struct {
+  size_t size;
+  int64_t timeoutMs;        /* 0: ECCL_TIMEOUT_MS */
+  int socketsPerPeer;       /* 0: ECCL_NSOCKS_PERPEER */
+} ecclConfig_t;
+
+/* Versions and errors. */
+ecclResult_t ecclGetVersion(int* version);
+const char* ecclGetErrorString(ecclResult_t result);
+/* The message of the last failed call on comm (or of this thread when comm
+ * is NULL). Valid until the next call on the same comm/thread. */
+const char* ecclGetLastError(ecclComm_t comm);
+
+/* Communicator creation and teardown. */
+ecclResult_t ecclGetUniqueId(ecclUniqueId* uniqueId);
+ecclResult_t ecclCommInitRank(ecclComm_t* comm, int nranks, ecclUniqueId commId, int rank);
+ecclResult_t ecclCommInitRankConfig(ecclComm_t* comm, int nranks, ecclUniqueId commId,
+                                    int rank, const ecclConfig_t* config);
+/* Reads ECCL_RANK, ECCL_NRANKS and ECCL_UNIQUE_ID (as set by eccl-run). */
+ecclResult_t ecclCommInitFromEnv(ecclComm_t* comm);
+/* Serialises a unique id as text (for environment variables) and back. */
+ecclResult_t ecclUniqueIdToString(const ecclUniqueId* id, char* out, size_t outSize);
+ecclResult_t ecclUniqueIdFromString(const char* text, ecclUniqueId* id);
+ecclResult_t ecclCommDestroy(ecclComm_t comm);
+ecclResult_t ecclCommAbort(ecclComm_t comm);
+ecclResult_t ecclCommCount(const ecclComm_t comm, int* count);
+ecclResult_t ecclCommUserRank(const ecclComm_t comm, int* rank);
+ecclResult_t ecclCommGetAsyncError(ecclComm_t comm, ecclResult_t* asyncError);
+
+/* Collectives on host memory. Blocking: they complete before returning. */
+ecclResult_t ecclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
+                           ecclDataType_t datatype, ecclRedOp_t op, ecclComm_t comm,
+                           ecclStream_t stream);
+ecclResult_t ecclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
+                           ecclDataType_t datatype, int root, ecclComm_t comm,
+                           ecclStream_t stream);
+ecclResult_t ecclReduce(const void* sendbuff, void* recvbuff, size_t count,
+                        ecclDataType_t datatype, ecclRedOp_t op, int root, ecclComm_t comm,
+                        ecclStream_t stream);
+/* sendcount elements from each rank; recvbuff holds nranks * sendcount. */
+ecclResult_t ecclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount,
+                           ecclDataType_t datatype, ecclComm_t comm, ecclStream_t stream);
+/* sendbuff holds nranks * recvcount; each rank gets its recvcount block. */
+ecclResult_t ecclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount,
+                               ecclDataType_t datatype, ecclRedOp_t op, ecclComm_t comm,
+                               ecclStream_t stream);
+/* count elements to and from each rank. */
+ecclResult_t ecclAllToAll(const void* sendbuff, void* recvbuff, size_t count,
+                          ecclDataType_t datatype, ecclComm_t comm, ecclStream_t stream);
+/* Counts and displacements in elements, one per rank. */
+ecclResult_t ecclAllToAllv(const void* sendbuff, const size_t sendcounts[],
+                           const size_t sdispls[], void* recvbuff, const size_t recvcounts[],
+                           const size_t rdispls[], ecclDataType_t datatype, ecclComm_t comm,
+                           ecclStream_t stream);
+ecclResult_t ecclSend(const void* sendbuff, size_t count, ecclDataType_t datatype, int peer,
+                      ecclComm_t comm, ecclStream_t stream);
+ecclResult_t ecclRecv(void* recvbuff, size_t count, ecclDataType_t datatype, int peer,
+                      ecclComm_t comm, ecclStream_t stream);
+ecclResult_t ecclBarrier(ecclComm_t comm);
+
+/* Operations between GroupStart and GroupEnd are posted together at
+ * GroupEnd and progress together (a ring of send/recv cannot deadlock). */
+ecclResult_t ecclGroupStart(void);
+ecclResult_t ecclGroupEnd(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* ECCL_H_ */

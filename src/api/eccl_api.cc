@@ -1,0 +1,315 @@
+// One thin shim per entry point: check arguments, call the core, and let
+// guarded() turn any error into a result code.
+#include <cstring>
+
+#include "api/guard.h"
+#include "bootstrap/unique_id.h"
+#include "coll/reduce.h"
+#include "common/params.h"
+#include "core/group.h"
+
+using eccl::Communicator;
+using eccl::fail;
+using eccl::api::guarded;
+
+namespace eccl::api {
+namespace {
+thread_local std::string threadLastError;
+}
+
+void recordError(ecclComm_t comm, const std::string& message) {
+  threadLastError = message;
+  if (comm && comm->impl) comm->impl->setLastError(message);
+  log::info("{}", message);
+}
+
+}  // namespace eccl::api
+
+namespace {
+
+Communicator& impl(ecclComm_t comm, const char* fn) {
+  if (!comm || !comm->impl) fail(ecclInvalidArgument, "{}: comm is NULL", fn);
+  return *comm->impl;
+}
+
+void checkStream(ecclStream_t stream, const char* fn) {
+  if (stream != nullptr)
+    fail(ecclInvalidArgument,
+         "{}: stream must be NULL: this release works on host buffers only; device buffers and streams come in a "
+         "later release",
+         fn);
+}
+
+// A collective outside a group runs now; inside one it runs at GroupEnd.
+template <typename F>
+void runOrEnqueue(Communicator& c, F&& f) {
+  if (eccl::group::active())
+    eccl::group::enqueue(&c, nullptr, std::forward<F>(f));
+  else
+    f();
+}
+
+}  // namespace
+
+extern "C" {
+
+ecclResult_t ecclGetVersion(int* version) {
+  return guarded(nullptr, "ecclGetVersion", [&] {
+    if (!version) fail(ecclInvalidArgument, "ecclGetVersion: version is NULL");
+    *version = ECCL_VERSION_CODE;
+  });
+}
+
+const char* ecclGetErrorString(ecclResult_t r) {
+  switch (r) {
+    case ecclSuccess: return "no error";
+    case ecclInvalidArgument: return "invalid argument";
+    case ecclInvalidUsage: return "invalid usage";
+    case ecclRemoteError: return "remote process exited or there was a network error";
+    case ecclTimeout: return "operation timed out";
+    case ecclAuthError: return "authentication failed";
+    case ecclSystemError: return "system call or library failed";
+    case ecclInternalError: return "internal error in eccl";
+    default: return "unknown result code";
+  }
+}
+
+const char* ecclGetLastError(ecclComm_t comm) {
+  if (comm && comm->impl) return comm->impl->lastError();
+  return eccl::api::threadLastError.c_str();
+}
+
+ecclResult_t ecclGetUniqueId(ecclUniqueId* id) {
+  return guarded(nullptr, "ecclGetUniqueId", [&] {
+    if (!id) fail(ecclInvalidArgument, "ecclGetUniqueId: uniqueId is NULL");
+    *id = eccl::bootstrap::createUniqueId();
+  });
+}
+
+ecclResult_t ecclUniqueIdToString(const ecclUniqueId* id, char* out, size_t outSize) {
+  return guarded(nullptr, "ecclUniqueIdToString", [&] {
+    if (!id || !out) fail(ecclInvalidArgument, "ecclUniqueIdToString: NULL argument");
+    std::string text = eccl::bootstrap::uniqueIdToText(*id);
+    if (outSize < text.size() + 1)
+      fail(ecclInvalidArgument, "ecclUniqueIdToString: buffer of {} bytes, need {}", outSize, text.size() + 1);
+    std::memcpy(out, text.c_str(), text.size() + 1);
+  });
+}
+
+ecclResult_t ecclUniqueIdFromString(const char* text, ecclUniqueId* id) {
+  return guarded(nullptr, "ecclUniqueIdFromString", [&] {
+    if (!id || !text) fail(ecclInvalidArgument, "ecclUniqueIdFromString: NULL argument");
+    *id = eccl::bootstrap::uniqueIdFromText(text);
+  });
+}
+
+ecclResult_t ecclCommInitRankConfig(ecclComm_t* comm, int nranks, ecclUniqueId id, int rank,
+                                    const ecclConfig_t* config) {
+  return guarded(nullptr, "ecclCommInitRank", [&] {
+    if (!comm) fail(ecclInvalidArgument, "ecclCommInitRank: comm is NULL");
+    *comm = nullptr;
+    eccl::CommOptions options;
+    if (config) {
+      if (config->size < sizeof(size_t) || config->size > (1u << 16))
+        fail(ecclInvalidArgument, "ecclCommInitRankConfig: config->size={} is not a valid struct size", config->size);
+      ecclConfig_t c{};
+      std::memcpy(&c, config, std::min(config->size, sizeof(c)));
+      options.timeoutMs = c.timeoutMs;
+      options.socketsPerPeer = c.socketsPerPeer;
+    }
+    auto handle = std::make_unique<ecclComm>();
+    handle->impl = new Communicator(nranks, id, rank, options);
+    *comm = handle.release();
+  });
+}
+
+ecclResult_t ecclCommInitRank(ecclComm_t* comm, int nranks, ecclUniqueId id, int rank) {
+  return ecclCommInitRankConfig(comm, nranks, id, rank, nullptr);
+}
+
+ecclResult_t ecclCommInitFromEnv(ecclComm_t* comm) {
+  ecclUniqueId id;
+  int rank = -1, nranks = -1;
+  ecclResult_t r = guarded(nullptr, "ecclCommInitFromEnv", [&] {
+    rank = eccl::params::envRank();
+    nranks = eccl::params::envNranks();
+    std::string text = eccl::params::envUniqueId();
+    if (rank < 0 || nranks < 1 || text.empty())
+      fail(ecclInvalidUsage, "ecclCommInitFromEnv: ECCL_RANK, ECCL_NRANKS and ECCL_UNIQUE_ID must be set "
+                             "(run the program under eccl-run)");
+    id = eccl::bootstrap::uniqueIdFromText(text);
+  });
+  if (r != ecclSuccess) return r;
+  return ecclCommInitRankConfig(comm, nranks, id, rank, nullptr);
+}
+
+ecclResult_t ecclCommDestroy(ecclComm_t comm) {
+  return guarded(nullptr, "ecclCommDestroy", [&] {
+    Communicator& c = impl(comm, "ecclCommDestroy");
+    c.destroy();
+    delete comm->impl;
+    delete comm;
+  });
+}
+
+ecclResult_t ecclCommAbort(ecclComm_t comm) {
+  return guarded(nullptr, "ecclCommAbort", [&] {
+    Communicator& c = impl(comm, "ecclCommAbort");
+    c.abort();
+    delete comm->impl;
+    delete comm;
+  });
+}
+
+ecclResult_t ecclCommCount(const ecclComm_t comm, int* count) {
+  return guarded(comm, "ecclCommCount", [&] {
+    Communicator& c = impl(comm, "ecclCommCount");
+    if (!count) fail(ecclInvalidArgument, "ecclCommCount: count is NULL");
+    *count = c.size();
+  });
+}
+
+ecclResult_t ecclCommUserRank(const ecclComm_t comm, int* rank) {
+  return guarded(comm, "ecclCommUserRank", [&] {
+    Communicator& c = impl(comm, "ecclCommUserRank");
+    if (!rank) fail(ecclInvalidArgument, "ecclCommUserRank: rank is NULL");
+    *rank = c.rank();
+  });
+}
+
+ecclResult_t ecclCommGetAsyncError(ecclComm_t comm, ecclResult_t* asyncError) {
+  return guarded(comm, "ecclCommGetAsyncError", [&] {
+    Communicator& c = impl(comm, "ecclCommGetAsyncError");
+    if (!asyncError) fail(ecclInvalidArgument, "ecclCommGetAsyncError: asyncError is NULL");
+    *asyncError = c.asyncError();
+  });
+}
+
+ecclResult_t ecclAllReduce(const void* in, void* out, size_t count, ecclDataType_t type, ecclRedOp_t op,
+                           ecclComm_t comm, ecclStream_t stream) {
+  return guarded(comm, "ecclAllReduce", [&] {
+    Communicator& c = impl(comm, "ecclAllReduce");
+    checkStream(stream, "ecclAllReduce");
+    runOrEnqueue(c, [=, &c] { c.allReduce(in, out, count, type, op); });
+  });
+}
+
+ecclResult_t ecclBroadcast(const void* in, void* out, size_t count, ecclDataType_t type, int root,
+                           ecclComm_t comm, ecclStream_t stream) {
+  return guarded(comm, "ecclBroadcast", [&] {
+    Communicator& c = impl(comm, "ecclBroadcast");
+    checkStream(stream, "ecclBroadcast");
+    runOrEnqueue(c, [=, &c] { c.broadcast(in, out, count, type, root); });
+  });
+}
+
+ecclResult_t ecclReduce(const void* in, void* out, size_t count, ecclDataType_t type, ecclRedOp_t op, int root,
+                        ecclComm_t comm, ecclStream_t stream) {
+  return guarded(comm, "ecclReduce", [&] {
+    Communicator& c = impl(comm, "ecclReduce");
+    checkStream(stream, "ecclReduce");
+    runOrEnqueue(c, [=, &c] { c.reduce(in, out, count, type, op, root); });
+  });
+}
+
+ecclResult_t ecclAllGather(const void* in, void* out, size_t sendcount, ecclDataType_t type, ecclComm_t comm,
+                           ecclStream_t stream) {
+  return guarded(comm, "ecclAllGather", [&] {
+    Communicator& c = impl(comm, "ecclAllGather");
+    checkStream(stream, "ecclAllGather");
+    runOrEnqueue(c, [=, &c] { c.allGather(in, out, sendcount, type); });
+  });
+}
+
+ecclResult_t ecclReduceScatter(const void* in, void* out, size_t recvcount, ecclDataType_t type, ecclRedOp_t op,
+                               ecclComm_t comm, ecclStream_t stream) {
+  return guarded(comm, "ecclReduceScatter", [&] {
+    Communicator& c = impl(comm, "ecclReduceScatter");
+    checkStream(stream, "ecclReduceScatter");
+    runOrEnqueue(c, [=, &c] { c.reduceScatter(in, out, recvcount, type, op); });
+  });
+}
+
+ecclResult_t ecclAllToAll(const void* in, void* out, size_t count, ecclDataType_t type, ecclComm_t comm,
+                          ecclStream_t stream) {
+  return guarded(comm, "ecclAllToAll", [&] {
+    Communicator& c = impl(comm, "ecclAllToAll");
+    checkStream(stream, "ecclAllToAll");
+    runOrEnqueue(c, [=, &c] { c.allToAll(in, out, count, type); });
+  });
+}
+
+ecclResult_t ecclAllToAllv(const void* in, const size_t sendcounts[], const size_t sdispls[], void* out,
+                           const size_t recvcounts[], const size_t rdispls[], ecclDataType_t type,
+                           ecclComm_t comm, ecclStream_t stream) {
+  return guarded(comm, "ecclAllToAllv", [&] {
+    Communicator& c = impl(comm, "ecclAllToAllv");
+    checkStream(stream, "ecclAllToAllv");
+    runOrEnqueue(c, [=, &c] { c.allToAllv(in, sendcounts, sdispls, out, recvcounts, rdispls, type); });
+  });
+}
+
+ecclResult_t ecclBarrier(ecclComm_t comm) {
+  return guarded(comm, "ecclBarrier", [&] {
+    Communicator& c = impl(comm, "ecclBarrier");
+    runOrEnqueue(c, [&c] { c.barrier(); });
+  });
+}
+
+ecclResult_t ecclSend(const void* buf, size_t count, ecclDataType_t type, int peer, ecclComm_t comm,
+                      ecclStream_t stream) {
+  return guarded(comm, "ecclSend", [&] {
+    Communicator& c = impl(comm, "ecclSend");
+    checkStream(stream, "ecclSend");
+    size_t bytes = Communicator::checkedBytes(count, type, 1, "ecclSend");
+    Communicator::checkBuffer(buf, count, "ecclSend sendbuff");
+    c.checkRank(peer, "ecclSend peer");
+    if (peer == c.rank()) {
+      if (!eccl::group::active())
+        fail(ecclInvalidUsage, "ecclSend to self (rank {}) outside a group would never complete", peer);
+      eccl::group::enqueue(&c, [=, &c] { c.pushSelfSend(buf, bytes); }, nullptr);
+      return;
+    }
+    if (!eccl::group::active()) {
+      c.waitP2p(c.postSend(buf, bytes, peer), peer, true);
+      return;
+    }
+    auto request = std::make_shared<eccl::transport::RequestPtr>();
+    eccl::group::enqueue(
+        &c, [=, &c] { *request = c.postSend(buf, bytes, peer); }, [=, &c] { c.waitP2p(*request, peer, true); });
+  });
+}
+
+ecclResult_t ecclRecv(void* buf, size_t count, ecclDataType_t type, int peer, ecclComm_t comm,
+                      ecclStream_t stream) {
+  return guarded(comm, "ecclRecv", [&] {
+    Communicator& c = impl(comm, "ecclRecv");
+    checkStream(stream, "ecclRecv");
+    size_t bytes = Communicator::checkedBytes(count, type, 1, "ecclRecv");
+    Communicator::checkBuffer(buf, count, "ecclRecv recvbuff");
+    c.checkRank(peer, "ecclRecv peer");
+    if (peer == c.rank()) {
+      if (!eccl::group::active())
+        fail(ecclInvalidUsage, "ecclRecv from self (rank {}) outside a group would never complete", peer);
+      eccl::group::enqueue(&c, nullptr, [=, &c] { c.popSelfRecv(buf, bytes); });
+      return;
+    }
+    if (!eccl::group::active()) {
+      c.waitP2p(c.postRecv(buf, bytes, peer), peer, false);
+      return;
+    }
+    auto request = std::make_shared<eccl::transport::RequestPtr>();
+    eccl::group::enqueue(
+        &c, [=, &c] { *request = c.postRecv(buf, bytes, peer); }, [=, &c] { c.waitP2p(*request, peer, false); });
+  });
+}
+
+ecclResult_t ecclGroupStart(void) {
+  return guarded(nullptr, "ecclGroupStart", [] { eccl::group::start(); });
+}
+
+ecclResult_t ecclGroupEnd(void) {
+  return guarded(nullptr, "ecclGroupEnd", [] { eccl::group::end(); });
+}
+
+}  // extern "C"

@@ -1,0 +1,42 @@
+// The single translation point between eccl's internal errors and the C
+// ABI: every extern "C" entry point runs its body through guarded(), which
+// catches everything, records the message and returns a result code.
+#pragma once
+
+#include <exception>
+#include <new>
+#include <string>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "core/communicator.h"
+
+struct ecclComm {
+  eccl::Communicator* impl = nullptr;
+};
+
+namespace eccl::api {
+
+void recordError(ecclComm_t comm, const std::string& message);
+
+template <typename F>
+ecclResult_t guarded(ecclComm_t comm, const char* function, F&& body) noexcept {
+  try {
+    body();
+    return ecclSuccess;
+  } catch (const Error& e) {
+    recordError(comm, e.what());
+    return e.code();
+  } catch (const std::bad_alloc&) {
+    recordError(comm, std::string(function) + ": out of memory");
+    return ecclSystemError;
+  } catch (const std::exception& e) {
+    recordError(comm, std::string(function) + ": internal error: " + e.what());
+    return ecclInternalError;
+  } catch (...) {
+    recordError(comm, std::string(function) + ": internal error: unknown exception");
+    return ecclInternalError;
+  }
+}
+
+}  // namespace eccl::api

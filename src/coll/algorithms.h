@@ -1,0 +1,46 @@
+// Every collective algorithm, written against Links only. Counts are in
+// elements of `type`; reductions here never see float16/bfloat16 (the core
+// widens those to float32 first, so partial sums are rounded only once).
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "coll/links.h"
+#include "eccl.h"
+
+namespace eccl::coll {
+
+// Block b of a vector split for a ring covers [offsets[b], offsets[b+1]).
+struct Blocks {
+  std::vector<size_t> offsets;
+  size_t size(int b) const { return offsets[b + 1] - offsets[b]; }
+  size_t maxSize() const;
+  static Blocks even(size_t count, int nblocks);    // near-equal split
+  static Blocks uniform(size_t blockCount, int nblocks);
+};
+
+// Ring reduce-scatter: rank r ends with block r of acc fully reduced
+// (acc[b] = in[b] op partials), segment by segment so the reduction of one
+// segment overlaps the receipt of the next.
+void ringReduceScatter(Links& links, const void* in, void* acc, const Blocks& blocks,
+                       ecclDataType_t type, ecclRedOp_t op, uint32_t phase);
+// Ring all-gather: rank r starts with block r of buf; ends with all blocks.
+void ringAllGather(Links& links, void* buf, const Blocks& blocks, size_t elemSize, uint32_t phase);
+
+void allreduceRing(Links& links, const void* in, void* out, size_t count, ecclDataType_t type,
+                   ecclRedOp_t op);
+void allreduceRecursiveDoubling(Links& links, const void* in, void* out, size_t count,
+                                ecclDataType_t type, ecclRedOp_t op);
+void reduceScatterRing(Links& links, const void* in, void* out, size_t recvCount,
+                       ecclDataType_t type, ecclRedOp_t op);
+void allGatherRing(Links& links, const void* in, void* out, size_t sendBytes);
+void broadcastChain(Links& links, const void* in, void* out, size_t bytes, int root);
+void reduceChain(Links& links, const void* in, void* out, size_t count, ecclDataType_t type,
+                 ecclRedOp_t op, int root);
+// Byte counts and displacements, one per rank.
+void allToAllvPairwise(Links& links, const void* in, const size_t* sendBytes, const size_t* sendOffsets,
+                       void* out, const size_t* recvBytes, const size_t* recvOffsets);
+void barrierDissemination(Links& links);
+
+}  // namespace eccl::coll

@@ -1,0 +1,42 @@
+// What a collective algorithm sees of the communicator: ranks, and
+// nonblocking sends and receives tagged within the current op. Algorithms
+// never see members, epochs or sockets, so the same code runs over every
+// transport and survives view changes.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "transport/transport.h"
+
+namespace eccl::coll {
+
+using transport::RequestPtr;
+
+class Links {
+ public:
+  virtual ~Links() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual RequestPtr isend(int peer, uint32_t tag, const void* buf, size_t bytes) = 0;
+  virtual RequestPtr irecv(int peer, uint32_t tag, void* buf, size_t bytes) = 0;
+  // Throws eccl::Error naming the op and the peer on failure or deadline.
+  virtual void wait(const RequestPtr& request) = 0;
+  virtual size_t segmentBytes() const = 0;
+
+  void waitAll(std::vector<RequestPtr>& requests) {
+    for (auto& r : requests) wait(r);
+    requests.clear();
+  }
+};
+
+// Tag layout: phase (4 bits) | step (12 bits) | segment (16 bits).
+constexpr uint32_t kMaxSteps = 1u << 12;
+constexpr uint32_t kMaxSegments = 1u << 16;
+inline uint32_t makeTag(uint32_t phase, uint32_t step, uint32_t segment) {
+  return (phase << 28) | ((step & (kMaxSteps - 1)) << 16) | (segment & (kMaxSegments - 1));
+}
+
+inline int modRank(int64_t x, int n) { return static_cast<int>(((x % n) + n) % n); }
+
+}  // namespace eccl::coll

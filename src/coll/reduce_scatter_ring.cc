@@ -1,0 +1,20 @@
+#include <cstring>
+#include <vector>
+
+#include "coll/algorithms.h"
+#include "coll/reduce.h"
+
+namespace eccl::coll {
+
+void reduceScatterRing(Links& links, const void* in, void* out, size_t recvCount, ecclDataType_t type,
+                       ecclRedOp_t op) {
+  const int n = links.size(), r = links.rank();
+  const size_t es = typeSize(type);
+  Blocks blocks = Blocks::uniform(recvCount, n);
+  // Partial sums of other ranks' blocks pass through here on their way round.
+  std::vector<uint8_t> acc(recvCount * n * es);
+  ringReduceScatter(links, in, acc.data(), blocks, type, op, /*phase=*/0);
+  if (recvCount) std::memmove(out, acc.data() + blocks.offsets[r] * es, recvCount * es);
+}
+
+}  // namespace eccl::coll

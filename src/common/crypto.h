@@ -1,0 +1,21 @@
+// Secrets, randomness and checksums, all from well-kept libraries
+// (OpenSSL for HMAC-SHA256 and random bytes, ISA-L for CRC32C).
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+
+namespace eccl {
+
+using Secret = std::array<uint8_t, 16>;
+using Nonce = std::array<uint8_t, 16>;
+using Mac = std::array<uint8_t, 32>;
+
+void randomBytes(void* out, size_t n);
+Mac hmacSha256(const Secret& key, const void* data, size_t n);
+// Constant-time comparison, so a forger learns nothing from timing.
+bool macEqual(const Mac& a, const Mac& b);
+uint32_t crc32c(const void* data, size_t n, uint32_t seed = 0);
+
+}  // namespace eccl

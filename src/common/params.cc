@@ -1,0 +1,76 @@
+#include "common/params.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "common/error.h"
+
+namespace eccl::params {
+
+const std::vector<Param>& all() {
+  static const std::vector<Param> table = {
+      {"ECCL_TIMEOUT_MS", "int", "30000",
+       "Deadline for every blocking wait (connect, send, receive, bootstrap), in milliseconds."},
+      {"ECCL_NSOCKS_PERPEER", "int", "2",
+       "TCP sockets (lanes) opened to each peer; large messages are striped across them."},
+      {"ECCL_SOCKET_IFNAME", "string", "",
+       "Network interface to use (prefix match; ^name excludes). Default: first non-loopback "
+       "interface that is up, else loopback."},
+      {"ECCL_DEBUG", "string", "WARN", "Log level: NONE, WARN, INFO or TRACE."},
+      {"ECCL_STRIPE_MIN_BYTES", "int", "262144",
+       "Messages at least this large are split across all lanes of a peer."},
+      {"ECCL_ALLREDUCE_SMALL_BYTES", "int", "65536",
+       "Allreduce messages up to this size use recursive doubling; larger ones use the ring."},
+      {"ECCL_RING_SEGMENT_BYTES", "int", "524288",
+       "Pipeline segment of the ring algorithms: reduction of one segment overlaps receiving "
+       "the next."},
+      {"ECCL_HANDSHAKE_TIMEOUT_MS", "int", "5000",
+       "Deadline for an incoming connection to complete authentication."},
+      {"ECCL_PIN_PROGRESS_THREAD", "int", "1",
+       "Bind the progress thread to the NUMA node of the chosen NIC (when hwloc knows it)."},
+      {"ECCL_RANK", "int", "-1", "Rank of this process (set by eccl-run)."},
+      {"ECCL_NRANKS", "int", "-1", "Number of ranks (set by eccl-run)."},
+      {"ECCL_UNIQUE_ID", "string", "", "The job's unique id as text (set by eccl-run)."},
+  };
+  return table;
+}
+
+namespace {
+
+const Param& lookup(const char* name) {
+  for (const auto& p : all())
+    if (std::strcmp(p.name, name) == 0) return p;
+  fail(ecclInternalError, "parameter {} is not declared in the registry", name);
+}
+
+std::string getString(const char* name) {
+  const Param& p = lookup(name);
+  const char* v = std::getenv(name);
+  return v ? std::string(v) : std::string(p.defaultValue);
+}
+
+int64_t getInt(const char* name) {
+  std::string s = getString(name);
+  char* end = nullptr;
+  long long v = std::strtoll(s.c_str(), &end, 10);
+  if (s.empty() || *end != '\0')
+    fail(ecclInvalidArgument, "environment variable {}='{}' is not an integer", name, s);
+  return v;
+}
+
+}  // namespace
+
+int64_t timeoutMs() { return getInt("ECCL_TIMEOUT_MS"); }
+int socketsPerPeer() { return static_cast<int>(getInt("ECCL_NSOCKS_PERPEER")); }
+std::string socketIfname() { return getString("ECCL_SOCKET_IFNAME"); }
+std::string debugLevel() { return getString("ECCL_DEBUG"); }
+int64_t stripeMinBytes() { return getInt("ECCL_STRIPE_MIN_BYTES"); }
+int64_t smallAllreduceBytes() { return getInt("ECCL_ALLREDUCE_SMALL_BYTES"); }
+int64_t ringSegmentBytes() { return getInt("ECCL_RING_SEGMENT_BYTES"); }
+int64_t handshakeTimeoutMs() { return getInt("ECCL_HANDSHAKE_TIMEOUT_MS"); }
+int pinProgressThread() { return static_cast<int>(getInt("ECCL_PIN_PROGRESS_THREAD")); }
+int envRank() { return static_cast<int>(getInt("ECCL_RANK")); }
+int envNranks() { return static_cast<int>(getInt("ECCL_NRANKS")); }
+std::string envUniqueId() { return getString("ECCL_UNIQUE_ID"); }
+
+}  // namespace eccl::params

@@ -1,0 +1,37 @@
+// Every ECCL_ environment variable is declared once, in params.cc's table.
+// docs/env.md is checked against that table by a test (tests/params_test.cc).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace eccl::params {
+
+struct Param {
+  const char* name;
+  const char* type;  // "int" or "string"
+  const char* defaultValue;
+  const char* help;
+};
+
+const std::vector<Param>& all();
+
+// Typed accessors; each reads the environment on every call so tests can
+// change a variable between communicators.
+int64_t timeoutMs();
+int socketsPerPeer();
+std::string socketIfname();
+std::string debugLevel();
+int64_t stripeMinBytes();
+int64_t smallAllreduceBytes();
+int64_t ringSegmentBytes();
+int64_t handshakeTimeoutMs();
+int pinProgressThread();
+
+// Launcher-provided identity (eccl-run); empty/negative when unset.
+int envRank();
+int envNranks();
+std::string envUniqueId();
+
+}  // namespace eccl::params

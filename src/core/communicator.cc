@@ -1,0 +1,292 @@
+#include "core/communicator.h"
+
+#include <cstring>
+#include <limits>
+
+#include "bootstrap/root.h"
+#include "bootstrap/unique_id.h"
+#include "coll/algorithms.h"
+#include "coll/reduce.h"
+#include "common/error.h"
+#include "common/log.h"
+#include "common/params.h"
+#include "transport/frame.h"
+#include "transport/tcp/device.h"
+
+namespace eccl {
+
+using coll::typeSize;
+
+// Binds one op's sequence number and label to the links an algorithm uses.
+class Communicator::OpLinks final : public coll::Links {
+ public:
+  OpLinks(Communicator& c, uint64_t seq, std::string label)
+      : comm_(c), seq_(seq), label_(std::move(label)), deadline_(deadlineAfterMs(c.timeoutMs_)),
+        segment_(static_cast<size_t>(params::ringSegmentBytes())) {}
+  int rank() const override { return comm_.rank_; }
+  int size() const override { return comm_.size(); }
+  transport::RequestPtr isend(int peer, uint32_t tag, const void* buf, size_t bytes) override {
+    return comm_.device_->isend(comm_.view_.rankToMember[peer], seq_, tag, buf, bytes);
+  }
+  transport::RequestPtr irecv(int peer, uint32_t tag, void* buf, size_t bytes) override {
+    return comm_.device_->irecv(comm_.view_.rankToMember[peer], seq_, tag, buf, bytes);
+  }
+  void wait(const transport::RequestPtr& r) override { comm_.device_->wait(r, deadline_, label_); }
+  size_t segmentBytes() const override { return segment_; }
+
+ private:
+  Communicator& comm_;
+  uint64_t seq_;
+  std::string label_;
+  Deadline deadline_;
+  size_t segment_;
+};
+
+Communicator::Communicator(int nranks, const ecclUniqueId& id, int rank, const CommOptions& o)
+    : rank_(rank), timeoutMs_(o.timeoutMs > 0 ? o.timeoutMs : params::timeoutMs()) {
+  ECCL_CHECK_ARG(nranks >= 1, "ecclCommInitRank: nranks={} must be at least 1", nranks);
+  ECCL_CHECK_ARG(rank >= 0 && rank < nranks, "ecclCommInitRank: rank {} is outside [0, {})", rank, nranks);
+  bootstrap::UniqueIdData idData = bootstrap::decodeUniqueId(id);
+  transport::TcpOptions t;
+  t.self = static_cast<transport::MemberId>(rank);
+  t.jobId = idData.jobId;
+  t.commId = idData.jobId;
+  t.secret = idData.secret;
+  t.lanes = o.socketsPerPeer > 0 ? o.socketsPerPeer : params::socketsPerPeer();
+  ECCL_CHECK_ARG(t.lanes >= 1 && t.lanes <= 64, "sockets per peer must be in [1, 64], got {}", t.lanes);
+  t.stripeMinBytes = params::stripeMinBytes();
+  t.handshakeTimeoutMs = std::min<int64_t>(params::handshakeTimeoutMs(), timeoutMs_);
+  t.ifname = params::socketIfname();
+  t.pinProgressThread = params::pinProgressThread() != 0;
+  device_ = transport::createTcpDevice(t);
+  device_->onPeerFailure = [this](transport::MemberId m, ecclResult_t code, const std::string& reason) {
+    onPeerFailure(m, code, reason);
+  };
+  auto addresses = bootstrap::exchangeAddresses(idData, rank, nranks, device_->address(), deadlineAfterMs(timeoutMs_));
+  view_.epoch = 1;
+  for (int r = 0; r < nranks; ++r) {
+    view_.rankToMember.push_back(static_cast<transport::MemberId>(r));
+    if (r != rank) device_->addPeer(r, addresses[r], fmt::format("rank {} ({})", r, addresses[r]));
+  }
+  device_->setEpoch(view_.epoch);
+  sendSeq_.assign(nranks, 0);
+  recvSeq_.assign(nranks, 0);
+  log::info("rank {} of {} ready at {} (epoch {})", rank, nranks, device_->address(), view_.epoch);
+}
+
+Communicator::~Communicator() = default;
+
+void Communicator::onPeerFailure(transport::MemberId member, ecclResult_t code, const std::string& reason) {
+  MutexLock lock(errorMu_);
+  if (asyncError_ != ecclSuccess) return;
+  asyncError_ = code == ecclTimeout ? ecclTimeout : ecclRemoteError;
+  asyncMessage_ = fmt::format("communicator revoked at epoch {}: {}", view_.epoch, reason);
+  (void)member;
+}
+
+ecclResult_t Communicator::asyncError() const {
+  MutexLock lock(errorMu_);
+  return asyncError_;
+}
+
+void Communicator::checkUsable() const {
+  MutexLock lock(errorMu_);
+  if (asyncError_ != ecclSuccess) throw Error(asyncError_, asyncMessage_);
+}
+
+void Communicator::setLastError(std::string message) {
+  MutexLock lock(errorMu_);
+  lastError_ = std::move(message);
+}
+
+const char* Communicator::lastError() const {
+  MutexLock lock(errorMu_);
+  return lastError_.c_str();
+}
+
+void Communicator::pushSelfSend(const void* buf, size_t bytes) { selfSends_.emplace_back(buf, bytes); }
+
+void Communicator::popSelfRecv(void* buf, size_t bytes) {
+  if (selfRecvIndex_ >= selfSends_.size())
+    fail(ecclInvalidUsage, "recv from self (rank {}) has no matching send to self in the group", rank_);
+  auto [src, n] = selfSends_[selfRecvIndex_++];
+  if (selfRecvIndex_ == selfSends_.size()) selfSends_.clear(), selfRecvIndex_ = 0;
+  if (n != bytes)
+    fail(ecclInvalidUsage, "send to self of {} bytes matched a recv of {} bytes (rank {})", n, bytes, rank_);
+  if (n) std::memmove(buf, src, n);
+}
+
+void Communicator::abort() { device_->abort(fmt::format("rank {}: communicator aborted by the application", rank_)); }
+
+void Communicator::destroy() { device_->close(deadlineAfterMs(std::min<int64_t>(timeoutMs_, 2000))); }
+
+void Communicator::checkRank(int r, const char* what) const {
+  ECCL_CHECK_ARG(r >= 0 && r < size(), "{}: rank {} is outside [0, {})", what, r, size());
+}
+
+void Communicator::checkBuffer(const void* p, size_t count, const char* what) {
+  ECCL_CHECK_ARG(p != nullptr || count == 0, "{} is NULL with count {}", what, count);
+}
+
+size_t Communicator::checkedBytes(size_t count, ecclDataType_t type, size_t multiplier, const char* what) {
+  ECCL_CHECK_ARG(type >= 0 && type < ecclNumTypes, "{}: invalid data type {}", what, static_cast<int>(type));
+  const size_t limit = size_t(1) << 46;  // 64 TiB: far past any host buffer, far from overflow
+  size_t es = typeSize(type);
+  ECCL_CHECK_ARG(count <= limit / es / std::max<size_t>(multiplier, 1),
+                 "{}: count {} x {} ranks of {} overflows the byte size limit", what, count, multiplier,
+                 coll::typeName(type));
+  return count * es * multiplier;
+}
+
+std::string Communicator::opLabel(const char* name, uint64_t seq) const {
+  return fmt::format("{} (rank {}, epoch {}, op {})", name, rank_, view_.epoch, seq);
+}
+
+void Communicator::runCollective(const char* name, const std::function<void(OpLinks&)>& body) {
+  checkUsable();
+  uint64_t seq = ++collSeq_;
+  OpLinks links(*this, seq, opLabel(name, seq));
+  body(links);
+}
+
+namespace {
+
+void checkOp(ecclRedOp_t op, const char* what) {
+  ECCL_CHECK_ARG(op >= 0 && op < ecclNumOps, "{}: invalid reduction op {}", what, static_cast<int>(op));
+}
+
+// Runs a reduction in the type the algorithm should see: float16 and
+// bfloat16 go through float32 (one rounding at the end), and avg divides once.
+void reduceWide(const void* in, size_t inCount, void* out, size_t outCount, ecclDataType_t type,
+                ecclRedOp_t op, int nranks, bool haveOutput,
+                const std::function<void(const void*, void*, ecclDataType_t)>& run) {
+  if (!coll::isHalfType(type)) {
+    run(in, out, type);
+    if (op == ecclAvg && haveOutput) coll::finishAverage(out, outCount, type, nranks);
+    return;
+  }
+  std::vector<float> wideIn(inCount), wideOut(outCount);
+  coll::widenToFloat(in, wideIn.data(), inCount, type);
+  run(wideIn.data(), wideOut.data(), ecclFloat32);
+  if (!haveOutput) return;
+  if (op == ecclAvg) coll::finishAverage(wideOut.data(), outCount, ecclFloat32, nranks);
+  coll::narrowFromFloat(wideOut.data(), out, outCount, type);
+}
+
+}  // namespace
+
+void Communicator::allReduce(const void* in, void* out, size_t count, ecclDataType_t type, ecclRedOp_t op) {
+  size_t bytes = checkedBytes(count, type, 1, "allreduce");
+  checkOp(op, "allreduce");
+  checkBuffer(in, count, "allreduce sendbuff");
+  checkBuffer(out, count, "allreduce recvbuff");
+  runCollective("allreduce", [&](OpLinks& links) {
+    reduceWide(in, count, out, count, type, op, size(), true, [&](const void* i, void* o, ecclDataType_t t) {
+      if (static_cast<int64_t>(bytes) <= params::smallAllreduceBytes())
+        coll::allreduceRecursiveDoubling(links, i, o, count, t, op);
+      else
+        coll::allreduceRing(links, i, o, count, t, op);
+    });
+  });
+}
+
+void Communicator::broadcast(const void* in, void* out, size_t count, ecclDataType_t type, int root) {
+  size_t bytes = checkedBytes(count, type, 1, "broadcast");
+  checkRank(root, "broadcast root");
+  if (rank_ == root) checkBuffer(in, count, "broadcast sendbuff");
+  checkBuffer(out, count, "broadcast recvbuff");
+  runCollective("broadcast", [&](OpLinks& links) { coll::broadcastChain(links, in, out, bytes, root); });
+}
+
+void Communicator::reduce(const void* in, void* out, size_t count, ecclDataType_t type, ecclRedOp_t op, int root) {
+  checkedBytes(count, type, 1, "reduce");
+  checkOp(op, "reduce");
+  checkRank(root, "reduce root");
+  checkBuffer(in, count, "reduce sendbuff");
+  if (rank_ == root) checkBuffer(out, count, "reduce recvbuff");
+  runCollective("reduce", [&](OpLinks& links) {
+    reduceWide(in, count, out, count, type, op, size(), rank_ == root,
+               [&](const void* i, void* o, ecclDataType_t t) { coll::reduceChain(links, i, o, count, t, op, root); });
+  });
+}
+
+void Communicator::allGather(const void* in, void* out, size_t sendCount, ecclDataType_t type) {
+  size_t bytes = checkedBytes(sendCount, type, 1, "allgather");
+  checkedBytes(sendCount, type, size(), "allgather");
+  checkBuffer(in, sendCount, "allgather sendbuff");
+  checkBuffer(out, sendCount, "allgather recvbuff");
+  runCollective("allgather", [&](OpLinks& links) { coll::allGatherRing(links, in, out, bytes); });
+}
+
+void Communicator::reduceScatter(const void* in, void* out, size_t recvCount, ecclDataType_t type, ecclRedOp_t op) {
+  checkedBytes(recvCount, type, size(), "reducescatter");
+  checkOp(op, "reducescatter");
+  checkBuffer(in, recvCount, "reducescatter sendbuff");
+  checkBuffer(out, recvCount, "reducescatter recvbuff");
+  runCollective("reducescatter", [&](OpLinks& links) {
+    reduceWide(in, recvCount * size(), out, recvCount, type, op, size(), true,
+               [&](const void* i, void* o, ecclDataType_t t) { coll::reduceScatterRing(links, i, o, recvCount, t, op); });
+  });
+}
+
+void Communicator::allToAll(const void* in, void* out, size_t count, ecclDataType_t type) {
+  size_t bytes = checkedBytes(count, type, 1, "alltoall");
+  checkedBytes(count, type, size(), "alltoall");
+  checkBuffer(in, count, "alltoall sendbuff");
+  checkBuffer(out, count, "alltoall recvbuff");
+  ECCL_CHECK_ARG(in != out || count == 0 || size() == 1, "alltoall: in-place operation is not supported");
+  std::vector<size_t> sizes(size(), bytes), offsets(size());
+  for (int r = 0; r < size(); ++r) offsets[r] = bytes * r;
+  runCollective("alltoall", [&](OpLinks& links) {
+    coll::allToAllvPairwise(links, in, sizes.data(), offsets.data(), out, sizes.data(), offsets.data());
+  });
+}
+
+void Communicator::allToAllv(const void* in, const size_t* sendCounts, const size_t* sendDispls, void* out,
+                             const size_t* recvCounts, const size_t* recvDispls, ecclDataType_t type) {
+  ECCL_CHECK_ARG(sendCounts && sendDispls && recvCounts && recvDispls,
+                 "alltoallv: counts and displacements must not be NULL");
+  size_t es = checkedBytes(1, type, 1, "alltoallv");
+  std::vector<size_t> sb(size()), so(size()), rb(size()), ro(size());
+  size_t anySend = 0, anyRecv = 0;
+  for (int r = 0; r < size(); ++r) {
+    sb[r] = checkedBytes(sendCounts[r], type, 1, "alltoallv sendcounts");
+    rb[r] = checkedBytes(recvCounts[r], type, 1, "alltoallv recvcounts");
+    so[r] = checkedBytes(sendDispls[r], type, 1, "alltoallv sdispls");
+    ro[r] = checkedBytes(recvDispls[r], type, 1, "alltoallv rdispls");
+    anySend += sendCounts[r];
+    anyRecv += recvCounts[r];
+  }
+  ECCL_CHECK_ARG(sb[rank_] == rb[rank_], "alltoallv: rank {} sends itself {} elements but expects {}", rank_,
+                 sendCounts[rank_], recvCounts[rank_]);
+  checkBuffer(in, anySend, "alltoallv sendbuff");
+  checkBuffer(out, anyRecv, "alltoallv recvbuff");
+  (void)es;
+  runCollective("alltoallv", [&](OpLinks& links) {
+    coll::allToAllvPairwise(links, in, sb.data(), so.data(), out, rb.data(), ro.data());
+  });
+}
+
+void Communicator::barrier() {
+  runCollective("barrier", [&](OpLinks& links) { coll::barrierDissemination(links); });
+}
+
+transport::RequestPtr Communicator::postSend(const void* buf, size_t bytes, int peer) {
+  checkUsable();
+  uint64_t seq = transport::FrameHeader::kP2pBit | ++sendSeq_[peer];
+  return device_->isend(view_.rankToMember[peer], seq, 0, buf, bytes);
+}
+
+transport::RequestPtr Communicator::postRecv(void* buf, size_t bytes, int peer) {
+  checkUsable();
+  uint64_t seq = transport::FrameHeader::kP2pBit | ++recvSeq_[peer];
+  return device_->irecv(view_.rankToMember[peer], seq, 0, buf, bytes);
+}
+
+void Communicator::waitP2p(const transport::RequestPtr& r, int peer, bool isSend) {
+  std::string label = fmt::format("{} {} rank {} (rank {}, epoch {})", isSend ? "send" : "recv",
+                                  isSend ? "to" : "from", peer, rank_, view_.epoch);
+  device_->wait(r, deadlineAfterMs(timeoutMs_), label);
+}
+
+}  // namespace eccl

@@ -1,0 +1,95 @@
+// The communicator: its view (epoch, rank -> member), its device (the
+// connection table lives there, keyed by member), op sequence numbers and
+// the revoked state. Collectives validate here and run src/coll algorithms.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/mutex.h"
+#include "eccl.h"
+#include "transport/transport.h"
+
+namespace eccl {
+
+struct View {
+  uint32_t epoch = 0;
+  std::vector<transport::MemberId> rankToMember;
+};
+
+struct CommOptions {
+  int64_t timeoutMs = 0;
+  int socketsPerPeer = 0;
+};
+
+class Communicator {
+ public:
+  Communicator(int nranks, const ecclUniqueId& id, int rank, const CommOptions& options);
+  ~Communicator();
+
+  int rank() const { return rank_; }
+  int size() const { return static_cast<int>(view_.rankToMember.size()); }
+  uint32_t epoch() const { return view_.epoch; }
+  transport::Device& device() { return *device_; }
+
+  // Blocking collectives; counts in elements. Throw eccl::Error.
+  void allReduce(const void* in, void* out, size_t count, ecclDataType_t type, ecclRedOp_t op);
+  void broadcast(const void* in, void* out, size_t count, ecclDataType_t type, int root);
+  void reduce(const void* in, void* out, size_t count, ecclDataType_t type, ecclRedOp_t op, int root);
+  void allGather(const void* in, void* out, size_t sendCount, ecclDataType_t type);
+  void reduceScatter(const void* in, void* out, size_t recvCount, ecclDataType_t type, ecclRedOp_t op);
+  void allToAll(const void* in, void* out, size_t count, ecclDataType_t type);
+  void allToAllv(const void* in, const size_t* sendCounts, const size_t* sendDispls, void* out,
+                 const size_t* recvCounts, const size_t* recvDispls, ecclDataType_t type);
+  void barrier();
+
+  // Point-to-point, split so a group can post everything before waiting.
+  transport::RequestPtr postSend(const void* buf, size_t bytes, int peer);
+  transport::RequestPtr postRecv(void* buf, size_t bytes, int peer);
+  void waitP2p(const transport::RequestPtr& request, int peer, bool isSend);
+
+  // Throws the stored failure if the communicator is revoked.
+  void checkUsable() const;
+  ecclResult_t asyncError() const;
+  void abort();
+  void destroy();
+
+  // Sends to self only make sense inside a group: they are matched in order.
+  void pushSelfSend(const void* buf, size_t bytes);
+  void popSelfRecv(void* buf, size_t bytes);
+
+  void setLastError(std::string message);
+  const char* lastError() const;
+
+  // Validation shared with the API layer.
+  void checkRank(int rank, const char* what) const;
+  static void checkBuffer(const void* p, size_t count, const char* what);
+  static size_t checkedBytes(size_t count, ecclDataType_t type, size_t multiplier, const char* what);
+
+ private:
+  class OpLinks;
+  std::string opLabel(const char* name, uint64_t seq) const;
+  // Runs `body` under an OpLinks for the next collective sequence number.
+  void runCollective(const char* name, const std::function<void(OpLinks&)>& body);
+  void onPeerFailure(transport::MemberId member, ecclResult_t code, const std::string& reason);
+
+  const int rank_;
+  const int64_t timeoutMs_;
+  View view_;
+  std::unique_ptr<transport::Device> device_;
+  uint64_t collSeq_ = 0;
+  std::vector<uint64_t> sendSeq_, recvSeq_;
+
+  std::vector<std::pair<const void*, size_t>> selfSends_;
+  size_t selfRecvIndex_ = 0;
+
+  mutable Mutex errorMu_;
+  std::string lastError_ ECCL_GUARDED_BY(errorMu_);
+  ecclResult_t asyncError_ ECCL_GUARDED_BY(errorMu_) = ecclSuccess;
+  std::string asyncMessage_ ECCL_GUARDED_BY(errorMu_);
+};
+
+}  // namespace eccl

@@ -1,0 +1,85 @@
+#include "transport/frame.h"
+
+#include <fmt/format.h>
+
+#include <cstring>
+
+#include "common/crypto.h"
+
+namespace eccl::transport {
+namespace {
+
+// Layout (offsets in bytes): 0 magic u32, 4 version u16, 6 type u8, 7 flags u8,
+// 8 epoch u32, 12 length u32, 16 commId u64, 24 seq u64, 32 offset u64,
+// 40 total u64, 48 tag u32, 52..59 reserved (zero), 60 crc32c of bytes 0..59.
+template <typename T>
+void put(uint8_t* p, T v) {
+  for (size_t i = 0; i < sizeof(T); ++i) p[i] = static_cast<uint8_t>(static_cast<uint64_t>(v) >> (8 * i));
+}
+template <typename T>
+T get(const uint8_t* p) {
+  uint64_t v = 0;
+  for (size_t i = 0; i < sizeof(T); ++i) v |= static_cast<uint64_t>(p[i]) << (8 * i);
+  return static_cast<T>(v);
+}
+
+}  // namespace
+
+void encodeFrame(const FrameHeader& h, uint8_t out[FrameHeader::kSize]) {
+  std::memset(out, 0, FrameHeader::kSize);
+  put<uint32_t>(out + 0, FrameHeader::kMagic);
+  put<uint16_t>(out + 4, FrameHeader::kVersion);
+  put<uint8_t>(out + 6, static_cast<uint8_t>(h.type));
+  put<uint8_t>(out + 7, h.flags);
+  put<uint32_t>(out + 8, h.epoch);
+  put<uint32_t>(out + 12, h.length);
+  put<uint64_t>(out + 16, h.commId);
+  put<uint64_t>(out + 24, h.seq);
+  put<uint64_t>(out + 32, h.offset);
+  put<uint64_t>(out + 40, h.total);
+  put<uint32_t>(out + 48, h.tag);
+  put<uint32_t>(out + 60, crc32c(out, 60));
+}
+
+std::optional<FrameHeader> decodeFrame(const uint8_t in[FrameHeader::kSize], std::string* why) {
+  auto reject = [&](std::string reason) -> std::optional<FrameHeader> {
+    if (why) *why = std::move(reason);
+    return std::nullopt;
+  };
+  if (get<uint32_t>(in) != FrameHeader::kMagic)
+    return reject(fmt::format("bad magic 0x{:08x}", get<uint32_t>(in)));
+  if (get<uint16_t>(in + 4) != FrameHeader::kVersion)
+    return reject(fmt::format("unsupported frame version {}", get<uint16_t>(in + 4)));
+  uint32_t crc = get<uint32_t>(in + 60);
+  if (crc != crc32c(in, 60)) return reject("header checksum mismatch");
+  for (int i = 52; i < 60; ++i)
+    if (in[i] != 0) return reject("reserved header bytes are not zero");
+  FrameHeader h;
+  uint8_t type = get<uint8_t>(in + 6);
+  if (type < 1 || type > 3) return reject(fmt::format("unknown frame type {}", type));
+  h.type = static_cast<FrameType>(type);
+  h.flags = get<uint8_t>(in + 7);
+  h.epoch = get<uint32_t>(in + 8);
+  h.length = get<uint32_t>(in + 12);
+  h.commId = get<uint64_t>(in + 16);
+  h.seq = get<uint64_t>(in + 24);
+  h.offset = get<uint64_t>(in + 32);
+  h.total = get<uint64_t>(in + 40);
+  h.tag = get<uint32_t>(in + 48);
+  if (h.type == FrameType::kData) {
+    if (h.length > FrameHeader::kMaxPayload)
+      return reject(fmt::format("payload length {} exceeds the limit {}", h.length,
+                                FrameHeader::kMaxPayload));
+    if (h.offset > h.total || h.length > h.total - h.offset)
+      return reject(fmt::format("chunk [{}, +{}) lies outside a message of {} bytes", h.offset,
+                                h.length, h.total));
+  } else if (h.length > FrameHeader::kMaxControlPayload) {
+    return reject(fmt::format("control payload length {} exceeds the limit {}", h.length,
+                              FrameHeader::kMaxControlPayload));
+  }
+  if (h.type == FrameType::kNotice && h.length < 8)
+    return reject("failure notice shorter than its member id");
+  return h;
+}
+
+}  // namespace eccl::transport

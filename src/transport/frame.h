@@ -1,0 +1,46 @@
+// The wire frame: a fixed 64-byte little-endian header, then `length`
+// payload bytes. Every data frame carries the sender's epoch, the
+// communicator id and the op it belongs to, so a receiver can drop stale
+// traffic and match chunks of striped messages to posted receives.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace eccl::transport {
+
+enum class FrameType : uint8_t {
+  kData = 1,     // payload is a chunk of a message at `offset` of `total`
+  kGoodbye = 2,  // orderly close: the sender destroyed its communicator
+  kNotice = 3,   // payload: u64 failed member, then a UTF-8 reason
+};
+
+struct FrameHeader {
+  static constexpr uint32_t kMagic = 0x4C434345;  // "ECCL"
+  static constexpr uint16_t kVersion = 1;
+  static constexpr size_t kSize = 64;
+  static constexpr uint32_t kMaxPayload = 1u << 30;
+  static constexpr uint32_t kMaxControlPayload = 4096;
+
+  FrameType type = FrameType::kData;
+  uint8_t flags = 0;
+  uint32_t epoch = 0;
+  uint64_t commId = 0;
+  uint64_t seq = 0;    // op sequence number (kP2pBit set for send/recv)
+  uint32_t tag = 0;    // step within the op
+  uint32_t length = 0; // payload bytes in this frame
+  uint64_t offset = 0; // where this chunk lands in the message
+  uint64_t total = 0;  // whole message length
+
+  static constexpr uint64_t kP2pBit = 1ull << 63;
+};
+
+void encodeFrame(const FrameHeader& h, uint8_t out[FrameHeader::kSize]);
+
+// Returns the header, or nullopt with `why` set to the reason the frame is
+// rejected (bad magic, version, type, CRC, lengths).
+std::optional<FrameHeader> decodeFrame(const uint8_t in[FrameHeader::kSize], std::string* why);
+
+}  // namespace eccl::transport

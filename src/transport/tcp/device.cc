@@ -1,0 +1,767 @@
+#include "transport/tcp/device.h"
+
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <thread>
+#include <vector>
+
+#include "bootstrap/handshake.h"
+#include "common/error.h"
+#include "common/log.h"
+#include "common/mutex.h"
+#include "common/netif.h"
+#include "common/socket.h"
+#include "transport/frame.h"
+#include "transport/tcp/nic_affinity.h"
+
+namespace eccl::transport {
+namespace {
+
+constexpr size_t kReadBudgetPerEvent = 8 << 20;  // fairness between sockets
+
+struct SendItem {
+  uint8_t header[FrameHeader::kSize];
+  const uint8_t* data = nullptr;
+  size_t length = 0;
+  size_t done = 0;  // bytes written, header included
+  RequestPtr request;  // null for control frames
+  std::vector<uint8_t> owned;  // control payloads
+};
+
+// One message being received, posted or not.
+struct Inbox {
+  RequestPtr request;          // null while nobody has posted the receive
+  uint8_t* userBuffer = nullptr;
+  std::vector<uint8_t> staged;  // data that arrived before the receive was posted
+  bool unexpected = false;
+  size_t total = 0;
+  size_t received = 0;
+  uint8_t* base() { return unexpected ? staged.data() : userBuffer; }
+};
+
+struct InboxKey {
+  MemberId peer;
+  uint64_t seq;
+  uint32_t tag;
+  auto operator<=>(const InboxKey&) const = default;
+};
+
+struct Lane {
+  ConnKey key;
+  uint64_t token = 0;  // epoll cookie; 0 while unconnected
+  Fd fd;
+  bool wantOut = false;
+  bool saidGoodbye = false;  // the peer's goodbye arrived on this lane
+  std::deque<SendItem> sendQueue;
+  // Receive state machine, touched only by the progress thread.
+  enum class Rx { kHeader, kPayload } rx = Rx::kHeader;
+  uint8_t header[FrameHeader::kSize];
+  size_t headerGot = 0;
+  FrameHeader frame;
+  InboxKey inboxKey{};
+  uint8_t* target = nullptr;  // null: discard the payload
+  size_t payloadGot = 0;
+  std::vector<uint8_t> control;
+};
+
+struct Peer {
+  enum class State { kIdle, kConnecting, kUp, kFailed, kLeft };
+  MemberId id = 0;
+  SockAddr address;
+  std::string label;
+  State state = State::kIdle;
+  ecclResult_t failCode = ecclSuccess;
+  std::string failReason;
+  std::vector<std::unique_ptr<Lane>> lanes;
+  uint32_t nextLane = 0;
+};
+
+class TcpDevice final : public Device {
+ public:
+  explicit TcpDevice(const TcpOptions& o);
+  ~TcpDevice() override;
+
+  MemberId self() const override { return opt_.self; }
+  std::string address() const override { return listenAddress_.str(); }
+  void addPeer(MemberId member, const std::string& address, const std::string& label) override;
+  void setEpoch(uint32_t epoch) override {
+    MutexLock lock(mu_);
+    epoch_ = epoch;
+  }
+  RequestPtr isend(MemberId peer, uint64_t seq, uint32_t tag, const void* buf, size_t len) override;
+  RequestPtr irecv(MemberId peer, uint64_t seq, uint32_t tag, void* buf, size_t len) override;
+  void wait(const RequestPtr& request, Deadline deadline, const std::string& opName) override;
+  bool test(const RequestPtr& request, const std::string& opName) override;
+  void failPeer(MemberId member, ecclResult_t code, const std::string& reason) override {
+    MutexLock lock(mu_);
+    failPeerLocked(member, code, reason, /*flood=*/true);
+  }
+  void abort(const std::string& reason) override;
+  void close(Deadline deadline) override;
+  DeviceStats stats() const override {
+    MutexLock lock(mu_);
+    return stats_;
+  }
+
+ private:
+  Peer& peerLocked(MemberId member) ECCL_REQUIRES(mu_);
+  std::string labelLocked(MemberId member) ECCL_REQUIRES(mu_);
+  void connectPeer(MemberId member) ECCL_EXCLUDES(mu_);
+  void installLaneLocked(Peer& peer, uint32_t lane, Fd fd) ECCL_REQUIRES(mu_);
+  void closeLaneLocked(Lane& lane) ECCL_REQUIRES(mu_);
+  void flushLocked(Lane& lane) ECCL_REQUIRES(mu_);
+  void setWantOutLocked(Lane& lane, bool on) ECCL_REQUIRES(mu_);
+  void completeLocked(const RequestPtr& r, ecclResult_t code, std::string error) ECCL_REQUIRES(mu_);
+  void failPeerLocked(MemberId member, ecclResult_t code, const std::string& reason, bool flood)
+      ECCL_REQUIRES(mu_);
+  void markLeftLocked(Peer& peer) ECCL_REQUIRES(mu_);
+  void queueControlLocked(Lane& lane, FrameType type, std::vector<uint8_t> payload) ECCL_REQUIRES(mu_);
+
+  void progressLoop();
+  void acceptLoop();
+  void readLocked(Lane& lane) ECCL_REQUIRES(mu_);
+  bool onHeaderLocked(Lane& lane) ECCL_REQUIRES(mu_);
+  void onPayloadDoneLocked(Lane& lane) ECCL_REQUIRES(mu_);
+  void onControlLocked(Lane& lane) ECCL_REQUIRES(mu_);
+  void wakeLoop();
+
+  const TcpOptions opt_;
+  NetInterface nic_;
+  SockAddr listenAddress_;
+  Fd listenFd_;
+  Fd epollFd_;
+  Fd eventFd_;
+  std::atomic<bool> stopping_{false};
+  std::thread progressThread_;
+  std::thread acceptThread_;
+
+  mutable Mutex mu_;
+  CondVar cv_;
+  uint32_t epoch_ ECCL_GUARDED_BY(mu_) = 0;
+  bool aborted_ ECCL_GUARDED_BY(mu_) = false;
+  std::string abortReason_ ECCL_GUARDED_BY(mu_);
+  std::map<MemberId, Peer> peers_ ECCL_GUARDED_BY(mu_);
+  std::map<uint64_t, Lane*> lanesByToken_ ECCL_GUARDED_BY(mu_);
+  uint64_t nextToken_ ECCL_GUARDED_BY(mu_) = 1;
+  std::map<InboxKey, Inbox> inbox_ ECCL_GUARDED_BY(mu_);
+  DeviceStats stats_ ECCL_GUARDED_BY(mu_);
+  std::vector<uint8_t> discard_ = std::vector<uint8_t>(64 << 10);
+};
+
+TcpDevice::TcpDevice(const TcpOptions& o) : opt_(o) {
+  nic_ = pickInterface(o.ifname);
+  auto [fd, bound] = listenOn(nic_.addr);
+  listenFd_ = std::move(fd);
+  listenAddress_ = bound;
+  epollFd_.reset(epoll_create1(EPOLL_CLOEXEC));
+  eventFd_.reset(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  if (!epollFd_ || !eventFd_) fail(ecclSystemError, "epoll/eventfd creation failed: {}", strerror(errno));
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = 0;
+  epoll_ctl(epollFd_.get(), EPOLL_CTL_ADD, eventFd_.get(), &ev);
+  progressThread_ = std::thread([this] { progressLoop(); });
+  acceptThread_ = std::thread([this] { acceptLoop(); });
+  log::info("member {} listening on {} (interface {}), {} lanes per peer", o.self, address(), nic_.name,
+            o.lanes);
+}
+
+TcpDevice::~TcpDevice() {
+  stopping_ = true;
+  wakeLoop();
+  if (progressThread_.joinable()) progressThread_.join();
+  if (acceptThread_.joinable()) acceptThread_.join();
+  MutexLock lock(mu_);
+  for (auto& [id, peer] : peers_)
+    for (auto& lane : peer.lanes) closeLaneLocked(*lane);
+  for (auto& [key, box] : inbox_)
+    if (box.request) completeLocked(box.request, ecclInvalidUsage, "communicator destroyed");
+}
+
+void TcpDevice::wakeLoop() {
+  uint64_t one = 1;
+  [[maybe_unused]] ssize_t rc = ::write(eventFd_.get(), &one, sizeof(one));
+}
+
+void TcpDevice::addPeer(MemberId member, const std::string& address, const std::string& label) {
+  SockAddr addr = SockAddr::parse(address);
+  MutexLock lock(mu_);
+  Peer& p = peers_[member];
+  p.id = member;
+  p.address = addr;
+  p.label = label;
+  if (p.lanes.empty()) {
+    for (int i = 0; i < opt_.lanes; ++i) {
+      auto lane = std::make_unique<Lane>();
+      lane->key = ConnKey{opt_.self, member, static_cast<uint32_t>(i)};
+      p.lanes.push_back(std::move(lane));
+    }
+  }
+  cv_.notifyAll();  // the accept thread may be waiting for this member
+}
+
+Peer& TcpDevice::peerLocked(MemberId member) {
+  auto it = peers_.find(member);
+  if (it == peers_.end()) fail(ecclInvalidArgument, "member {} is not a peer of member {}", member, opt_.self);
+  return it->second;
+}
+
+std::string TcpDevice::labelLocked(MemberId member) {
+  auto it = peers_.find(member);
+  return it == peers_.end() ? fmt::format("member {}", member) : it->second.label;
+}
+
+void TcpDevice::connectPeer(MemberId member) {
+  SockAddr addr;
+  std::string label;
+  {
+    MutexLock lock(mu_);
+    Peer& p = peerLocked(member);
+    // The lower member id opens the connection; the higher one accepts.
+    if (p.state != Peer::State::kIdle || opt_.self > member) return;
+    p.state = Peer::State::kConnecting;
+    addr = p.address;
+    label = p.label;
+  }
+  std::vector<Fd> fds;
+  try {
+    Deadline deadline = deadlineAfterMs(opt_.handshakeTimeoutMs);
+    for (int i = 0; i < opt_.lanes; ++i) {
+      std::string what = fmt::format("connecting lane {} to peer {}", i, label);
+      Fd fd = connectTo(addr, deadline, what);
+      bootstrap::Hello hello{bootstrap::Purpose::kData, opt_.jobId, opt_.self, member, static_cast<uint32_t>(i)};
+      bootstrap::authenticateAsClient(fd.get(), opt_.secret, hello, deadline, what);
+      fds.push_back(std::move(fd));
+    }
+  } catch (const Error& e) {
+    MutexLock lock(mu_);
+    failPeerLocked(member, e.code() == ecclAuthError ? ecclAuthError : ecclRemoteError, e.what(), true);
+    return;
+  }
+  MutexLock lock(mu_);
+  Peer& p = peerLocked(member);
+  if (p.state != Peer::State::kConnecting) return;  // failed meanwhile
+  for (int i = 0; i < opt_.lanes; ++i) installLaneLocked(p, static_cast<uint32_t>(i), std::move(fds[i]));
+}
+
+void TcpDevice::installLaneLocked(Peer& peer, uint32_t index, Fd fd) {
+  Lane& lane = *peer.lanes[index];
+  setNonBlocking(fd.get(), true);
+  lane.fd = std::move(fd);
+  lane.token = nextToken_++;
+  lane.rx = Lane::Rx::kHeader;
+  lane.headerGot = 0;
+  lanesByToken_[lane.token] = &lane;
+  epoll_event ev{};
+  ev.events = EPOLLIN | EPOLLRDHUP;
+  ev.data.u64 = lane.token;
+  epoll_ctl(epollFd_.get(), EPOLL_CTL_ADD, lane.fd.get(), &ev);
+  lane.wantOut = false;
+  stats_.connectionsOpened++;
+  bool allUp = std::all_of(peer.lanes.begin(), peer.lanes.end(), [](auto& l) { return bool(l->fd); });
+  if (allUp) peer.state = Peer::State::kUp;
+  flushLocked(lane);
+}
+
+void TcpDevice::closeLaneLocked(Lane& lane) {
+  if (!lane.fd) return;
+  epoll_ctl(epollFd_.get(), EPOLL_CTL_DEL, lane.fd.get(), nullptr);
+  lanesByToken_.erase(lane.token);
+  lane.token = 0;
+  lane.fd.reset();
+  lane.sendQueue.clear();
+  stats_.connectionsClosed++;
+}
+
+void TcpDevice::setWantOutLocked(Lane& lane, bool on) {
+  if (lane.wantOut == on || !lane.fd) return;
+  lane.wantOut = on;
+  epoll_event ev{};
+  ev.events = EPOLLIN | EPOLLRDHUP | (on ? EPOLLOUT : 0);
+  ev.data.u64 = lane.token;
+  epoll_ctl(epollFd_.get(), EPOLL_CTL_MOD, lane.fd.get(), &ev);
+}
+
+void TcpDevice::completeLocked(const RequestPtr& r, ecclResult_t code, std::string error) {
+  if (r->state.load() != Request::kPending) return;
+  r->code = code;
+  r->error = std::move(error);
+  r->state.store(code == ecclSuccess ? Request::kDone : Request::kFailed);
+  cv_.notifyAll();
+}
+
+void TcpDevice::flushLocked(Lane& lane) {
+  while (lane.fd && !lane.sendQueue.empty()) {
+    SendItem& item = lane.sendQueue.front();
+    iovec iov[2];
+    int n = 0;
+    if (item.done < FrameHeader::kSize) {
+      iov[n++] = {item.header + item.done, FrameHeader::kSize - item.done};
+      if (item.length) iov[n++] = {const_cast<uint8_t*>(item.data), item.length};
+    } else {
+      size_t off = item.done - FrameHeader::kSize;
+      iov[n++] = {const_cast<uint8_t*>(item.data) + off, item.length - off};
+    }
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = n;
+    ssize_t rc = ::sendmsg(lane.fd.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (rc < 0) {
+      if (errno == EAGAIN || errno == EINTR) break;
+      failPeerLocked(lane.key.remote, ecclRemoteError,
+                     fmt::format("peer {}: send on lane {} failed: {}", labelLocked(lane.key.remote),
+                                 lane.key.lane, strerror(errno)),
+                     true);
+      return;
+    }
+    item.done += static_cast<size_t>(rc);
+    stats_.bytesSent += static_cast<size_t>(rc);
+    if (item.done < FrameHeader::kSize + item.length) break;
+    RequestPtr r = std::move(item.request);
+    lane.sendQueue.pop_front();
+    if (r && --r->pendingChunks == 0) completeLocked(r, ecclSuccess, {});
+  }
+  setWantOutLocked(lane, !lane.sendQueue.empty());
+}
+
+RequestPtr TcpDevice::isend(MemberId member, uint64_t seq, uint32_t tag, const void* buf, size_t len) {
+  connectPeer(member);
+  auto r = std::make_shared<Request>();
+  r->peer = member;
+  r->isSend = true;
+  MutexLock lock(mu_);
+  Peer& p = peerLocked(member);
+  if (aborted_) {
+    completeLocked(r, ecclRemoteError, abortReason_);
+    return r;
+  }
+  if (p.state == Peer::State::kFailed || p.state == Peer::State::kLeft) {
+    completeLocked(r, p.failCode, p.failReason);
+    return r;
+  }
+  const size_t lanes = p.lanes.size();
+  size_t chunk = len;
+  if (lanes > 1 && static_cast<int64_t>(len) >= opt_.stripeMinBytes)
+    chunk = ((len + lanes - 1) / lanes + 4095) & ~size_t(4095);
+  chunk = std::min<size_t>(std::max<size_t>(chunk, 1), FrameHeader::kMaxPayload);
+  const auto* data = static_cast<const uint8_t*>(buf);
+  std::vector<Lane*> touched;
+  size_t offset = 0;
+  do {
+    size_t n = std::min(chunk, len - offset);
+    Lane& lane = *p.lanes[p.nextLane++ % lanes];
+    SendItem item;
+    FrameHeader h;
+    h.type = FrameType::kData;
+    h.epoch = epoch_;
+    h.commId = opt_.commId;
+    h.seq = seq;
+    h.tag = tag;
+    h.length = static_cast<uint32_t>(n);
+    h.offset = offset;
+    h.total = len;
+    encodeFrame(h, item.header);
+    item.data = data + offset;
+    item.length = n;
+    item.request = r;
+    r->pendingChunks++;
+    lane.sendQueue.push_back(std::move(item));
+    touched.push_back(&lane);
+    offset += n;
+  } while (offset < len);
+  for (Lane* lane : touched) flushLocked(*lane);
+  return r;
+}
+
+RequestPtr TcpDevice::irecv(MemberId member, uint64_t seq, uint32_t tag, void* buf, size_t len) {
+  connectPeer(member);
+  auto r = std::make_shared<Request>();
+  r->peer = member;
+  MutexLock lock(mu_);
+  Peer& p = peerLocked(member);
+  if (aborted_) {
+    completeLocked(r, ecclRemoteError, abortReason_);
+    return r;
+  }
+  InboxKey key{member, seq, tag};
+  auto it = inbox_.find(key);
+  if (it != inbox_.end()) {
+    Inbox& box = it->second;
+    if (box.total != len) {
+      completeLocked(r, ecclInvalidUsage,
+                     fmt::format("peer {} sent {} bytes where {} were expected (mismatched counts or types)",
+                                 p.label, box.total, len));
+      if (box.received == box.total) inbox_.erase(it);
+      return r;
+    }
+    box.request = r;
+    box.userBuffer = static_cast<uint8_t*>(buf);
+    if (box.received == box.total) {
+      if (len) std::memcpy(buf, box.staged.data(), len);
+      completeLocked(r, ecclSuccess, {});
+      inbox_.erase(it);
+    }
+    return r;
+  }
+  if (p.state == Peer::State::kFailed || p.state == Peer::State::kLeft) {
+    completeLocked(r, p.failCode, p.failReason);
+    return r;
+  }
+  Inbox& box = inbox_[key];
+  box.request = r;
+  box.userBuffer = static_cast<uint8_t*>(buf);
+  box.total = len;
+  return r;
+}
+
+void TcpDevice::wait(const RequestPtr& r, Deadline deadline, const std::string& opName) {
+  MutexLock lock(mu_);
+  while (r->state.load() == Request::kPending) {
+    if (!cv_.waitUntil(mu_, deadline) && r->state.load() == Request::kPending && Clock::now() >= deadline) {
+      failPeerLocked(r->peer, ecclTimeout,
+                     fmt::format("peer {} did not {} before the deadline (timed out)", labelLocked(r->peer),
+                                 r->isSend ? "accept our data" : "send its data"),
+                     true);
+      completeLocked(r, ecclTimeout, fmt::format("peer {} timed out", labelLocked(r->peer)));
+    }
+  }
+  if (r->state.load() == Request::kFailed) throw Error(r->code, fmt::format("{}: {}", opName, r->error));
+}
+
+bool TcpDevice::test(const RequestPtr& r, const std::string& opName) {
+  int s = r->state.load();
+  if (s == Request::kPending) return false;
+  if (s == Request::kFailed) {
+    MutexLock lock(mu_);
+    throw Error(r->code, fmt::format("{}: {}", opName, r->error));
+  }
+  return true;
+}
+
+void TcpDevice::failPeerLocked(MemberId member, ecclResult_t code, const std::string& reason, bool flood) {
+  auto it = peers_.find(member);
+  if (it == peers_.end()) return;
+  Peer& p = it->second;
+  if (p.state == Peer::State::kFailed) return;
+  bool wasLeft = p.state == Peer::State::kLeft;
+  p.state = Peer::State::kFailed;
+  p.failCode = code;
+  p.failReason = reason;
+  log::warn("member {}: {}", opt_.self, reason);
+  for (auto& lane : p.lanes) {
+    for (auto& item : lane->sendQueue)
+      if (item.request) completeLocked(item.request, code, reason);
+    closeLaneLocked(*lane);
+  }
+  for (auto box = inbox_.begin(); box != inbox_.end();) {
+    if (box->first.peer != member) {
+      ++box;
+      continue;
+    }
+    if (box->second.request) completeLocked(box->second.request, code, reason);
+    box = inbox_.erase(box);
+  }
+  if (wasLeft) return;  // an orderly leaver is nobody's failure
+  if (onPeerFailure) onPeerFailure(member, code, reason);
+  if (!flood) return;
+  // Tell everyone we are connected to, so ranks that wait on a live
+  // neighbour of the failed member learn its name at once.
+  for (auto& [id, other] : peers_) {
+    if (id == member || other.state == Peer::State::kFailed || other.lanes.empty()) continue;
+    Lane& lane = *other.lanes[0];
+    if (!lane.fd) continue;
+    std::vector<uint8_t> payload(8 + reason.size());
+    std::memcpy(payload.data(), &member, 8);
+    std::memcpy(payload.data() + 8, reason.data(), reason.size());
+    if (payload.size() > FrameHeader::kMaxControlPayload) payload.resize(FrameHeader::kMaxControlPayload);
+    queueControlLocked(lane, FrameType::kNotice, std::move(payload));
+  }
+}
+
+void TcpDevice::markLeftLocked(Peer& p) {
+  bool allSaid = std::all_of(p.lanes.begin(), p.lanes.end(), [](auto& l) { return l->saidGoodbye || !l->fd; });
+  if (!allSaid || p.state == Peer::State::kFailed) return;
+  std::string reason = fmt::format("peer {} has left (it destroyed its communicator)", p.label);
+  for (auto& lane : p.lanes) closeLaneLocked(*lane);
+  p.state = Peer::State::kLeft;
+  p.failCode = ecclRemoteError;
+  p.failReason = reason;
+  for (auto box = inbox_.begin(); box != inbox_.end();) {
+    bool mine = box->first.peer == p.id;
+    if (mine && box->second.request) completeLocked(box->second.request, ecclRemoteError, reason);
+    box = mine ? inbox_.erase(box) : std::next(box);
+  }
+}
+
+void TcpDevice::queueControlLocked(Lane& lane, FrameType type, std::vector<uint8_t> payload) {
+  SendItem item;
+  FrameHeader h;
+  h.type = type;
+  h.epoch = epoch_;
+  h.commId = opt_.commId;
+  h.length = static_cast<uint32_t>(payload.size());
+  encodeFrame(h, item.header);
+  item.owned = std::move(payload);
+  item.data = item.owned.data();
+  item.length = item.owned.size();
+  lane.sendQueue.push_back(std::move(item));
+  // The deque keeps elements in place, so data keeps pointing at owned.
+  flushLocked(lane);
+}
+
+void TcpDevice::abort(const std::string& reason) {
+  MutexLock lock(mu_);
+  if (aborted_) return;
+  aborted_ = true;
+  abortReason_ = reason;
+  for (auto& [id, p] : peers_) {
+    for (auto& lane : p.lanes) {
+      for (auto& item : lane->sendQueue)
+        if (item.request) completeLocked(item.request, ecclRemoteError, reason);
+      closeLaneLocked(*lane);
+    }
+  }
+  for (auto& [key, box] : inbox_)
+    if (box.request) completeLocked(box.request, ecclRemoteError, reason);
+  inbox_.clear();
+  cv_.notifyAll();
+}
+
+void TcpDevice::close(Deadline deadline) {
+  MutexLock lock(mu_);
+  for (auto& [id, p] : peers_)
+    for (auto& lane : p.lanes)
+      if (lane->fd) queueControlLocked(*lane, FrameType::kGoodbye, {});
+  for (;;) {
+    bool pending = false;
+    for (auto& [id, p] : peers_)
+      for (auto& lane : p.lanes) pending = pending || (lane->fd && !lane->sendQueue.empty());
+    if (!pending || !cv_.waitUntil(mu_, std::min(deadline, Clock::now() + std::chrono::milliseconds(10))))
+      if (!pending || Clock::now() >= deadline) break;
+  }
+}
+
+void TcpDevice::progressLoop() {
+  if (opt_.pinProgressThread) bindThreadNearNic(nic_.name);
+  epoll_event events[64];
+  while (!stopping_) {
+    int n = epoll_wait(epollFd_.get(), events, 64, 200);
+    if (n < 0 && errno != EINTR) {
+      log::warn("epoll_wait: {}", strerror(errno));
+      continue;
+    }
+    MutexLock lock(mu_);
+    for (int i = 0; i < n; ++i) {
+      uint64_t token = events[i].data.u64;
+      if (token == 0) {
+        uint64_t drained;
+        [[maybe_unused]] ssize_t rc = ::read(eventFd_.get(), &drained, sizeof(drained));
+        continue;
+      }
+      auto it = lanesByToken_.find(token);
+      if (it == lanesByToken_.end()) continue;  // closed since epoll_wait returned
+      Lane& lane = *it->second;
+      if (events[i].events & EPOLLOUT) flushLocked(lane);
+      if (lane.token == token && (events[i].events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)))
+        readLocked(lane);
+    }
+  }
+}
+
+void TcpDevice::readLocked(Lane& lane) {
+  const uint64_t token = lane.token;
+  size_t budget = kReadBudgetPerEvent;
+  while (lane.token == token && budget > 0) {
+    uint8_t* dst;
+    size_t want;
+    if (lane.rx == Lane::Rx::kHeader) {
+      dst = lane.header + lane.headerGot;
+      want = FrameHeader::kSize - lane.headerGot;
+    } else {
+      size_t left = lane.frame.length - lane.payloadGot;
+      if (lane.frame.type != FrameType::kData) {
+        dst = lane.control.data() + lane.payloadGot;
+      } else if (lane.target) {
+        dst = lane.target + lane.payloadGot;
+      } else {
+        dst = discard_.data();
+        left = std::min(left, discard_.size());
+      }
+      want = left;
+    }
+    ssize_t rc = want ? ::recv(lane.fd.get(), dst, want, MSG_DONTWAIT) : 0;
+    if (want && rc <= 0) {
+      if (rc < 0 && (errno == EAGAIN || errno == EINTR)) return;
+      MemberId remote = lane.key.remote;
+      Peer& p = peers_[remote];
+      if (lane.saidGoodbye) {
+        closeLaneLocked(lane);
+        markLeftLocked(p);
+        return;
+      }
+      std::string why = rc == 0 ? "closed the connection" : fmt::format("connection error: {}", strerror(errno));
+      failPeerLocked(remote, ecclRemoteError, fmt::format("peer {} {} (lane {})", p.label, why, lane.key.lane), true);
+      return;
+    }
+    size_t got = static_cast<size_t>(rc);
+    stats_.bytesReceived += got;
+    budget -= std::min(budget, got);
+    if (lane.rx == Lane::Rx::kHeader) {
+      lane.headerGot += got;
+      if (lane.headerGot < FrameHeader::kSize) continue;
+      lane.headerGot = 0;
+      if (!onHeaderLocked(lane)) return;
+      lane.rx = Lane::Rx::kPayload;
+      lane.payloadGot = 0;
+    } else {
+      lane.payloadGot += got;
+    }
+    if (lane.rx == Lane::Rx::kPayload && lane.payloadGot == lane.frame.length) {
+      lane.rx = Lane::Rx::kHeader;
+      if (lane.frame.type == FrameType::kData)
+        onPayloadDoneLocked(lane);
+      else
+        onControlLocked(lane);
+    }
+  }
+}
+
+bool TcpDevice::onHeaderLocked(Lane& lane) {
+  std::string why;
+  auto h = decodeFrame(lane.header, &why);
+  MemberId remote = lane.key.remote;
+  if (h && h->commId != opt_.commId)
+    why = fmt::format("frame for communicator {:016x}, this is {:016x}", h->commId, opt_.commId), h.reset();
+  if (!h) {
+    stats_.framesRejected++;
+    failPeerLocked(remote, ecclRemoteError,
+                   fmt::format("peer {} sent a malformed frame on lane {} ({}); connection dropped",
+                               labelLocked(remote), lane.key.lane, why),
+                   true);
+    return false;
+  }
+  lane.frame = *h;
+  lane.target = nullptr;
+  if (h->type != FrameType::kData) {
+    lane.control.assign(h->length, 0);
+    return true;
+  }
+  if (h->epoch < epoch_) {
+    stats_.staleFramesDropped++;
+    log::trace("dropped a stale frame from {} (epoch {} < {})", labelLocked(remote), h->epoch, epoch_);
+    return true;  // target stays null: the payload is read and discarded
+  }
+  InboxKey key{remote, h->seq, h->tag};
+  auto it = inbox_.find(key);
+  if (it == inbox_.end()) {
+    Inbox& box = inbox_[key];
+    box.unexpected = true;
+    box.total = h->total;
+    try {
+      box.staged.resize(h->total);
+    } catch (const std::bad_alloc&) {
+      inbox_.erase(key);
+      failPeerLocked(remote, ecclSystemError,
+                     fmt::format("peer {} sent an unexpected message of {} bytes that cannot be staged",
+                                 labelLocked(remote), h->total),
+                     true);
+      return false;
+    }
+    it = inbox_.find(key);
+  }
+  Inbox& box = it->second;
+  if (box.total != h->total) {
+    // The sender's message size disagrees with the posted receive: fail the
+    // receive, discard this message, keep the connection.
+    if (box.request)
+      completeLocked(box.request, ecclInvalidUsage,
+                     fmt::format("peer {} sent {} bytes where {} were expected (mismatched counts or types)",
+                                 labelLocked(remote), h->total, box.total));
+    inbox_.erase(it);
+    return true;
+  }
+  lane.inboxKey = key;
+  lane.target = box.base() + h->offset;
+  return true;
+}
+
+void TcpDevice::onPayloadDoneLocked(Lane& lane) {
+  if (!lane.target) return;
+  auto it = inbox_.find(lane.inboxKey);
+  if (it == inbox_.end()) return;
+  Inbox& box = it->second;
+  box.received += lane.frame.length;
+  if (box.received < box.total || !box.request) return;
+  if (box.unexpected && box.total) std::memcpy(box.userBuffer, box.staged.data(), box.total);
+  completeLocked(box.request, ecclSuccess, {});
+  inbox_.erase(it);
+}
+
+void TcpDevice::onControlLocked(Lane& lane) {
+  MemberId remote = lane.key.remote;
+  Peer& p = peers_[remote];
+  if (lane.frame.type == FrameType::kGoodbye) {
+    lane.saidGoodbye = true;
+    markLeftLocked(p);
+    return;
+  }
+  MemberId failed;
+  std::memcpy(&failed, lane.control.data(), 8);
+  std::string reason(reinterpret_cast<char*>(lane.control.data()) + 8, lane.control.size() - 8);
+  if (failed == opt_.self) {
+    log::warn("peer {} reports this member failed: {}", p.label, reason);
+    return;
+  }
+  auto it = peers_.find(failed);
+  if (it == peers_.end() || it->second.state == Peer::State::kFailed) return;
+  failPeerLocked(failed, ecclRemoteError,
+                 fmt::format("peer {} failed (reported by {}: {})", it->second.label, p.label, reason), true);
+}
+
+void TcpDevice::acceptLoop() {
+  while (!stopping_) {
+    SockAddr from;
+    Fd fd = acceptUntil(listenFd_.get(), deadlineAfterMs(200), &from);
+    if (!fd) continue;
+    std::string what = fmt::format("member {}: incoming connection from {}", opt_.self, from.str());
+    try {
+      Deadline deadline = deadlineAfterMs(opt_.handshakeTimeoutMs);
+      bootstrap::Hello hello = bootstrap::authenticateAsServer(fd.get(), opt_.secret, opt_.jobId, deadline, what);
+      if (hello.purpose != bootstrap::Purpose::kData || hello.toMember != opt_.self)
+        fail(ecclAuthError, "{}: hello is for member {}, purpose {}", what, hello.toMember,
+             static_cast<int>(hello.purpose));
+      MutexLock lock(mu_);
+      // The peer may have read the address table before we did.
+      while (!peers_.count(hello.fromMember) && !stopping_ && Clock::now() < deadline)
+        cv_.waitUntil(mu_, std::min(deadline, Clock::now() + std::chrono::milliseconds(50)));
+      auto it = peers_.find(hello.fromMember);
+      if (it == peers_.end())
+        fail(ecclAuthError, "{}: member {} is not a member of this communicator", what, hello.fromMember);
+      Peer& p = it->second;
+      if (hello.lane >= p.lanes.size() || p.lanes[hello.lane]->fd || p.state == Peer::State::kFailed ||
+          hello.fromMember >= opt_.self)
+        fail(ecclAuthError, "{}: unexpected lane {} from member {}", what, hello.lane, hello.fromMember);
+      installLaneLocked(p, hello.lane, std::move(fd));
+    } catch (const std::exception& e) {
+      MutexLock lock(mu_);
+      stats_.connectionsRejected++;
+      log::warn("rejected {}", e.what());
+    }
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<Device> createTcpDevice(const TcpOptions& options) {
+  return std::make_unique<TcpDevice>(options);
+}
+
+}  // namespace eccl::transport

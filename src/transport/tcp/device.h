@@ -1,0 +1,36 @@
+// The TCP back end. Threads and ownership:
+//  - the progress thread runs an epoll loop over every connection socket and
+//    an eventfd; it does all reads and the writes a caller could not finish;
+//  - the accept thread accepts and authenticates incoming connections, then
+//    hands each socket to the loop's table;
+//  - caller threads post sends and receives; a send is written inline when
+//    the socket has room (saving a thread hop for small messages), the rest
+//    is left to the loop.
+// Every socket and all matching state are guarded by one device mutex, so a
+// buffer is never touched after its request has completed or failed.
+// Lock order: device mutex, then nothing (onPeerFailure must only record).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "common/crypto.h"
+#include "transport/transport.h"
+
+namespace eccl::transport {
+
+struct TcpOptions {
+  MemberId self = 0;
+  uint64_t jobId = 0;
+  uint64_t commId = 0;
+  Secret secret{};
+  int lanes = 2;
+  int64_t stripeMinBytes = 256 << 10;
+  int64_t handshakeTimeoutMs = 5000;
+  std::string ifname;  // ECCL_SOCKET_IFNAME syntax
+  bool pinProgressThread = true;
+};
+
+std::unique_ptr<Device> createTcpDevice(const TcpOptions& options);
+
+}  // namespace eccl::transport

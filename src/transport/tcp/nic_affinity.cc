@@ -1,0 +1,46 @@
+#include "transport/tcp/nic_affinity.h"
+
+#include <hwloc.h>
+
+#include <cstring>
+#include <mutex>
+
+#include "common/log.h"
+
+namespace eccl::transport {
+
+void bindThreadNearNic(const std::string& ifname) {
+  // One topology per process: loading it walks sysfs and costs milliseconds.
+  static hwloc_topology_t topo = [] {
+    hwloc_topology_t t = nullptr;
+    if (hwloc_topology_init(&t) != 0) return static_cast<hwloc_topology_t>(nullptr);
+    hwloc_topology_set_io_types_filter(t, HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
+    if (hwloc_topology_load(t) != 0) {
+      hwloc_topology_destroy(t);
+      return static_cast<hwloc_topology_t>(nullptr);
+    }
+    return t;
+  }();
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  if (!topo) {
+    log::info("hwloc topology unavailable; progress thread left unbound");
+    return;
+  }
+  for (hwloc_obj_t os = hwloc_get_next_osdev(topo, nullptr); os; os = hwloc_get_next_osdev(topo, os)) {
+    if (!os->name || ifname != os->name) continue;
+    hwloc_obj_t near = hwloc_get_non_io_ancestor_obj(topo, os);
+    if (!near || !near->cpuset) break;
+    if (hwloc_set_cpubind(topo, near->cpuset, HWLOC_CPUBIND_THREAD) == 0) {
+      char* text = nullptr;
+      hwloc_bitmap_asprintf(&text, near->cpuset);
+      log::info("progress thread bound near {} (cpuset {})", ifname, text ? text : "?");
+      free(text);
+    }
+    return;
+  }
+  log::info("interface {} has no NUMA locality in hwloc (virtual or loopback); progress thread left unbound",
+            ifname);
+}
+
+}  // namespace eccl::transport

@@ -1,0 +1,94 @@
+// The transport interface. Collectives and the core see only this; each back
+// end (tcp/, later shm/ and ibverbs/) implements it in its own folder.
+//
+// A Device is one endpoint of one communicator: it listens, keeps a table of
+// connections keyed by (local member, remote member, lane), and moves
+// messages addressed by (peer member, op sequence number, tag). Connections
+// to a member are opened lazily on first use and can be added, replaced or
+// closed one peer at a time without touching the others.
+#pragma once
+
+#include <atomic>
+#include <compare>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "common/clock.h"
+#include "eccl.h"
+
+namespace eccl::transport {
+
+using MemberId = uint64_t;
+
+struct ConnKey {
+  MemberId local = 0;
+  MemberId remote = 0;
+  uint32_t lane = 0;
+  auto operator<=>(const ConnKey&) const = default;
+};
+
+// Completion handle of one posted send or receive. Its fields are written by
+// the device under its lock; `state` may be read without it.
+struct Request {
+  enum State : int { kPending = 0, kDone = 1, kFailed = 2 };
+  std::atomic<int> state{kPending};
+  ecclResult_t code = ecclSuccess;
+  std::string error;
+  MemberId peer = 0;
+  bool isSend = false;
+  int pendingChunks = 0;
+};
+using RequestPtr = std::shared_ptr<Request>;
+
+struct DeviceStats {
+  uint64_t staleFramesDropped = 0;
+  uint64_t framesRejected = 0;
+  uint64_t connectionsRejected = 0;
+  uint64_t connectionsOpened = 0;
+  uint64_t connectionsClosed = 0;
+  uint64_t bytesSent = 0;
+  uint64_t bytesReceived = 0;
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+
+  virtual MemberId self() const = 0;
+  virtual std::string address() const = 0;  // where peers connect ("ip:port")
+
+  // Adds a member to the address book; `label` names it in error messages
+  // ("rank 2 (10.0.0.3:4711)").
+  virtual void addPeer(MemberId member, const std::string& address, const std::string& label) = 0;
+  // Frames stamped with an older epoch than this are dropped and counted.
+  virtual void setEpoch(uint32_t epoch) = 0;
+
+  virtual RequestPtr isend(MemberId peer, uint64_t seq, uint32_t tag, const void* buf, size_t len) = 0;
+  virtual RequestPtr irecv(MemberId peer, uint64_t seq, uint32_t tag, void* buf, size_t len) = 0;
+  // Blocks until the request completes. On failure or at the deadline throws
+  // eccl::Error whose message starts with `opName` and names the peer; a
+  // deadline declares that peer failed.
+  virtual void wait(const RequestPtr& request, Deadline deadline, const std::string& opName) = 0;
+  // Non-blocking completion test; throws like wait() on failure.
+  virtual bool test(const RequestPtr& request, const std::string& opName) = 0;
+
+  // A failure notice from outside the transport (or a local decision):
+  // fails every pending op on that member and tells the other peers.
+  virtual void failPeer(MemberId member, ecclResult_t code, const std::string& reason) = 0;
+  // Fails every pending and later op; wakes every waiter.
+  virtual void abort(const std::string& reason) = 0;
+  // Orderly close: says goodbye on every connection, waits for queued
+  // sends up to the deadline, then closes.
+  virtual void close(Deadline deadline) = 0;
+
+  virtual DeviceStats stats() const = 0;
+
+  // Called when a peer is declared failed, on whichever thread saw it and
+  // with the device lock held: it must only record, never call the device.
+  // Set before the first post.
+  std::function<void(MemberId, ecclResult_t, const std::string&)> onPeerFailure;
+};
+
+}  // namespace eccl::transport
