@@ -15,6 +15,8 @@ enum class FrameType : uint8_t {
   kData = 1,     // payload is a chunk of a message at `offset` of `total`
   kGoodbye = 2,  // orderly close: the sender destroyed its communicator
   kNotice = 3,   // payload: u64 failed member, then a UTF-8 reason
+  kPing = 4,     // liveness probe, answered by the peer's progress thread
+  kPong = 5,
 };
 
 struct FrameHeader {

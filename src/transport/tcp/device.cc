@@ -67,7 +67,8 @@ struct Lane {
   size_t headerGot = 0;
   FrameHeader frame;
   InboxKey inboxKey{};
-  uint8_t* target = nullptr;  // null: discard the payload
+  uint8_t* target = nullptr;
+  bool discarding = false;  // read the payload and drop it (stale or rejected)
   size_t payloadGot = 0;
   std::vector<uint8_t> control;
 };
@@ -82,6 +83,7 @@ struct Peer {
   std::string failReason;
   std::vector<std::unique_ptr<Lane>> lanes;
   uint32_t nextLane = 0;
+  Clock::time_point lastPong{};  // the peer's progress thread answered a ping
 };
 
 class TcpDevice final : public Device {
@@ -124,6 +126,8 @@ class TcpDevice final : public Device {
       ECCL_REQUIRES(mu_);
   void markLeftLocked(Peer& peer) ECCL_REQUIRES(mu_);
   void queueControlLocked(Lane& lane, FrameType type, std::vector<uint8_t> payload) ECCL_REQUIRES(mu_);
+  void revokeLocked(ecclResult_t code, const std::string& reason) ECCL_REQUIRES(mu_);
+  bool pingLocked(MemberId member) ECCL_REQUIRES(mu_);
 
   void progressLoop();
   void acceptLoop();
@@ -148,6 +152,10 @@ class TcpDevice final : public Device {
   uint32_t epoch_ ECCL_GUARDED_BY(mu_) = 0;
   bool aborted_ ECCL_GUARDED_BY(mu_) = false;
   std::string abortReason_ ECCL_GUARDED_BY(mu_);
+  // Set by the first peer failure: every pending and later op fails with
+  // this reason, so all ranks report the member that actually failed.
+  ecclResult_t revokedCode_ ECCL_GUARDED_BY(mu_) = ecclSuccess;
+  std::string revokedReason_ ECCL_GUARDED_BY(mu_);
   std::map<MemberId, Peer> peers_ ECCL_GUARDED_BY(mu_);
   std::map<uint64_t, Lane*> lanesByToken_ ECCL_GUARDED_BY(mu_);
   uint64_t nextToken_ ECCL_GUARDED_BY(mu_) = 1;
@@ -343,6 +351,10 @@ RequestPtr TcpDevice::isend(MemberId member, uint64_t seq, uint32_t tag, const v
     completeLocked(r, ecclRemoteError, abortReason_);
     return r;
   }
+  if (revokedCode_ != ecclSuccess) {
+    completeLocked(r, revokedCode_, revokedReason_);
+    return r;
+  }
   if (p.state == Peer::State::kFailed || p.state == Peer::State::kLeft) {
     completeLocked(r, p.failCode, p.failReason);
     return r;
@@ -391,6 +403,10 @@ RequestPtr TcpDevice::irecv(MemberId member, uint64_t seq, uint32_t tag, void* b
     completeLocked(r, ecclRemoteError, abortReason_);
     return r;
   }
+  if (revokedCode_ != ecclSuccess) {
+    completeLocked(r, revokedCode_, revokedReason_);
+    return r;
+  }
   InboxKey key{member, seq, tag};
   auto it = inbox_.find(key);
   if (it != inbox_.end()) {
@@ -424,16 +440,69 @@ RequestPtr TcpDevice::irecv(MemberId member, uint64_t seq, uint32_t tag, void* b
 
 void TcpDevice::wait(const RequestPtr& r, Deadline deadline, const std::string& opName) {
   MutexLock lock(mu_);
+  bool probed = false;
+  const auto timeout = deadline - Clock::now();
   while (r->state.load() == Request::kPending) {
-    if (!cv_.waitUntil(mu_, deadline) && r->state.load() == Request::kPending && Clock::now() >= deadline) {
-      failPeerLocked(r->peer, ecclTimeout,
-                     fmt::format("peer {} did not {} before the deadline (timed out)", labelLocked(r->peer),
-                                 r->isSend ? "accept our data" : "send its data"),
-                     true);
-      completeLocked(r, ecclTimeout, fmt::format("peer {} timed out", labelLocked(r->peer)));
+    if (cv_.waitUntil(mu_, deadline) || r->state.load() != Request::kPending || Clock::now() < deadline) continue;
+    // At the deadline, ask the peer's progress thread whether the process
+    // is alive. A live peer that is itself blocked on a failed member will
+    // report that member soon, so we wait once more; a stopped or hung
+    // process cannot answer and is declared failed.
+    if (!probed && pingLocked(r->peer)) {
+      probed = true;
+      auto sent = Clock::now();
+      auto grace = std::min<Clock::duration>(std::chrono::milliseconds(500), timeout);
+      while (r->state.load() == Request::kPending && peerLocked(r->peer).lastPong < sent &&
+             cv_.waitUntil(mu_, sent + grace)) {
+      }
+      if (r->state.load() != Request::kPending) break;
+      if (peerLocked(r->peer).lastPong >= sent) {
+        deadline = Clock::now() + timeout;
+        continue;
+      }
     }
+    failPeerLocked(r->peer, ecclTimeout,
+                   fmt::format("peer {} did not {} before the deadline and does not answer (timed out; stopped "
+                               "or hung process?)",
+                               labelLocked(r->peer), r->isSend ? "accept our data" : "send its data"),
+                   true);
+    completeLocked(r, ecclTimeout, fmt::format("peer {} timed out", labelLocked(r->peer)));
   }
   if (r->state.load() == Request::kFailed) throw Error(r->code, fmt::format("{}: {}", opName, r->error));
+}
+
+bool TcpDevice::pingLocked(MemberId member) {
+  auto it = peers_.find(member);
+  if (it == peers_.end() || it->second.lanes.empty() || !it->second.lanes[0]->fd) return false;
+  queueControlLocked(*it->second.lanes[0], FrameType::kPing, {});
+  return true;
+}
+
+void TcpDevice::revokeLocked(ecclResult_t code, const std::string& reason) {
+  if (revokedCode_ != ecclSuccess) return;
+  revokedCode_ = code;
+  revokedReason_ = reason;
+  // Failed sends must never read their buffers again: drop queued data
+  // frames; a half-written one leaves the stream unusable, so that lane closes.
+  for (auto& [id, p] : peers_) {
+    for (auto& lane : p.lanes) {
+      bool torn = !lane->sendQueue.empty() && lane->sendQueue.front().request && lane->sendQueue.front().done > 0;
+      std::deque<SendItem> keep;
+      for (auto& item : lane->sendQueue) {
+        if (item.request) completeLocked(item.request, code, reason);
+        else if (!torn) keep.push_back(std::move(item));
+      }
+      lane->sendQueue = std::move(keep);
+      if (torn) closeLaneLocked(*lane);
+    }
+  }
+  for (auto& [key, box] : inbox_)
+    if (box.request) completeLocked(box.request, code, reason);
+  // Buffers of failed receives must never be written again.
+  for (auto box = inbox_.begin(); box != inbox_.end();) box = box->second.request ? inbox_.erase(box) : std::next(box);
+  for (auto& [token, lane] : lanesByToken_)
+    if (lane->rx == Lane::Rx::kPayload && lane->frame.type == FrameType::kData && !inbox_.count(lane->inboxKey))
+      lane->discarding = true;
 }
 
 bool TcpDevice::test(const RequestPtr& r, const std::string& opName) {
@@ -471,6 +540,7 @@ void TcpDevice::failPeerLocked(MemberId member, ecclResult_t code, const std::st
   }
   if (wasLeft) return;  // an orderly leaver is nobody's failure
   if (onPeerFailure) onPeerFailure(member, code, reason);
+  revokeLocked(code == ecclTimeout ? ecclTimeout : ecclRemoteError, reason);
   if (!flood) return;
   // Tell everyone we are connected to, so ranks that wait on a live
   // neighbour of the failed member learn its name at once.
@@ -589,7 +659,7 @@ void TcpDevice::readLocked(Lane& lane) {
       size_t left = lane.frame.length - lane.payloadGot;
       if (lane.frame.type != FrameType::kData) {
         dst = lane.control.data() + lane.payloadGot;
-      } else if (lane.target) {
+      } else if (!lane.discarding) {
         dst = lane.target + lane.payloadGot;
       } else {
         dst = discard_.data();
@@ -650,6 +720,7 @@ bool TcpDevice::onHeaderLocked(Lane& lane) {
   }
   lane.frame = *h;
   lane.target = nullptr;
+  lane.discarding = true;
   if (h->type != FrameType::kData) {
     lane.control.assign(h->length, 0);
     return true;
@@ -657,7 +728,7 @@ bool TcpDevice::onHeaderLocked(Lane& lane) {
   if (h->epoch < epoch_) {
     stats_.staleFramesDropped++;
     log::trace("dropped a stale frame from {} (epoch {} < {})", labelLocked(remote), h->epoch, epoch_);
-    return true;  // target stays null: the payload is read and discarded
+    return true;  // the payload is read and discarded
   }
   InboxKey key{remote, h->seq, h->tag};
   auto it = inbox_.find(key);
@@ -690,11 +761,12 @@ bool TcpDevice::onHeaderLocked(Lane& lane) {
   }
   lane.inboxKey = key;
   lane.target = box.base() + h->offset;
+  lane.discarding = false;
   return true;
 }
 
 void TcpDevice::onPayloadDoneLocked(Lane& lane) {
-  if (!lane.target) return;
+  if (lane.discarding) return;
   auto it = inbox_.find(lane.inboxKey);
   if (it == inbox_.end()) return;
   Inbox& box = it->second;
@@ -711,6 +783,15 @@ void TcpDevice::onControlLocked(Lane& lane) {
   if (lane.frame.type == FrameType::kGoodbye) {
     lane.saidGoodbye = true;
     markLeftLocked(p);
+    return;
+  }
+  if (lane.frame.type == FrameType::kPing) {
+    queueControlLocked(lane, FrameType::kPong, {});
+    return;
+  }
+  if (lane.frame.type == FrameType::kPong) {
+    p.lastPong = Clock::now();
+    cv_.notifyAll();
     return;
   }
   MemberId failed;

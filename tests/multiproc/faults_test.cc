@@ -1,0 +1,155 @@
+// Level 2 fault injection: a SIGKILLed or SIGSTOPped rank must make every
+// survivor return an error (naming the rank where it can know it) within
+// the timeout; nothing hangs.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <vector>
+
+#include "tests/support/multiproc.h"
+
+namespace eccl::test {
+namespace {
+
+constexpr int kVictim = 2;
+
+// Loops allreduce until one fails; reports the failure text, or throws if
+// none failed within the loop budget.
+void allreduceUntilError(int rank, int n, const ecclUniqueId& id) {
+  ecclComm_t comm;
+  RANK_OK(ecclCommInitRank(&comm, n, id, rank), nullptr);
+  std::vector<float> v(1 << 16, 1.0f);
+  RANK_OK(ecclAllReduce(v.data(), v.data(), v.size(), ecclFloat32, ecclSum, comm, nullptr), comm);
+  for (int i = 0; i < 1000000; ++i) {
+    ecclResult_t r = ecclAllReduce(v.data(), v.data(), v.size(), ecclFloat32, ecclSum, comm, nullptr);
+    if (r != ecclSuccess) {
+      ecclResult_t async;
+      ecclCommGetAsyncError(comm, &async);
+      std::string msg = std::string(ecclGetErrorString(r)) + "|" + ecclGetLastError(comm);
+      // Every later op fails fast too: the communicator is revoked.
+      ecclResult_t again = ecclAllReduce(v.data(), v.data(), 1, ecclFloat32, ecclSum, comm, nullptr);
+      ecclCommAbort(comm);
+      if (again == ecclSuccess) throw std::runtime_error("op after failure succeeded: " + msg);
+      if (async == ecclSuccess) throw std::runtime_error("no async error after: " + msg);
+      throw std::runtime_error("FAILED-AS-EXPECTED " + msg);
+    }
+  }
+  throw std::runtime_error("no error after a million allreduces");
+}
+
+TEST(Faults, KilledRankFailsEverySurvivorNamingIt) {
+  setenv("ECCL_SOCKET_IFNAME", "lo", 1);
+  setenv("ECCL_TIMEOUT_MS", "5000", 1);
+  ProcessGroup group(4, allreduceUntilError);
+  usleep(600 * 1000);
+  group.signal(kVictim, SIGKILL);
+  auto outcomes = group.wait(std::chrono::seconds(20));
+  unsetenv("ECCL_TIMEOUT_MS");
+  for (const auto& o : outcomes) {
+    if (o.rank == kVictim) continue;
+    EXPECT_FALSE(o.hung) << describe(outcomes);
+    EXPECT_NE(o.message.find("FAILED-AS-EXPECTED"), std::string::npos) << describe(outcomes);
+    EXPECT_NE(o.message.find("rank 2"), std::string::npos) << "survivor does not name the dead rank\n"
+                                                           << describe(outcomes);
+    // Detected by the connection drop (or its notice), well before the 5 s timeout.
+    EXPECT_EQ(o.message.find("timed out"), std::string::npos) << describe(outcomes);
+  }
+}
+
+TEST(Faults, StoppedRankIsCaughtByTheTimeout) {
+  setenv("ECCL_SOCKET_IFNAME", "lo", 1);
+  setenv("ECCL_TIMEOUT_MS", "1500", 1);
+  ProcessGroup group(4, allreduceUntilError);
+  usleep(600 * 1000);
+  group.signal(kVictim, SIGSTOP);
+  auto outcomes = group.wait(std::chrono::seconds(8));
+  unsetenv("ECCL_TIMEOUT_MS");
+  group.signal(kVictim, SIGKILL);
+  int namingVictim = 0;
+  for (const auto& o : outcomes) {
+    if (o.rank == kVictim) continue;
+    EXPECT_FALSE(o.hung) << describe(outcomes);
+    EXPECT_NE(o.message.find("FAILED-AS-EXPECTED"), std::string::npos) << describe(outcomes);
+    EXPECT_LT(o.seconds, 0.6 + 1.5 * 3) << describe(outcomes);
+    namingVictim += o.message.find("rank 2") != std::string::npos;
+  }
+  // The stopped rank's ring neighbours wait on it directly and must name it.
+  EXPECT_GE(namingVictim, 2) << describe(outcomes);
+}
+
+TEST(Faults, BadArgumentsGetSpecificErrorsAndChangeNothing) {
+  setenv("ECCL_SOCKET_IFNAME", "lo", 1);
+  ProcessGroup group(3, [](int rank, int n, const ecclUniqueId& id) {
+    ecclComm_t comm;
+    RANK_OK(ecclCommInitRank(&comm, n, id, rank), nullptr);
+    float x = 1, y = 0;
+    auto expect = [&](ecclResult_t got, ecclResult_t want, const char* needle, const char* what) {
+      std::string msg = ecclGetLastError(comm);
+      RANK_CHECK(got == want, std::string(what) + ": got " + ecclGetErrorString(got) + " (" + msg + ")");
+      RANK_CHECK(msg.find(needle) != std::string::npos, std::string(what) + ": message '" + msg + "' lacks '" + needle + "'");
+    };
+    expect(ecclAllReduce(nullptr, &y, 1, ecclFloat32, ecclSum, comm, nullptr), ecclInvalidArgument, "NULL", "null send");
+    expect(ecclAllReduce(&x, &y, SIZE_MAX / 2, ecclFloat32, ecclSum, comm, nullptr), ecclInvalidArgument, "overflow", "overflow");
+    expect(ecclAllReduce(&x, &y, 1, static_cast<ecclDataType_t>(42), ecclSum, comm, nullptr), ecclInvalidArgument, "data type", "type");
+    expect(ecclAllReduce(&x, &y, 1, ecclFloat32, static_cast<ecclRedOp_t>(42), comm, nullptr), ecclInvalidArgument, "op", "op");
+    expect(ecclBroadcast(&x, &y, 1, ecclFloat32, 7, comm, nullptr), ecclInvalidArgument, "rank 7", "root");
+    expect(ecclSend(&x, 1, ecclFloat32, -1, comm, nullptr), ecclInvalidArgument, "rank -1", "peer");
+    expect(ecclAllReduce(&x, &y, 1, ecclFloat32, ecclSum, comm, &x), ecclInvalidArgument, "stream", "stream");
+    expect(ecclSend(&x, 1, ecclFloat32, rank, comm, nullptr), ecclInvalidUsage, "self", "self send");
+    RANK_CHECK(ecclAllReduce(&x, &y, 1, ecclFloat32, ecclSum, nullptr, nullptr) == ecclInvalidArgument, "null comm");
+    RANK_CHECK(ecclGroupEnd() == ecclInvalidUsage, "unmatched group end");
+    // Nothing changed: the communicator still works and agrees on sequence numbers.
+    RANK_OK(ecclAllReduce(&x, &y, 1, ecclFloat32, ecclSum, comm, nullptr), comm);
+    RANK_CHECK(y == 3.0f, "allreduce after bad calls");
+    RANK_OK(ecclCommDestroy(comm), nullptr);
+  });
+  auto outcomes = group.wait(std::chrono::seconds(30));
+  EXPECT_TRUE(allSucceeded(outcomes)) << describe(outcomes);
+}
+
+TEST(Faults, WrongSecretIsRejectedAndTheJobGoesOn) {
+  setenv("ECCL_SOCKET_IFNAME", "lo", 1);
+  setenv("ECCL_TIMEOUT_MS", "8000", 1);
+  ProcessGroup group(4, [](int rank, int n, const ecclUniqueId& id) {
+    if (rank == 3) {
+      // An impostor with the root's address but a forged secret.
+      ecclUniqueId forged = id;
+      forged.internal[30] ^= 0x55;
+      ecclComm_t comm;
+      ecclResult_t r = ecclCommInitRank(&comm, 3, forged, 0);
+      std::string msg = ecclGetLastError(nullptr);
+      RANK_CHECK(r == ecclAuthError, std::string("impostor got ") + ecclGetErrorString(r) + ": " + msg);
+      RANK_CHECK(msg.find("secret") != std::string::npos, "message: " + msg);
+      return;
+    }
+    usleep(200 * 1000);  // let the impostor knock first
+    ecclComm_t comm;
+    RANK_OK(ecclCommInitRank(&comm, 3, id, rank), nullptr);
+    float v = 1;
+    RANK_OK(ecclAllReduce(&v, &v, 1, ecclFloat32, ecclSum, comm, nullptr), comm);
+    RANK_CHECK(v == 3.0f, "sum");
+    RANK_OK(ecclCommDestroy(comm), nullptr);
+  });
+  auto outcomes = group.wait(std::chrono::seconds(30));
+  unsetenv("ECCL_TIMEOUT_MS");
+  EXPECT_TRUE(allSucceeded(outcomes)) << describe(outcomes);
+}
+
+TEST(Faults, MissingRankMakesInitTimeOutNotHang) {
+  setenv("ECCL_SOCKET_IFNAME", "lo", 1);
+  setenv("ECCL_TIMEOUT_MS", "1500", 1);
+  ProcessGroup group(2, [](int rank, int, const ecclUniqueId& id) {
+    ecclComm_t comm;
+    ecclResult_t r = ecclCommInitRank(&comm, 3, id, rank);  // rank 2 never comes
+    RANK_CHECK(r != ecclSuccess, "init succeeded without rank 2");
+    std::string msg = ecclGetLastError(nullptr);
+    RANK_CHECK(msg.find("missing: 2") != std::string::npos || msg.find("timed out") != std::string::npos, msg);
+  });
+  auto outcomes = group.wait(std::chrono::seconds(10));
+  unsetenv("ECCL_TIMEOUT_MS");
+  EXPECT_TRUE(allSucceeded(outcomes)) << describe(outcomes);
+}
+
+}  // namespace
+}  // namespace eccl::test

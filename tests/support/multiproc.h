@@ -1,0 +1,71 @@
+// Level-2 test helper (after Gloo's multiproc_test.h): real processes
+// joined into one eccl job. A rank's body throws to fail; the parent
+// collects each rank's exit status and message, can SIGKILL or SIGSTOP a
+// rank, and kills anything still running at the deadline (reported as hung).
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "eccl.h"
+
+namespace eccl::test {
+
+struct RankOutcome {
+  int rank = -1;
+  bool exited = false;  // exited normally (else killed by a signal)
+  int exitCode = -1;
+  int signal = 0;
+  bool hung = false;    // still running at the deadline
+  std::string message;  // what the body reported
+  double seconds = 0;   // from start to exit
+};
+
+class ProcessGroup {
+ public:
+  using Body = std::function<void(int rank, int nranks, const ecclUniqueId& id)>;
+  ProcessGroup(int nranks, Body body);
+  ~ProcessGroup();
+  void signal(int rank, int sig);
+  pid_t pid(int rank) const { return pids_[rank]; }
+  std::vector<RankOutcome> wait(std::chrono::milliseconds deadline);
+
+ private:
+  std::vector<pid_t> pids_;
+  std::vector<int> pipes_;
+  std::chrono::steady_clock::time_point start_;
+  bool waited_ = false;
+};
+
+// Formats outcomes for a failed assertion.
+std::string describe(const std::vector<RankOutcome>& outcomes);
+bool allSucceeded(const std::vector<RankOutcome>& outcomes);
+
+// Inside a rank body: fail with a message naming the rank and location.
+#define RANK_CHECK(cond, ...)                                                                     \
+  do {                                                                                            \
+    if (!(cond))                                                                                  \
+      throw std::runtime_error(std::string(__FILE__ ":") + std::to_string(__LINE__) + ": " +      \
+                               #cond + " " + ::eccl::test::format(__VA_ARGS__));                  \
+  } while (0)
+#define RANK_OK(call, comm)                                                                       \
+  do {                                                                                            \
+    ecclResult_t rc_ = (call);                                                                    \
+    if (rc_ != ecclSuccess)                                                                       \
+      throw std::runtime_error(std::string(#call) + " -> " + ecclGetErrorString(rc_) + ": " +     \
+                               ecclGetLastError(comm));                                           \
+  } while (0)
+
+inline std::string format() { return {}; }
+inline std::string format(const std::string& s) { return s; }
+
+// Runs body as nranks threads in this process (level-1 tests), each with
+// its own communicator; rethrows the first failure.
+void runThreads(int nranks, const std::function<void(int rank, ecclComm_t comm)>& body);
+
+}  // namespace eccl::test

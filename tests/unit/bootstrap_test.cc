@@ -1,0 +1,82 @@
+#include <gtest/gtest.h>
+
+#include "api/guard.h"
+#include "bootstrap/handshake.h"
+#include "bootstrap/messages.h"
+#include "bootstrap/unique_id.h"
+
+namespace eccl::bootstrap {
+namespace {
+
+TEST(UniqueId, TextRoundTripAndMalformedInput) {
+  UniqueIdData d;
+  d.root = SockAddr::parse("127.0.0.1:4711");
+  d.secret.fill(0xab);
+  d.jobId = 99;
+  ecclUniqueId id = encodeUniqueId(d);
+  std::string text = uniqueIdToText(id);
+  UniqueIdData back = decodeUniqueId(uniqueIdFromText(text));
+  EXPECT_EQ(back.root.str(), "127.0.0.1:4711");
+  EXPECT_EQ(back.secret, d.secret);
+  EXPECT_EQ(back.jobId, 99u);
+  EXPECT_THROW(uniqueIdFromText("abc"), Error);
+  std::string bad = text;
+  bad[0] = 'z';
+  EXPECT_THROW(uniqueIdFromText(bad), Error);
+  ecclUniqueId zero{};
+  try {
+    decodeUniqueId(zero);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ecclInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("malformed"), std::string::npos);
+  }
+}
+
+TEST(Messages, RoundTripAndRejectGarbage) {
+  auto bytes = encodeRegistration({3, 8, "10.1.2.3:5"});
+  std::string why;
+  auto r = decodeRegistration(bytes.data(), bytes.size(), &why);
+  ASSERT_TRUE(r) << why;
+  EXPECT_EQ(r->rank, 3u);
+  EXPECT_EQ(r->dataAddress, "10.1.2.3:5");
+  for (size_t cut = 0; cut < bytes.size(); ++cut)
+    EXPECT_FALSE(decodeRegistration(bytes.data(), cut, &why)) << "truncated at " << cut;
+  auto bad = encodeRegistration({8, 8, "x"});
+  EXPECT_FALSE(decodeRegistration(bad.data(), bad.size(), &why));
+  EXPECT_NE(why.find("rank 8 of 8"), std::string::npos) << why;
+  auto table = encodeAddressTable({"", {"a:1", "b:2"}});
+  auto t = decodeAddressTable(table.data(), table.size(), &why);
+  ASSERT_TRUE(t);
+  EXPECT_EQ(t->addresses.size(), 2u);
+  table.push_back(0);
+  EXPECT_FALSE(decodeAddressTable(table.data(), table.size(), &why));
+}
+
+TEST(Hello, RejectsForeignMagicAndPurpose) {
+  uint8_t buf[kHelloBytes];
+  Nonce n{};
+  encodeHello({Purpose::kData, 1, 2, 3, 0}, n, buf);
+  Hello h;
+  std::string why;
+  EXPECT_TRUE(decodeHello(buf, &h, &why));
+  EXPECT_EQ(h.fromMember, 2u);
+  buf[6] = 77;
+  EXPECT_FALSE(decodeHello(buf, &h, &why));
+  buf[0] = 'G';
+  EXPECT_FALSE(decodeHello(buf, &h, &why));
+  EXPECT_NE(why.find("not an eccl hello"), std::string::npos);
+}
+
+// The C ABI's one translation point turns any exception into a code.
+TEST(Guard, NoExceptionCrossesTheCAbi) {
+  EXPECT_EQ(api::guarded(nullptr, "t", [] { throw std::runtime_error("boom"); }), ecclInternalError);
+  EXPECT_NE(std::string(ecclGetLastError(nullptr)).find("boom"), std::string::npos);
+  EXPECT_EQ(api::guarded(nullptr, "t", [] { throw 42; }), ecclInternalError);
+  EXPECT_EQ(api::guarded(nullptr, "t", [] { throw std::bad_alloc(); }), ecclSystemError);
+  EXPECT_EQ(api::guarded(nullptr, "t", [] { throw Error(ecclTimeout, "late"); }), ecclTimeout);
+  EXPECT_EQ(api::guarded(nullptr, "t", [] {}), ecclSuccess);
+}
+
+}  // namespace
+}  // namespace eccl::bootstrap

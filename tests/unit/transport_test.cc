@@ -1,0 +1,250 @@
+// The TCP device against real sockets: two devices in one process, plus a
+// hand-driven client that authenticates and then misbehaves.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include <thread>
+
+#include "bootstrap/handshake.h"
+#include "common/error.h"
+#include "common/socket.h"
+#include "transport/frame.h"
+#include "transport/tcp/device.h"
+
+namespace eccl::transport {
+namespace {
+
+struct Pair {
+  std::unique_ptr<Device> a, b;
+  std::string failure;
+  Pair(int lanes = 2) {
+    TcpOptions o;
+    o.jobId = 5;
+    o.commId = 5;
+    o.secret.fill(1);
+    o.lanes = lanes;
+    o.ifname = "lo";
+    o.handshakeTimeoutMs = 2000;
+    o.stripeMinBytes = 4096;
+    o.self = 0;
+    a = createTcpDevice(o);
+    o.self = 1;
+    b = createTcpDevice(o);
+    a->onPeerFailure = [this](MemberId, ecclResult_t, const std::string& why) { failure = why; };
+    b->onPeerFailure = [](MemberId, ecclResult_t, const std::string&) {};
+    a->addPeer(1, b->address(), "rank 1");
+    b->addPeer(0, a->address(), "rank 0");
+    a->setEpoch(1);
+    b->setEpoch(1);
+  }
+};
+
+TEST(TcpDevice, StripedMessageArrivesIntactInBothOrders) {
+  Pair p(3);
+  std::vector<uint8_t> big(5 << 20), got(big.size());
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<uint8_t>(i * 131 + 7);
+  // Receive posted first.
+  auto r = p.b->irecv(0, 1, 0, got.data(), got.size());
+  auto s = p.a->isend(1, 1, 0, big.data(), big.size());
+  p.a->wait(s, deadlineAfterMs(10000), "send");
+  p.b->wait(r, deadlineAfterMs(10000), "recv");
+  EXPECT_EQ(got, big);
+  // Send first: the receiver stages it, then copies on the late post.
+  std::fill(got.begin(), got.end(), 0);
+  s = p.a->isend(1, 2, 0, big.data(), big.size());
+  p.a->wait(s, deadlineAfterMs(10000), "send");
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  r = p.b->irecv(0, 2, 0, got.data(), got.size());
+  p.b->wait(r, deadlineAfterMs(10000), "recv");
+  EXPECT_EQ(got, big);
+  EXPECT_GE(p.a->stats().connectionsOpened, 3u);
+}
+
+TEST(TcpDevice, SizeMismatchIsAUsageErrorAndKeepsTheConnection) {
+  Pair p;
+  int32_t four[4] = {1, 2, 3, 4}, two[2];
+  auto r = p.b->irecv(0, 1, 0, two, sizeof(two));
+  p.a->isend(1, 1, 0, four, sizeof(four));
+  try {
+    p.b->wait(r, deadlineAfterMs(5000), "recv");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ecclInvalidUsage);
+    EXPECT_NE(std::string(e.what()).find("16 bytes where 8"), std::string::npos) << e.what();
+  }
+  // The link still works.
+  r = p.b->irecv(0, 2, 0, two, sizeof(two));
+  p.a->isend(1, 2, 0, four, sizeof(two));
+  p.b->wait(r, deadlineAfterMs(5000), "recv");
+  EXPECT_EQ(two[1], 2);
+}
+
+TEST(TcpDevice, TimeoutNamesThePeerAndFailsLaterOps) {
+  Pair p;
+  char c;
+  auto r = p.b->irecv(0, 9, 0, &c, 1);
+  auto start = Clock::now();
+  try {
+    p.b->wait(r, deadlineAfterMs(300), "allreduce (op 9)");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ecclTimeout);
+    EXPECT_NE(std::string(e.what()).find("allreduce (op 9): peer rank 0"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(3));
+}
+
+// A client that knows the secret but speaks garbage after the handshake.
+class Intruder {
+ public:
+  Intruder(Device& target, MemberId claim, uint64_t jobId = 5) {
+    fd_ = connectTo(SockAddr::parse(target.address()), deadlineAfterMs(2000), "intruder");
+    Secret s;
+    s.fill(1);
+    bootstrap::authenticateAsClient(fd_.get(), s, {bootstrap::Purpose::kData, jobId, claim, target.self(), 0},
+                                    deadlineAfterMs(2000), "intruder");
+  }
+  void sendRaw(const void* p, size_t n) { sendAll(fd_.get(), p, n, deadlineAfterMs(2000), "intruder"); }
+  void sendFrame(const FrameHeader& h, const void* payload) {
+    uint8_t buf[FrameHeader::kSize];
+    encodeFrame(h, buf);
+    sendRaw(buf, sizeof(buf));
+    if (h.length) sendRaw(payload, h.length);
+  }
+  Fd fd_;
+};
+
+FrameHeader dataFrame(uint32_t epoch, uint64_t seq, uint32_t len) {
+  FrameHeader h;
+  h.epoch = epoch;
+  h.commId = 5;
+  h.seq = seq;
+  h.length = len;
+  h.total = len;
+  return h;
+}
+
+TEST(TcpDevice, StaleEpochFramesAreDroppedAndCounted) {
+  TcpOptions o;
+  o.jobId = o.commId = 5;
+  o.secret.fill(1);
+  o.lanes = 1;
+  o.ifname = "lo";
+  o.self = 3;
+  auto dev = createTcpDevice(o);
+  dev->onPeerFailure = [](MemberId, ecclResult_t, const std::string&) {};
+  dev->addPeer(0, "127.0.0.1:1", "rank 0");
+  dev->setEpoch(4);
+  Intruder peer(*dev, 0);
+  int32_t v = 0, stale = 111, fresh = 222;
+  auto r = dev->irecv(0, 1, 0, &v, 4);
+  peer.sendFrame(dataFrame(3, 1, 4), &stale);
+  peer.sendFrame(dataFrame(4, 1, 4), &fresh);
+  dev->wait(r, deadlineAfterMs(3000), "recv");
+  EXPECT_EQ(v, 222);
+  EXPECT_EQ(dev->stats().staleFramesDropped, 1u);
+}
+
+TEST(TcpDevice, MalformedFrameFailsThatPeerAndRevokesWithItsName) {
+  TcpOptions o;
+  o.jobId = o.commId = 5;
+  o.secret.fill(1);
+  o.lanes = 1;
+  o.ifname = "lo";
+  o.self = 3;
+  auto dev = createTcpDevice(o);
+  std::string failure;
+  dev->onPeerFailure = [&](MemberId, ecclResult_t, const std::string& why) { failure = why; };
+  dev->addPeer(0, "127.0.0.1:1", "rank 0");
+  dev->addPeer(1, "127.0.0.1:1", "rank 1");
+  dev->setEpoch(1);
+  Intruder bad(*dev, 0), good(*dev, 1);
+  int32_t v = 0, w = 0, payload = 5;
+  auto fromBad = dev->irecv(0, 1, 0, &v, 4);
+  auto fromGood = dev->irecv(1, 1, 0, &w, 4);
+  uint8_t garbage[FrameHeader::kSize];
+  std::memset(garbage, 0x5a, sizeof(garbage));
+  bad.sendRaw(garbage, sizeof(garbage));
+  try {
+    dev->wait(fromBad, deadlineAfterMs(3000), "recv");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ecclRemoteError);
+    EXPECT_NE(std::string(e.what()).find("malformed frame"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("rank 0"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(dev->stats().framesRejected, 1u);
+  EXPECT_NE(failure.find("malformed frame"), std::string::npos) << failure;
+  // A failed member revokes the communicator: ops on other peers fail fast
+  // with the culprit's name instead of waiting for their deadline, and the
+  // good peer's late data is never written into the failed receive's buffer.
+  good.sendFrame(dataFrame(1, 1, 4), &payload);
+  try {
+    dev->wait(fromGood, deadlineAfterMs(3000), "recv");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 0"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(w, 0);
+}
+
+TEST(TcpDevice, TruncatedFrameIsAClosedConnection) {
+  TcpOptions o;
+  o.jobId = o.commId = 5;
+  o.secret.fill(1);
+  o.lanes = 1;
+  o.ifname = "lo";
+  o.self = 3;
+  auto dev = createTcpDevice(o);
+  dev->onPeerFailure = [](MemberId, ecclResult_t, const std::string&) {};
+  dev->addPeer(0, "127.0.0.1:1", "rank 0");
+  int64_t v;
+  auto r = dev->irecv(0, 1, 0, &v, 8);
+  {
+    Intruder peer(*dev, 0);
+    uint8_t buf[FrameHeader::kSize];
+    encodeFrame(dataFrame(0, 1, 8), buf);
+    peer.sendRaw(buf, sizeof(buf));
+    peer.sendRaw(&v, 3);  // then hang up mid-payload
+  }
+  try {
+    dev->wait(r, deadlineAfterMs(3000), "recv");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("closed the connection"), std::string::npos) << e.what();
+  }
+}
+
+TEST(TcpDevice, WrongSecretAndNonMembersAreRejected) {
+  Pair p;
+  // Wrong secret: the handshake fails on both sides.
+  {
+    Fd fd = connectTo(SockAddr::parse(p.b->address()), deadlineAfterMs(2000), "stranger");
+    Secret wrong;
+    wrong.fill(9);
+    EXPECT_THROW(bootstrap::authenticateAsClient(fd.get(), wrong, {bootstrap::Purpose::kData, 5, 0, 1, 0},
+                                                 deadlineAfterMs(2000), "stranger"),
+                 Error);
+  }
+  // Right secret, but a member id that is not in the communicator.
+  { Intruder stranger(*p.b, 77); }
+  // Garbage instead of a hello.
+  {
+    Fd fd = connectTo(SockAddr::parse(p.b->address()), deadlineAfterMs(2000), "garbage");
+    const char junk[64] = "GET / HTTP/1.1\r\n\r\n";
+    sendAll(fd.get(), junk, sizeof(junk), deadlineAfterMs(2000), "garbage");
+  }
+  for (int i = 0; i < 300 && p.b->stats().connectionsRejected < 3; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(p.b->stats().connectionsRejected, 3u);
+  // The real members still talk.
+  int x = 41, y = 0;
+  auto r = p.b->irecv(0, 1, 0, &y, 4);
+  p.a->wait(p.a->isend(1, 1, 0, &x, 4), deadlineAfterMs(3000), "send");
+  p.b->wait(r, deadlineAfterMs(3000), "recv");
+  EXPECT_EQ(y, 41);
+}
+
+}  // namespace
+}  // namespace eccl::transport
