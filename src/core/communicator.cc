@@ -74,7 +74,9 @@ Communicator::Communicator(int nranks, const ecclUniqueId& id, int rank, const C
   log::info("rank {} of {} ready at {} (epoch {})", rank, nranks, device_->address(), view_.epoch);
 }
 
-Communicator::~Communicator() = default;
+// The device's threads report failures into this object, so they must stop
+// before any member they touch is destroyed.
+Communicator::~Communicator() { device_.reset(); }
 
 void Communicator::onPeerFailure(transport::MemberId member, ecclResult_t code, const std::string& reason) {
   MutexLock lock(errorMu_);

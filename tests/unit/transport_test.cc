@@ -16,8 +16,8 @@ namespace eccl::transport {
 namespace {
 
 struct Pair {
+  std::string failure;  // outlives the devices, whose threads may still report
   std::unique_ptr<Device> a, b;
-  std::string failure;
   Pair(int lanes = 2) {
     TcpOptions o;
     o.jobId = 5;
@@ -153,8 +153,8 @@ TEST(TcpDevice, MalformedFrameFailsThatPeerAndRevokesWithItsName) {
   o.lanes = 1;
   o.ifname = "lo";
   o.self = 3;
+  std::string failure;  // declared first: outlives the device's threads
   auto dev = createTcpDevice(o);
-  std::string failure;
   dev->onPeerFailure = [&](MemberId, ecclResult_t, const std::string& why) { failure = why; };
   dev->addPeer(0, "127.0.0.1:1", "rank 0");
   dev->addPeer(1, "127.0.0.1:1", "rank 1");
