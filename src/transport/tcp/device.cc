@@ -612,8 +612,12 @@ void TcpDevice::close(Deadline deadline) {
       if (lane->fd) queueControlLocked(*lane, FrameType::kGoodbye, {});
   for (;;) {
     bool pending = false;
+    // Also wait for the peers' goodbyes: closing a socket with unread
+    // incoming bytes sends a reset that can destroy data the peer has not
+    // read yet.
     for (auto& [id, p] : peers_)
-      for (auto& lane : p.lanes) pending = pending || (lane->fd && !lane->sendQueue.empty());
+      for (auto& lane : p.lanes)
+        pending = pending || (lane->fd && (!lane->sendQueue.empty() || !lane->saidGoodbye));
     if (!pending || !cv_.waitUntil(mu_, std::min(deadline, Clock::now() + std::chrono::milliseconds(10))))
       if (!pending || Clock::now() >= deadline) break;
   }
