@@ -125,14 +125,19 @@ FrameHeader dataFrame(uint32_t epoch, uint64_t seq, uint32_t len) {
   return h;
 }
 
-TEST(TcpDevice, StaleEpochFramesAreDroppedAndCounted) {
+// Member 3 of job 5, one lane, on loopback: the target of the intruder tests.
+std::unique_ptr<Device> memberThreeDevice() {
   TcpOptions o;
   o.jobId = o.commId = 5;
   o.secret.fill(1);
   o.lanes = 1;
   o.ifname = "lo";
   o.self = 3;
-  auto dev = createTcpDevice(o);
+  return createTcpDevice(o);
+}
+
+TEST(TcpDevice, StaleEpochFramesAreDroppedAndCounted) {
+  auto dev = memberThreeDevice();
   dev->onPeerFailure = [](MemberId, ecclResult_t, const std::string&) {};
   dev->addPeer(0, "127.0.0.1:1", "rank 0");
   dev->setEpoch(4);
@@ -147,14 +152,8 @@ TEST(TcpDevice, StaleEpochFramesAreDroppedAndCounted) {
 }
 
 TEST(TcpDevice, MalformedFrameFailsThatPeerAndRevokesWithItsName) {
-  TcpOptions o;
-  o.jobId = o.commId = 5;
-  o.secret.fill(1);
-  o.lanes = 1;
-  o.ifname = "lo";
-  o.self = 3;
   std::string failure;  // declared first: outlives the device's threads
-  auto dev = createTcpDevice(o);
+  auto dev = memberThreeDevice();
   dev->onPeerFailure = [&](MemberId, ecclResult_t, const std::string& why) { failure = why; };
   dev->addPeer(0, "127.0.0.1:1", "rank 0");
   dev->addPeer(1, "127.0.0.1:1", "rank 1");
@@ -190,13 +189,7 @@ TEST(TcpDevice, MalformedFrameFailsThatPeerAndRevokesWithItsName) {
 }
 
 TEST(TcpDevice, TruncatedFrameIsAClosedConnection) {
-  TcpOptions o;
-  o.jobId = o.commId = 5;
-  o.secret.fill(1);
-  o.lanes = 1;
-  o.ifname = "lo";
-  o.self = 3;
-  auto dev = createTcpDevice(o);
+  auto dev = memberThreeDevice();
   dev->onPeerFailure = [](MemberId, ecclResult_t, const std::string&) {};
   dev->addPeer(0, "127.0.0.1:1", "rank 0");
   int64_t v;
