@@ -54,6 +54,20 @@ void pump(int fd, int rank, std::string& pending, FILE* sink, bool flushAll) {
 
 bool isLocalHost(const std::string& h) { return h == "localhost" || h == "127.0.0.1" || h == "::1"; }
 
+// This process's environment plus the variables ecclCommInitFromEnv reads.
+std::vector<std::string> rankEnvironment(int rank, int nranks, const std::string& idText) {
+  std::vector<std::string> env;
+  for (char** e = environ; *e; ++e) {
+    std::string_view v(*e);
+    if (!v.starts_with("ECCL_RANK=") && !v.starts_with("ECCL_NRANKS=") && !v.starts_with("ECCL_UNIQUE_ID="))
+      env.emplace_back(v);
+  }
+  env.push_back(fmt::format("ECCL_RANK={}", rank));
+  env.push_back(fmt::format("ECCL_NRANKS={}", nranks));
+  env.push_back("ECCL_UNIQUE_ID=" + idText);
+  return env;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -114,19 +128,22 @@ int main(int argc, char** argv) {
       perror("eccl-run: pipe");
       return 2;
     }
+    // Everything the child needs is built before fork: the root thread is
+    // running, so between fork and exec only async-signal-safe calls happen.
+    std::vector<std::string> env = rankEnvironment(r, np, idText);
+    std::vector<char*> envp, args;
+    for (auto& e : env) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    for (auto& a : command) args.push_back(a.data());
+    args.push_back(nullptr);
+    std::string execFailed = fmt::format("eccl-run: cannot execute {} (not found or not executable)\n", command[0]);
     pid_t pid = fork();
     if (pid == 0) {
       prctl(PR_SET_PDEATHSIG, SIGKILL);  // no orphaned ranks if the launcher dies
       dup2(out[1], 1);
       dup2(err[1], 2);
-      setenv("ECCL_RANK", std::to_string(r).c_str(), 1);
-      setenv("ECCL_NRANKS", std::to_string(np).c_str(), 1);
-      setenv("ECCL_UNIQUE_ID", idText.c_str(), 1);
-      std::vector<char*> args;
-      for (auto& a : command) args.push_back(a.data());
-      args.push_back(nullptr);
-      execvp(args[0], args.data());
-      fprintf(stderr, "eccl-run: cannot execute %s: %s\n", args[0], strerror(errno));
+      execvpe(args[0], args.data(), envp.data());
+      [[maybe_unused]] ssize_t n = write(2, execFailed.data(), execFailed.size());
       _exit(127);
     }
     close(out[1]);

@@ -13,12 +13,51 @@
 
 namespace eccl::test {
 
-ProcessGroup::ProcessGroup(int nranks, Body body) {
-  ecclUniqueId id;
-  if (ecclGetUniqueId(&id) != ecclSuccess) throw std::runtime_error(std::string("ecclGetUniqueId: ") + ecclGetLastError(nullptr));
-  start_ = std::chrono::steady_clock::now();
+namespace {
+
+// The bootstrap root is a thread; a process forked while another thread
+// holds a lock (OpenSSL's, the allocator's) can deadlock on it. So the root
+// lives in its own helper process, as it does under eccl-run, and this
+// process stays single-threaded while it forks the ranks. The helper exits
+// when `lifeline` reaches end of file (the group is destroyed).
+pid_t startRootProcess(ecclUniqueId* id, int* lifeline) {
+  int idPipe[2], lifePipe[2];
+  if (pipe2(idPipe, O_CLOEXEC) != 0 || pipe2(lifePipe, O_CLOEXEC) != 0) throw std::runtime_error("pipe2 failed");
   fflush(stdout);
   fflush(stderr);
+  pid_t pid = fork();
+  if (pid < 0) throw std::runtime_error("fork failed");
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    close(idPipe[0]);
+    close(lifePipe[1]);
+    ecclUniqueId made;
+    if (ecclGetUniqueId(&made) != ecclSuccess) _exit(1);
+    [[maybe_unused]] ssize_t n = write(idPipe[1], &made, sizeof(made));
+    char c;
+    while (read(lifePipe[0], &c, 1) > 0) {
+    }
+    _exit(0);
+  }
+  close(idPipe[1]);
+  close(lifePipe[0]);
+  ssize_t got = read(idPipe[0], id, sizeof(*id));
+  close(idPipe[0]);
+  if (got != static_cast<ssize_t>(sizeof(*id))) {
+    close(lifePipe[1]);
+    waitpid(pid, nullptr, 0);
+    throw std::runtime_error("the bootstrap root process could not create a unique id");
+  }
+  *lifeline = lifePipe[1];
+  return pid;
+}
+
+}  // namespace
+
+ProcessGroup::ProcessGroup(int nranks, Body body) {
+  ecclUniqueId id;
+  rootPid_ = startRootProcess(&id, &rootLifeline_);
+  start_ = std::chrono::steady_clock::now();
   for (int r = 0; r < nranks; ++r) {
     int fds[2];
     if (pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error("pipe2 failed");
@@ -49,6 +88,9 @@ ProcessGroup::ProcessGroup(int nranks, Body body) {
 ProcessGroup::~ProcessGroup() {
   if (!waited_) wait(std::chrono::milliseconds(0));
   for (int fd : pipes_) close(fd);
+  close(rootLifeline_);
+  ::kill(rootPid_, SIGKILL);
+  waitpid(rootPid_, nullptr, 0);
 }
 
 void ProcessGroup::signal(int rank, int sig) { ::kill(pids_[rank], sig); }
@@ -91,6 +133,7 @@ std::vector<RankOutcome> ProcessGroup::wait(std::chrono::milliseconds deadline) 
         out[i].rank = static_cast<int>(i);
         out[i].hung = true;
         out[i].signal = SIGKILL;
+        out[i].seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
         drain(i);
       }
       break;

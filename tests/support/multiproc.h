@@ -36,6 +36,8 @@ class ProcessGroup {
   std::vector<RankOutcome> wait(std::chrono::milliseconds deadline);
 
  private:
+  pid_t rootPid_ = -1;
+  int rootLifeline_ = -1;
   std::vector<pid_t> pids_;
   std::vector<int> pipes_;
   std::chrono::steady_clock::time_point start_;

@@ -60,6 +60,7 @@ struct Lane {
   Fd fd;
   bool wantOut = false;
   bool saidGoodbye = false;  // the peer's goodbye arrived on this lane
+  bool opened = false;       // connected once (it may be closed again)
   std::deque<SendItem> sendQueue;
   // Receive state machine, touched only by the progress thread.
   enum class Rx { kHeader, kPayload } rx = Rx::kHeader;
@@ -151,6 +152,7 @@ class TcpDevice final : public Device {
   CondVar cv_;
   uint32_t epoch_ ECCL_GUARDED_BY(mu_) = 0;
   bool aborted_ ECCL_GUARDED_BY(mu_) = false;
+  bool closing_ ECCL_GUARDED_BY(mu_) = false;  // our goodbyes are out
   std::string abortReason_ ECCL_GUARDED_BY(mu_);
   // Set by the first peer failure: every pending and later op fails with
   // this reason, so all ranks report the member that actually failed.
@@ -265,6 +267,7 @@ void TcpDevice::installLaneLocked(Peer& peer, uint32_t index, Fd fd) {
   setNonBlocking(fd.get(), true);
   lane.fd = std::move(fd);
   lane.token = nextToken_++;
+  lane.opened = true;
   lane.rx = Lane::Rx::kHeader;
   lane.headerGot = 0;
   lanesByToken_[lane.token] = &lane;
@@ -274,6 +277,7 @@ void TcpDevice::installLaneLocked(Peer& peer, uint32_t index, Fd fd) {
   epoll_ctl(epollFd_.get(), EPOLL_CTL_ADD, lane.fd.get(), &ev);
   lane.wantOut = false;
   stats_.connectionsOpened++;
+  if (closing_) queueControlLocked(lane, FrameType::kGoodbye, {});
   bool allUp = std::all_of(peer.lanes.begin(), peer.lanes.end(), [](auto& l) { return bool(l->fd); });
   if (allUp) peer.state = Peer::State::kUp;
   flushLocked(lane);
@@ -293,7 +297,7 @@ void TcpDevice::setWantOutLocked(Lane& lane, bool on) {
   if (lane.wantOut == on || !lane.fd) return;
   lane.wantOut = on;
   epoll_event ev{};
-  ev.events = EPOLLIN | EPOLLRDHUP | (on ? EPOLLOUT : 0);
+  ev.events = EPOLLIN | EPOLLRDHUP | (on ? uint32_t{EPOLLOUT} : 0u);
   ev.data.u64 = lane.token;
   epoll_ctl(epollFd_.get(), EPOLL_CTL_MOD, lane.fd.get(), &ev);
 }
@@ -538,7 +542,7 @@ void TcpDevice::failPeerLocked(MemberId member, ecclResult_t code, const std::st
     if (box->second.request) completeLocked(box->second.request, code, reason);
     box = inbox_.erase(box);
   }
-  if (wasLeft) return;  // an orderly leaver is nobody's failure
+  if (wasLeft || closing_) return;  // an orderly leaver is nobody's failure, nor is a peer of one
   if (onPeerFailure) onPeerFailure(member, code, reason);
   revokeLocked(code == ecclTimeout ? ecclTimeout : ecclRemoteError, reason);
   if (!flood) return;
@@ -557,17 +561,27 @@ void TcpDevice::failPeerLocked(MemberId member, ecclResult_t code, const std::st
 }
 
 void TcpDevice::markLeftLocked(Peer& p) {
-  bool allSaid = std::all_of(p.lanes.begin(), p.lanes.end(), [](auto& l) { return l->saidGoodbye || !l->fd; });
+  // A lane the peer opened but we have not accepted yet still carries data.
+  bool allSaid = std::all_of(p.lanes.begin(), p.lanes.end(),
+                             [](auto& l) { return l->saidGoodbye || (l->opened && !l->fd); });
   if (!allSaid || p.state == Peer::State::kFailed) return;
   std::string reason = fmt::format("peer {} has left (it destroyed its communicator)", p.label);
-  for (auto& lane : p.lanes) closeLaneLocked(*lane);
+  for (auto& lane : p.lanes) {
+    for (auto& item : lane->sendQueue)
+      if (item.request) completeLocked(item.request, ecclRemoteError, reason);
+    closeLaneLocked(*lane);
+  }
+  cv_.notifyAll();
+  if (p.state == Peer::State::kLeft) return;
   p.state = Peer::State::kLeft;
   p.failCode = ecclRemoteError;
   p.failReason = reason;
+  // Its goodbye followed its last data on every lane, so whole messages it
+  // sent before leaving stay receivable; only what can never arrive fails.
   for (auto box = inbox_.begin(); box != inbox_.end();) {
-    bool mine = box->first.peer == p.id;
-    if (mine && box->second.request) completeLocked(box->second.request, ecclRemoteError, reason);
-    box = mine ? inbox_.erase(box) : std::next(box);
+    bool lost = box->first.peer == p.id && box->second.received < box->second.total;
+    if (lost && box->second.request) completeLocked(box->second.request, ecclRemoteError, reason);
+    box = lost ? inbox_.erase(box) : std::next(box);
   }
 }
 
@@ -607,6 +621,7 @@ void TcpDevice::abort(const std::string& reason) {
 
 void TcpDevice::close(Deadline deadline) {
   MutexLock lock(mu_);
+  closing_ = true;
   for (auto& [id, p] : peers_)
     for (auto& lane : p.lanes)
       if (lane->fd) queueControlLocked(*lane, FrameType::kGoodbye, {});
@@ -615,9 +630,13 @@ void TcpDevice::close(Deadline deadline) {
     // Also wait for the peers' goodbyes: closing a socket with unread
     // incoming bytes sends a reset that can destroy data the peer has not
     // read yet.
-    for (auto& [id, p] : peers_)
+    for (auto& [id, p] : peers_) {
+      if (p.state == Peer::State::kFailed || p.state == Peer::State::kLeft) continue;
+      bool partlyConnected = std::any_of(p.lanes.begin(), p.lanes.end(), [](auto& l) { return l->opened; });
       for (auto& lane : p.lanes)
-        pending = pending || (lane->fd && (!lane->sendQueue.empty() || !lane->saidGoodbye));
+        pending = pending || (lane->fd && (!lane->sendQueue.empty() || !lane->saidGoodbye)) ||
+                  (!lane->opened && partlyConnected);
+    }
     if (!pending || !cv_.waitUntil(mu_, std::min(deadline, Clock::now() + std::chrono::milliseconds(10))))
       if (!pending || Clock::now() >= deadline) break;
   }
@@ -676,7 +695,8 @@ void TcpDevice::readLocked(Lane& lane) {
       if (rc < 0 && (errno == EAGAIN || errno == EINTR)) return;
       MemberId remote = lane.key.remote;
       Peer& p = peers_[remote];
-      if (lane.saidGoodbye) {
+      // After our goodbye a peer closes its end instead of answering: orderly.
+      if (lane.saidGoodbye || closing_) {
         closeLaneLocked(lane);
         markLeftLocked(p);
         return;
@@ -831,8 +851,8 @@ void TcpDevice::acceptLoop() {
       if (it == peers_.end())
         fail(ecclAuthError, "{}: member {} is not a member of this communicator", what, hello.fromMember);
       Peer& p = it->second;
-      if (hello.lane >= p.lanes.size() || p.lanes[hello.lane]->fd || p.state == Peer::State::kFailed ||
-          hello.fromMember >= opt_.self)
+      if (hello.lane >= p.lanes.size() || p.lanes[hello.lane]->opened || p.state == Peer::State::kFailed ||
+          p.state == Peer::State::kLeft || hello.fromMember >= opt_.self)
         fail(ecclAuthError, "{}: unexpected lane {} from member {}", what, hello.lane, hello.fromMember);
       installLaneLocked(p, hello.lane, std::move(fd));
     } catch (const std::exception& e) {
