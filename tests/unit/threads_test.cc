@@ -2,7 +2,9 @@
 // over real loopback sockets.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "tests/support/collectives.h"
 #include "tests/support/multiproc.h"
@@ -43,6 +45,30 @@ TEST(Threads, ResultsAreBitwiseIdenticalAcrossRanksAndRuns) {
   }
   for (size_t k = 1; k < results.size(); ++k)
     ASSERT_EQ(0, std::memcmp(results[0].data(), results[k].data(), results[0].size() * 4)) << "result " << k;
+}
+
+// A rank that finishes first and destroys its communicator must not take
+// with it the messages it already sent: the slower peer still receives them.
+TEST(Threads, MessagesSentBeforeAPeerLeavesStayReceivable) {
+  setenv("ECCL_SOCKET_IFNAME", "lo", 1);
+  runThreads(2, [](int rank, ecclComm_t comm) {
+    std::vector<int32_t> small(5), large(300000);
+    if (rank == 0) {
+      for (size_t i = 0; i < large.size(); ++i) large[i] = static_cast<int32_t>(i * 3);
+      small = {1, 2, 3, 4, 5};
+      RANK_OK(ecclSend(small.data(), small.size(), ecclInt32, 1, comm, nullptr), comm);
+      RANK_OK(ecclSend(large.data(), large.size(), ecclInt32, 1, comm, nullptr), comm);
+      return;  // destroyed at once, before rank 1 posts its receives
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    RANK_OK(ecclRecv(small.data(), small.size(), ecclInt32, 0, comm, nullptr), comm);
+    RANK_OK(ecclRecv(large.data(), large.size(), ecclInt32, 0, comm, nullptr), comm);
+    RANK_CHECK(small[4] == 5, "small message lost");
+    for (size_t i = 0; i < large.size(); ++i) RANK_CHECK(large[i] == static_cast<int32_t>(i * 3), "element mismatch");
+    // Nothing more can come from a member that left: a clear error, not a hang.
+    ecclResult_t rc = ecclRecv(small.data(), 1, ecclInt32, 0, comm, nullptr);
+    RANK_CHECK(rc == ecclRemoteError, "receive from a departed peer returned " + std::to_string(rc));
+  });
 }
 
 }  // namespace
