@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "bootstrap/coordinator.h"
 #include "bootstrap/unique_id.h"
 #include "common/clock.h"
 #include "common/error.h"

@@ -64,8 +64,15 @@ bool decodeHello(const uint8_t in[kHelloBytes], Hello* h, std::string* why) {
   return true;
 }
 
+Secret sessionKeyOf(const Secret& secret, const uint8_t hello[kHelloBytes], const Nonce& serverNonce) {
+  Mac k = proof(secret, 'K', hello, serverNonce);
+  Secret key;
+  std::memcpy(key.data(), k.data(), key.size());
+  return key;
+}
+
 void authenticateAsClient(int fd, const Secret& secret, const Hello& hello, Deadline deadline,
-                          const std::string& what) {
+                          const std::string& what, Secret* sessionKey) {
   Nonce clientNonce;
   randomBytes(clientNonce.data(), clientNonce.size());
   uint8_t helloBytes[kHelloBytes];
@@ -94,10 +101,11 @@ void authenticateAsClient(int fd, const Secret& secret, const Hello& hello, Dead
     verdict = 0;
   }
   if (verdict != 1) fail(ecclAuthError, "{}: the peer rejected our proof of the job secret (wrong secret?)", what);
+  if (sessionKey) *sessionKey = sessionKeyOf(secret, helloBytes, serverNonce);
 }
 
 Hello authenticateAsServer(int fd, const Secret& secret, uint64_t jobId, Deadline deadline,
-                           const std::string& what) {
+                           const std::string& what, Secret* sessionKey) {
   uint8_t helloBytes[kHelloBytes];
   recvAll(fd, helloBytes, kHelloBytes, deadline, what);
   Hello hello;
@@ -122,6 +130,7 @@ Hello authenticateAsServer(int fd, const Secret& secret, uint64_t jobId, Deadlin
   }
   uint8_t yes = 1;
   sendAll(fd, &yes, 1, deadline, what);
+  if (sessionKey) *sessionKey = sessionKeyOf(secret, helloBytes, serverNonce);
   return hello;
 }
 

@@ -11,7 +11,7 @@
 
 namespace eccl::bootstrap {
 
-enum class Purpose : uint16_t { kBootstrap = 1, kData = 2 };
+enum class Purpose : uint16_t { kBootstrap = 1, kData = 2 };  // kBootstrap: the coordinator
 
 struct Hello {
   Purpose purpose = Purpose::kData;
@@ -23,12 +23,14 @@ struct Hello {
 
 // Connector side: throws ecclAuthError if the acceptor cannot prove the
 // secret or rejects ours.
+// Both sides may ask for a session key (bound to this connection's nonces)
+// to authenticate every later message on it.
 void authenticateAsClient(int fd, const Secret& secret, const Hello& hello, Deadline deadline,
-                          const std::string& what);
+                          const std::string& what, Secret* sessionKey = nullptr);
 
 // Acceptor side: returns the verified hello, or throws ecclAuthError with the reason.
 Hello authenticateAsServer(int fd, const Secret& secret, uint64_t jobId, Deadline deadline,
-                           const std::string& what);
+                           const std::string& what, Secret* sessionKey = nullptr);
 
 // Wire codec of the hello message, exposed for tests and the fuzzer.
 constexpr size_t kHelloBytes = 56;

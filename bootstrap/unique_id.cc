@@ -2,7 +2,6 @@
 
 #include <cstring>
 
-#include "bootstrap/root.h"
 #include "common/error.h"
 #include "common/netif.h"
 #include "common/params.h"
@@ -90,17 +89,6 @@ ecclUniqueId uniqueIdFromText(const std::string& text) {
     id.internal[i] = static_cast<char>(nibble(text[2 * i]) << 4 | nibble(text[2 * i + 1]));
   decodeUniqueId(id);  // validate
   return id;
-}
-
-ecclUniqueId createUniqueId() {
-  UniqueIdData d;
-  randomBytes(d.secret.data(), d.secret.size());
-  randomBytes(&d.jobId, sizeof(d.jobId));
-  NetInterface ni = pickInterface(params::socketIfname());
-  auto [fd, bound] = listenOn(ni.addr);
-  d.root = bound;
-  startRoot(d, std::move(fd));
-  return encodeUniqueId(d);
 }
 
 }  // namespace eccl::bootstrap

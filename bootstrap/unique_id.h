@@ -22,8 +22,5 @@ UniqueIdData decodeUniqueId(const ecclUniqueId& id);  // throws on a malformed i
 std::string uniqueIdToText(const ecclUniqueId& id);
 ecclUniqueId uniqueIdFromText(const std::string& text);  // throws on malformed text
 
-// Creates a fresh id and starts its rendezvous root on a detached thread of
-// this process, listening on the chosen interface.
-ecclUniqueId createUniqueId();
 
 }  // namespace eccl::bootstrap

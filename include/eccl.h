@@ -27,19 +27,25 @@ typedef enum {
   /* Local failure: the system or the library itself. */
   ecclSystemError = 6,
   ecclInternalError = 7,
-  ecclNumResults = 8
+  /* This member was declared failed and fenced: it can never rejoin the job. */
+  ecclEvicted = 8,
+  ecclNumResults = 9
 } ecclResult_t;
 
 typedef enum {
   ecclInt8 = 0, ecclUint8 = 1, ecclInt32 = 2, ecclUint32 = 3,
   ecclInt64 = 4, ecclUint64 = 5, ecclFloat16 = 6, ecclFloat32 = 7,
   ecclFloat64 = 8, ecclBfloat16 = 9,
-  ecclNumTypes = 10
+  ecclNumTypes = 10,
+  /* Never a valid type: keeps every int value representable, so a bad
+     value from a caller is checked and rejected rather than undefined. */
+  ecclDataTypeRangeMin = -0x7fffffff - 1, ecclDataTypeRangeMax = 0x7fffffff
 } ecclDataType_t;
 
 typedef enum {
   ecclSum = 0, ecclProd = 1, ecclMax = 2, ecclMin = 3, ecclAvg = 4,
-  ecclNumOps = 5
+  ecclNumOps = 5,
+  ecclRedOpRangeMin = -0x7fffffff - 1, ecclRedOpRangeMax = 0x7fffffff /* never valid; see above */
 } ecclRedOp_t;
 
 #define ECCL_UNIQUE_ID_BYTES 128
@@ -80,6 +86,41 @@ ecclResult_t ecclCommAbort(ecclComm_t comm);
 ecclResult_t ecclCommCount(const ecclComm_t comm, int* count);
 ecclResult_t ecclCommUserRank(const ecclComm_t comm, int* rank);
 ecclResult_t ecclCommGetAsyncError(ecclComm_t comm, ecclResult_t* asyncError);
+
+/* Elastic membership (docs/elastic.md). */
+typedef enum {
+  ecclRecoverReplace = 0,         /* a standby takes each failed rank; no renumbering */
+  ecclRecoverShrink = 1,          /* failed ranks are dropped; survivors renumber densely */
+  ecclRecoverReplaceOrShrink = 2, /* replace while standbys last, then shrink */
+  ecclRecoverRangeMin = -0x7fffffff - 1, ecclRecoverRangeMax = 0x7fffffff /* never valid */
+} ecclRecoverPolicy_t;
+
+/* Registers this process as a standby of the job and waits (up to
+ * ECCL_STANDBY_TIMEOUT_MS, or config->timeoutMs when set) until the
+ * coordinator promotes it into a view; the communicator then has a rank. */
+ecclResult_t ecclCommInitStandby(ecclComm_t* comm, ecclUniqueId commId, const ecclConfig_t* config);
+/* After a revoke (an op returned ecclRemoteError or ecclTimeout): agrees on
+ * the next view with every survivor and switches to it. Returns when the
+ * new view is active; the handle stays valid. */
+ecclResult_t ecclCommRecover(ecclComm_t comm, ecclRecoverPolicy_t policy);
+
+typedef struct {
+  size_t size;                   /* set to sizeof(ecclCommStats_t) */
+  uint32_t epoch;                /* the current view */
+  uint32_t joinedEpoch;          /* the view this member joined in (1: original rank) */
+  int rank, nranks;
+  uint64_t reconfigurations;     /* view changes this member went through */
+  uint64_t openConnections;      /* lanes open now */
+  uint64_t staleFramesDropped;
+  /* The last reconfiguration: */
+  uint64_t connectionsOpened;    /* while switching (ring neighbours) */
+  uint64_t connectionsClosed;    /* to members that left */
+  uint64_t connectionsInherited; /* open before and kept untouched */
+  double agreeMs;                /* recover request until the new view arrived */
+  double applyMs;                /* switching connections to the new view */
+  double totalMs;
+} ecclCommStats_t;
+ecclResult_t ecclCommGetStats(ecclComm_t comm, ecclCommStats_t* stats);
 
 /* Collectives on host memory. Blocking: they complete before returning. */
 ecclResult_t ecclAllReduce(const void* sendbuff, void* recvbuff, size_t count,

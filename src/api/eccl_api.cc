@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "api/guard.h"
+#include "bootstrap/coordinator.h"
 #include "bootstrap/unique_id.h"
 #include "coll/reduce.h"
 #include "common/params.h"
@@ -70,6 +71,7 @@ const char* ecclGetErrorString(ecclResult_t r) {
     case ecclAuthError: return "authentication failed";
     case ecclSystemError: return "system call or library failed";
     case ecclInternalError: return "internal error in eccl";
+    case ecclEvicted: return "this member was declared failed and evicted from the job";
     default: return "unknown result code";
   }
 }
@@ -103,20 +105,29 @@ ecclResult_t ecclUniqueIdFromString(const char* text, ecclUniqueId* id) {
   });
 }
 
+namespace {
+
+eccl::CommOptions optionsFrom(const ecclConfig_t* config, const char* what) {
+  eccl::CommOptions options;
+  if (config) {
+    if (config->size < sizeof(size_t) || config->size > (1u << 16))
+      fail(ecclInvalidArgument, "{}: config->size={} is not a valid struct size", what, config->size);
+    ecclConfig_t c{};
+    std::memcpy(&c, config, std::min(config->size, sizeof(c)));
+    options.timeoutMs = c.timeoutMs;
+    options.socketsPerPeer = c.socketsPerPeer;
+  }
+  return options;
+}
+
+}  // namespace
+
 ecclResult_t ecclCommInitRankConfig(ecclComm_t* comm, int nranks, ecclUniqueId id, int rank,
                                     const ecclConfig_t* config) {
   return guarded(nullptr, "ecclCommInitRank", [&] {
     if (!comm) fail(ecclInvalidArgument, "ecclCommInitRank: comm is NULL");
     *comm = nullptr;
-    eccl::CommOptions options;
-    if (config) {
-      if (config->size < sizeof(size_t) || config->size > (1u << 16))
-        fail(ecclInvalidArgument, "ecclCommInitRankConfig: config->size={} is not a valid struct size", config->size);
-      ecclConfig_t c{};
-      std::memcpy(&c, config, std::min(config->size, sizeof(c)));
-      options.timeoutMs = c.timeoutMs;
-      options.socketsPerPeer = c.socketsPerPeer;
-    }
+    eccl::CommOptions options = optionsFrom(config, "ecclCommInitRankConfig");
     auto handle = std::make_unique<ecclComm>();
     handle->impl = new Communicator(nranks, id, rank, options);
     *comm = handle.release();
@@ -127,10 +138,43 @@ ecclResult_t ecclCommInitRank(ecclComm_t* comm, int nranks, ecclUniqueId id, int
   return ecclCommInitRankConfig(comm, nranks, id, rank, nullptr);
 }
 
+ecclResult_t ecclCommInitStandby(ecclComm_t* comm, ecclUniqueId id, const ecclConfig_t* config) {
+  return guarded(nullptr, "ecclCommInitStandby", [&] {
+    if (!comm) fail(ecclInvalidArgument, "ecclCommInitStandby: comm is NULL");
+    *comm = nullptr;
+    eccl::CommOptions options = optionsFrom(config, "ecclCommInitStandby");
+    auto handle = std::make_unique<ecclComm>();
+    handle->impl = new Communicator(id, options, options.timeoutMs);
+    *comm = handle.release();
+  });
+}
+
+ecclResult_t ecclCommRecover(ecclComm_t comm, ecclRecoverPolicy_t policy) {
+  return guarded(comm, "ecclCommRecover", [&] { impl(comm, "ecclCommRecover").recover(policy); });
+}
+
+ecclResult_t ecclCommGetStats(ecclComm_t comm, ecclCommStats_t* stats) {
+  return guarded(comm, "ecclCommGetStats", [&] {
+    Communicator& c = impl(comm, "ecclCommGetStats");
+    if (!stats) fail(ecclInvalidArgument, "ecclCommGetStats: stats is NULL");
+    if (stats->size < sizeof(size_t) + 8 || stats->size > (1u << 16))
+      fail(ecclInvalidArgument, "ecclCommGetStats: stats->size={} is not a valid struct size", stats->size);
+    c.fillStats(stats);
+  });
+}
+
 ecclResult_t ecclCommInitFromEnv(ecclComm_t* comm) {
   ecclUniqueId id;
   int rank = -1, nranks = -1;
+  bool standby = false;
   ecclResult_t r = guarded(nullptr, "ecclCommInitFromEnv", [&] {
+    std::string text0 = eccl::params::envUniqueId();
+    standby = eccl::params::envRole() == "standby";
+    if (standby) {
+      if (text0.empty()) fail(ecclInvalidUsage, "ecclCommInitFromEnv: ECCL_UNIQUE_ID must be set for a standby");
+      id = eccl::bootstrap::uniqueIdFromText(text0);
+      return;
+    }
     rank = eccl::params::envRank();
     nranks = eccl::params::envNranks();
     std::string text = eccl::params::envUniqueId();
@@ -140,6 +184,7 @@ ecclResult_t ecclCommInitFromEnv(ecclComm_t* comm) {
     id = eccl::bootstrap::uniqueIdFromText(text);
   });
   if (r != ecclSuccess) return r;
+  if (standby) return ecclCommInitStandby(comm, id, nullptr);
   return ecclCommInitRankConfig(comm, nranks, id, rank, nullptr);
 }
 

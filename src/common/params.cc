@@ -28,6 +28,14 @@ const std::vector<Param>& all() {
        "Deadline for an incoming connection to complete authentication."},
       {"ECCL_PIN_PROGRESS_THREAD", "int", "1",
        "Bind the progress thread to the NUMA node of the chosen NIC (when hwloc knows it)."},
+      {"ECCL_HEARTBEAT_MS", "int", "500",
+       "Period of the heartbeats between each member and the membership coordinator."},
+      {"ECCL_HEARTBEAT_TIMEOUT_MS", "int", "3000",
+       "A member silent for this long is declared failed by the coordinator (and a member "
+       "that stops hearing the coordinator for this long reports it)."},
+      {"ECCL_STANDBY_TIMEOUT_MS", "int", "3600000",
+       "How long ecclCommInitStandby waits for promotion before it gives up."},
+      {"ECCL_ROLE", "string", "rank", "rank or standby: which init a launched process should call (set by eccl-run)."},
       {"ECCL_RANK", "int", "-1", "Rank of this process (set by eccl-run)."},
       {"ECCL_NRANKS", "int", "-1", "Number of ranks (set by eccl-run)."},
       {"ECCL_UNIQUE_ID", "string", "", "The job's unique id as text (set by eccl-run)."},
@@ -61,6 +69,10 @@ int64_t getInt(const char* name) {
 }  // namespace
 
 int64_t timeoutMs() { return getInt("ECCL_TIMEOUT_MS"); }
+int64_t heartbeatMs() { return getInt("ECCL_HEARTBEAT_MS"); }
+int64_t heartbeatTimeoutMs() { return getInt("ECCL_HEARTBEAT_TIMEOUT_MS"); }
+int64_t standbyTimeoutMs() { return getInt("ECCL_STANDBY_TIMEOUT_MS"); }
+std::string envRole() { return getString("ECCL_ROLE"); }
 int socketsPerPeer() { return static_cast<int>(getInt("ECCL_NSOCKS_PERPEER")); }
 std::string socketIfname() { return getString("ECCL_SOCKET_IFNAME"); }
 std::string debugLevel() { return getString("ECCL_DEBUG"); }

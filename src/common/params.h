@@ -20,6 +20,10 @@ const std::vector<Param>& all();
 // Typed accessors; each reads the environment on every call so tests can
 // change a variable between communicators.
 int64_t timeoutMs();
+int64_t heartbeatMs();
+int64_t heartbeatTimeoutMs();
+int64_t standbyTimeoutMs();
+std::string envRole();
 int socketsPerPeer();
 std::string socketIfname();
 std::string debugLevel();

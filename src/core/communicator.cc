@@ -1,9 +1,12 @@
 #include "core/communicator.h"
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 
-#include "bootstrap/root.h"
+#include "bootstrap/coord_client.h"
+#include "bootstrap/coordinator.h"
+#include "common/crypto.h"
 #include "bootstrap/unique_id.h"
 #include "coll/algorithms.h"
 #include "coll/reduce.h"
@@ -43,12 +46,48 @@ class Communicator::OpLinks final : public coll::Links {
 };
 
 Communicator::Communicator(int nranks, const ecclUniqueId& id, int rank, const CommOptions& o)
-    : rank_(rank), timeoutMs_(o.timeoutMs > 0 ? o.timeoutMs : params::timeoutMs()) {
+    : timeoutMs_(o.timeoutMs > 0 ? o.timeoutMs : params::timeoutMs()) {
   ECCL_CHECK_ARG(nranks >= 1, "ecclCommInitRank: nranks={} must be at least 1", nranks);
   ECCL_CHECK_ARG(rank >= 0 && rank < nranks, "ecclCommInitRank: rank {} is outside [0, {})", rank, nranks);
+  join(id, bootstrap::Role::kRank, rank, nranks, o);
+  bootstrap::ViewUpdate first;
+  try {
+    first = client_->awaitView(deadlineAfterMs(timeoutMs_), fmt::format("bootstrap of rank {}", rank));
+  } catch (const Error& e) {
+    if (e.code() != ecclTimeout) throw;
+    // Say who is missing: the coordinator knows.
+    std::string status;
+    try {
+      status = bootstrap::queryCoordinatorStatus(bootstrap::decodeUniqueId(id), deadlineAfterMs(1000));
+    } catch (const Error&) {
+    }
+    fail(ecclTimeout, "{}{}{}", e.what(), status.empty() ? "" : "; coordinator: ", status.substr(0, status.find('\n')));
+  }
+  applyView(first);
+  log::info("rank {} of {} ready at {} (epoch {})", rank_, size(), device_->address(), view_.epoch);
+}
+
+Communicator::Communicator(const ecclUniqueId& id, const CommOptions& o, int64_t promotionTimeoutMs)
+    : timeoutMs_(o.timeoutMs > 0 ? o.timeoutMs : params::timeoutMs()) {
+  join(id, bootstrap::Role::kStandby, -1, 0, o);
+  Deadline until = deadlineAfterMs(promotionTimeoutMs > 0 ? promotionTimeoutMs : params::standbyTimeoutMs());
+  for (;;) {
+    bootstrap::ViewUpdate v = client_->awaitView(until, "standby waiting for promotion");
+    if (v.rank >= 0) {
+      applyView(v);
+      break;
+    }
+  }
+  joinedEpoch_ = view_.epoch;
+  log::info("standby promoted to rank {} of {} at epoch {} ({})", rank_, size(), view_.epoch, lastWhy_);
+}
+
+void Communicator::join(const ecclUniqueId& id, bootstrap::Role role, int rank, int nranks, const CommOptions& o) {
   bootstrap::UniqueIdData idData = bootstrap::decodeUniqueId(id);
+  do randomBytes(&self_, sizeof(self_));
+  while (self_ == 0);
   transport::TcpOptions t;
-  t.self = static_cast<transport::MemberId>(rank);
+  t.self = self_;
   t.jobId = idData.jobId;
   t.commId = idData.jobId;
   t.secret = idData.secret;
@@ -62,28 +101,134 @@ Communicator::Communicator(int nranks, const ecclUniqueId& id, int rank, const C
   device_->onPeerFailure = [this](transport::MemberId m, ecclResult_t code, const std::string& reason) {
     onPeerFailure(m, code, reason);
   };
-  auto addresses = bootstrap::exchangeAddresses(idData, rank, nranks, device_->address(), deadlineAfterMs(timeoutMs_));
-  view_.epoch = 1;
-  for (int r = 0; r < nranks; ++r) {
-    view_.rankToMember.push_back(static_cast<transport::MemberId>(r));
-    if (r != rank) device_->addPeer(r, addresses[r], fmt::format("rank {} ({})", r, addresses[r]));
+  bootstrap::JoinRequest req{role, rank, nranks, self_, device_->address()};
+  client_ = std::make_unique<bootstrap::CoordClient>(idData, req, params::heartbeatMs(), params::heartbeatTimeoutMs(),
+                                                     deadlineAfterMs(timeoutMs_));
+  {
+    MutexLock lock(reporterMu_);
+    reporter_ = client_.get();
   }
-  device_->setEpoch(view_.epoch);
-  sendSeq_.assign(nranks, 0);
-  recvSeq_.assign(nranks, 0);
-  log::info("rank {} of {} ready at {} (epoch {})", rank, nranks, device_->address(), view_.epoch);
+  client_->setCallbacks({
+      [this](const std::vector<uint64_t>& failed, const std::string& reason) {
+        for (uint64_t m : failed)
+          if (m != self_) device_->failPeer(m, ecclRemoteError, reason);
+      },
+      [this](const std::string& reason) {
+        {
+          MutexLock lock(errorMu_);
+          asyncError_ = ecclEvicted;
+          asyncMessage_ = fmt::format("this member was evicted from the job: {}", reason);
+        }
+        device_->abort(fmt::format("evicted: {}", reason));
+      },
+  });
+}
+
+// Makes `v` the current view: leavers' connections close, joiners are added,
+// ops of the old epoch die, and everything else is inherited untouched. The
+// ring neighbours are connected before returning so the first collective
+// pays no connection setup.
+void Communicator::applyView(const bootstrap::ViewUpdate& v) {
+  auto start = Clock::now();
+  transport::DeviceStats before = device_->stats();
+  std::vector<transport::MemberId> next;
+  for (const auto& e : v.entries) next.push_back(e.member);
+  for (transport::MemberId m : view_.rankToMember)
+    if (m != self_ && std::find(next.begin(), next.end(), m) == next.end()) device_->removePeer(m);
+  transport::DeviceStats afterClose = device_->stats();
+  for (size_t r = 0; r < v.entries.size(); ++r)
+    if (v.entries[r].member != self_)
+      device_->addPeer(v.entries[r].member, v.entries[r].address,
+                       fmt::format("rank {} ({})", r, v.entries[r].address));
+  device_->beginEpoch(v.epoch);
+  view_.epoch = v.epoch;
+  currentEpoch_ = v.epoch;
+  view_.rankToMember = next;
+  rank_ = v.rank;
+  lastWhy_ = v.why;
+  collSeq_ = 0;
+  sendSeq_.assign(next.size(), 0);
+  recvSeq_.assign(next.size(), 0);
+  selfSends_.clear();
+  selfRecvIndex_ = 0;
+  {
+    MutexLock lock(errorMu_);
+    if (asyncError_ != ecclEvicted) asyncError_ = ecclSuccess, asyncMessage_.clear();
+  }
+  const int n = size();
+  Deadline deadline = deadlineAfterMs(timeoutMs_);
+  if (n > 1) {
+    device_->connectNow(next[(rank_ + 1) % n], deadline);
+    device_->connectNow(next[(rank_ + n - 1) % n], deadline);
+  }
+  transport::DeviceStats after = device_->stats();
+  reconfig_.connectionsClosed = afterClose.connectionsClosed - before.connectionsClosed;
+  reconfig_.connectionsOpened = after.connectionsOpened - afterClose.connectionsOpened;
+  reconfig_.connectionsInherited = afterClose.openConnections;
+  reconfig_.applyMs = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+}
+
+void Communicator::recover(ecclRecoverPolicy_t policy) {
+  ECCL_CHECK_ARG(policy >= ecclRecoverReplace && policy <= ecclRecoverReplaceOrShrink,
+                 "ecclCommRecover: invalid policy {}", static_cast<int>(policy));
+  {
+    MutexLock lock(errorMu_);
+    if (asyncError_ == ecclEvicted) throw Error(ecclEvicted, asyncMessage_);
+  }
+  auto start = Clock::now();
+  client_->requestRecover(view_.epoch, static_cast<uint32_t>(policy));
+  bootstrap::ViewUpdate v = client_->awaitView(deadlineAfterMs(timeoutMs_), fmt::format("ecclCommRecover (rank {})", rank_));
+  auto agreed = Clock::now();
+  uint32_t oldEpoch = view_.epoch;
+  applyView(v);
+  reconfig_.agreeMs = std::chrono::duration<double, std::milli>(agreed - start).count();
+  reconfig_.totalMs = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+  if (v.epoch != oldEpoch) reconfigurations_++;
+  log::info("rank {} recovered into epoch {} with {} ranks in {:.1f} ms ({})", rank_, view_.epoch, size(),
+            reconfig_.totalMs, v.why);
+}
+
+void Communicator::fillStats(ecclCommStats_t* out) const {
+  ecclCommStats_t s{};
+  s.size = out->size;
+  s.epoch = view_.epoch;
+  s.rank = rank_;
+  s.nranks = size();
+  s.joinedEpoch = joinedEpoch_;
+  s.reconfigurations = reconfigurations_;
+  s.connectionsOpened = reconfig_.connectionsOpened;
+  s.connectionsClosed = reconfig_.connectionsClosed;
+  s.connectionsInherited = reconfig_.connectionsInherited;
+  s.agreeMs = reconfig_.agreeMs;
+  s.applyMs = reconfig_.applyMs;
+  s.totalMs = reconfig_.totalMs;
+  transport::DeviceStats d = device_->stats();
+  s.openConnections = d.openConnections;
+  s.staleFramesDropped = d.staleFramesDropped;
+  std::memcpy(out, &s, std::min(out->size, sizeof(s)));
 }
 
 // The device's threads report failures into this object, so they must stop
-// before any member they touch is destroyed.
-Communicator::~Communicator() { device_.reset(); }
+// before any member they touch is destroyed; the coordinator client goes
+// first so nothing calls into a dying device.
+Communicator::~Communicator() {
+  {
+    MutexLock lock(reporterMu_);
+    reporter_ = nullptr;
+  }
+  client_.reset();
+  device_.reset();
+}
 
 void Communicator::onPeerFailure(transport::MemberId member, ecclResult_t code, const std::string& reason) {
+  {
+    MutexLock lock(reporterMu_);
+    if (reporter_) reporter_->report(member, reason);
+  }
   MutexLock lock(errorMu_);
   if (asyncError_ != ecclSuccess) return;
   asyncError_ = code == ecclTimeout ? ecclTimeout : ecclRemoteError;
-  asyncMessage_ = fmt::format("communicator revoked at epoch {}: {}", view_.epoch, reason);
-  (void)member;
+  asyncMessage_ = fmt::format("communicator revoked at epoch {}: {}", currentEpoch_.load(), reason);
 }
 
 ecclResult_t Communicator::asyncError() const {
@@ -120,7 +265,10 @@ void Communicator::popSelfRecv(void* buf, size_t bytes) {
 
 void Communicator::abort() { device_->abort(fmt::format("rank {}: communicator aborted by the application", rank_)); }
 
-void Communicator::destroy() { device_->close(deadlineAfterMs(std::min<int64_t>(timeoutMs_, 2000))); }
+void Communicator::destroy() {
+  client_->leave();
+  device_->close(deadlineAfterMs(std::min<int64_t>(timeoutMs_, 2000)));
+}
 
 void Communicator::checkRank(int r, const char* what) const {
   ECCL_CHECK_ARG(r >= 0 && r < size(), "{}: rank {} is outside [0, {})", what, r, size());

@@ -3,12 +3,14 @@
 // the revoked state. Collectives validate here and run src/coll algorithms.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "bootstrap/coord_client.h"
 #include "common/mutex.h"
 #include "eccl.h"
 #include "transport/transport.h"
@@ -27,7 +29,10 @@ struct CommOptions {
 
 class Communicator {
  public:
+  // A rank of the first view.
   Communicator(int nranks, const ecclUniqueId& id, int rank, const CommOptions& options);
+  // A standby: registers, then returns once promoted into a view.
+  Communicator(const ecclUniqueId& id, const CommOptions& options, int64_t promotionTimeoutMs);
   ~Communicator();
 
   int rank() const { return rank_; }
@@ -56,6 +61,9 @@ class Communicator {
   ecclResult_t asyncError() const;
   void abort();
   void destroy();
+  // After a revoke: agree on the next view with the coordinator and switch to it.
+  void recover(ecclRecoverPolicy_t policy);
+  void fillStats(ecclCommStats_t* out) const;
 
   // Sends to self only make sense inside a group: they are matched in order.
   void pushSelfSend(const void* buf, size_t bytes);
@@ -75,11 +83,27 @@ class Communicator {
   // Runs `body` under an OpLinks for the next collective sequence number.
   void runCollective(const char* name, const std::function<void(OpLinks&)>& body);
   void onPeerFailure(transport::MemberId member, ecclResult_t code, const std::string& reason);
+  void join(const ecclUniqueId& id, bootstrap::Role role, int rank, int nranks, const CommOptions& o);
+  void applyView(const bootstrap::ViewUpdate& v);
 
-  const int rank_;
+  struct Reconfiguration {
+    uint64_t connectionsOpened = 0, connectionsClosed = 0, connectionsInherited = 0;
+    double agreeMs = 0, applyMs = 0, totalMs = 0;
+  };
+
+  int rank_ = -1;
   const int64_t timeoutMs_;
+  transport::MemberId self_ = 0;
   View view_;
+  std::atomic<uint32_t> currentEpoch_{0};
+  uint32_t joinedEpoch_ = 1;
+  uint64_t reconfigurations_ = 0;
+  Reconfiguration reconfig_;
+  std::string lastWhy_;
   std::unique_ptr<transport::Device> device_;
+  std::unique_ptr<bootstrap::CoordClient> client_;
+  Mutex reporterMu_;
+  bootstrap::CoordClient* reporter_ ECCL_GUARDED_BY(reporterMu_) = nullptr;
   uint64_t collSeq_ = 0;
   std::vector<uint64_t> sendSeq_, recvSeq_;
 

@@ -50,6 +50,7 @@ struct DeviceStats {
   uint64_t connectionsClosed = 0;
   uint64_t bytesSent = 0;
   uint64_t bytesReceived = 0;
+  uint64_t openConnections = 0;  // lanes open now
 };
 
 class Device {
@@ -82,6 +83,15 @@ class Device {
   // Orderly close: says goodbye on every connection, waits for queued
   // sends up to the deadline, then closes.
   virtual void close(Deadline deadline) = 0;
+
+  // View changes. A leaver's connections close and it is forgotten; a new
+  // epoch drops every op of older epochs and clears the revoked state, and
+  // every other connection is inherited untouched.
+  virtual void removePeer(MemberId member) = 0;
+  virtual void beginEpoch(uint32_t epoch) = 0;
+  // Opens the connections to a member now, or waits for the member to open
+  // them (the lower member id connects); throws at the deadline.
+  virtual void connectNow(MemberId member, Deadline deadline) = 0;
 
   virtual DeviceStats stats() const = 0;
 

@@ -2,7 +2,7 @@
 
 #include "api/guard.h"
 #include "bootstrap/handshake.h"
-#include "bootstrap/messages.h"
+#include "bootstrap/coord_messages.h"
 #include "bootstrap/unique_id.h"
 
 namespace eccl::bootstrap {
@@ -33,24 +33,32 @@ TEST(UniqueId, TextRoundTripAndMalformedInput) {
   }
 }
 
-TEST(Messages, RoundTripAndRejectGarbage) {
-  auto bytes = encodeRegistration({3, 8, "10.1.2.3:5"});
+TEST(CoordMessages, RoundTripAndRejectGarbage) {
+  CoordMessage m;
+  m.kind = CoordKind::kView;
+  m.epoch = 7;
+  m.rank = 2;
+  m.text = "rank 2 -> standby";
+  m.entries = {{11, "10.1.2.3:5"}, {12, "10.1.2.4:6"}};
+  m.members = {12, 13};
+  auto bytes = encodeCoordMessage(m);
   std::string why;
-  auto r = decodeRegistration(bytes.data(), bytes.size(), &why);
-  ASSERT_TRUE(r) << why;
-  EXPECT_EQ(r->rank, 3u);
-  EXPECT_EQ(r->dataAddress, "10.1.2.3:5");
+  auto back = decodeCoordMessage(bytes.data(), bytes.size(), &why);
+  ASSERT_TRUE(back) << why;
+  EXPECT_EQ(back->kind, CoordKind::kView);
+  EXPECT_EQ(back->epoch, 7u);
+  EXPECT_EQ(back->rank, 2);
+  EXPECT_EQ(back->entries, m.entries);
+  EXPECT_EQ(back->members, m.members);
   for (size_t cut = 0; cut < bytes.size(); ++cut)
-    EXPECT_FALSE(decodeRegistration(bytes.data(), cut, &why)) << "truncated at " << cut;
-  auto bad = encodeRegistration({8, 8, "x"});
-  EXPECT_FALSE(decodeRegistration(bad.data(), bad.size(), &why));
-  EXPECT_NE(why.find("rank 8 of 8"), std::string::npos) << why;
-  auto table = encodeAddressTable({"", {"a:1", "b:2"}});
-  auto t = decodeAddressTable(table.data(), table.size(), &why);
-  ASSERT_TRUE(t);
-  EXPECT_EQ(t->addresses.size(), 2u);
-  table.push_back(0);
-  EXPECT_FALSE(decodeAddressTable(table.data(), table.size(), &why));
+    EXPECT_FALSE(decodeCoordMessage(bytes.data(), cut, &why)) << "truncated at " << cut;
+  bytes.push_back(0);
+  EXPECT_FALSE(decodeCoordMessage(bytes.data(), bytes.size(), &why));
+  EXPECT_NE(why.find("trailing"), std::string::npos) << why;
+  bytes.pop_back();
+  bytes[0] = 99;  // unknown kind
+  EXPECT_FALSE(decodeCoordMessage(bytes.data(), bytes.size(), &why));
+  EXPECT_NE(why.find("unknown coordinator message kind 99"), std::string::npos) << why;
 }
 
 TEST(Hello, RejectsForeignMagicAndPurpose) {

@@ -48,6 +48,7 @@ struct Inbox {
 };
 
 struct InboxKey {
+  uint32_t epoch;  // a message belongs to one view; older ones die with it
   MemberId peer;
   uint64_t seq;
   uint32_t tag;
@@ -109,9 +110,14 @@ class TcpDevice final : public Device {
   }
   void abort(const std::string& reason) override;
   void close(Deadline deadline) override;
+  void removePeer(MemberId member) override;
+  void beginEpoch(uint32_t epoch) override;
+  void connectNow(MemberId member, Deadline deadline) override;
   DeviceStats stats() const override {
     MutexLock lock(mu_);
-    return stats_;
+    DeviceStats s = stats_;
+    for (auto& [token, lane] : lanesByToken_) s.openConnections += lane != nullptr;
+    return s;
   }
 
  private:
@@ -126,6 +132,7 @@ class TcpDevice final : public Device {
   void failPeerLocked(MemberId member, ecclResult_t code, const std::string& reason, bool flood)
       ECCL_REQUIRES(mu_);
   void markLeftLocked(Peer& peer) ECCL_REQUIRES(mu_);
+  void discardOrphanedPayloadsLocked() ECCL_REQUIRES(mu_);
   void queueControlLocked(Lane& lane, FrameType type, std::vector<uint8_t> payload) ECCL_REQUIRES(mu_);
   void revokeLocked(ecclResult_t code, const std::string& reason) ECCL_REQUIRES(mu_);
   bool pingLocked(MemberId member) ECCL_REQUIRES(mu_);
@@ -280,6 +287,7 @@ void TcpDevice::installLaneLocked(Peer& peer, uint32_t index, Fd fd) {
   if (closing_) queueControlLocked(lane, FrameType::kGoodbye, {});
   bool allUp = std::all_of(peer.lanes.begin(), peer.lanes.end(), [](auto& l) { return bool(l->fd); });
   if (allUp) peer.state = Peer::State::kUp;
+  cv_.notifyAll();
   flushLocked(lane);
 }
 
@@ -411,7 +419,7 @@ RequestPtr TcpDevice::irecv(MemberId member, uint64_t seq, uint32_t tag, void* b
     completeLocked(r, revokedCode_, revokedReason_);
     return r;
   }
-  InboxKey key{member, seq, tag};
+  InboxKey key{epoch_, member, seq, tag};
   auto it = inbox_.find(key);
   if (it != inbox_.end()) {
     Inbox& box = it->second;
@@ -487,26 +495,84 @@ void TcpDevice::revokeLocked(ecclResult_t code, const std::string& reason) {
   revokedCode_ = code;
   revokedReason_ = reason;
   // Failed sends must never read their buffers again: drop queued data
-  // frames; a half-written one leaves the stream unusable, so that lane closes.
+  // frames. A half-written one is finished from a private copy of its tail,
+  // so the lane stays whole and is inherited by the next view (the receiver
+  // discards the frame as part of a dead op).
   for (auto& [id, p] : peers_) {
     for (auto& lane : p.lanes) {
-      bool torn = !lane->sendQueue.empty() && lane->sendQueue.front().request && lane->sendQueue.front().done > 0;
       std::deque<SendItem> keep;
       for (auto& item : lane->sendQueue) {
         if (item.request) completeLocked(item.request, code, reason);
-        else if (!torn) keep.push_back(std::move(item));
+        bool torn = item.request && item.done > 0;
+        if (torn) {
+          item.owned.assign(item.data, item.data + item.length);
+          item.data = item.owned.data();
+          item.request.reset();
+          keep.push_back(std::move(item));
+        } else if (!item.request) {
+          keep.push_back(std::move(item));
+        }
       }
       lane->sendQueue = std::move(keep);
-      if (torn) closeLaneLocked(*lane);
     }
   }
   for (auto& [key, box] : inbox_)
     if (box.request) completeLocked(box.request, code, reason);
   // Buffers of failed receives must never be written again.
   for (auto box = inbox_.begin(); box != inbox_.end();) box = box->second.request ? inbox_.erase(box) : std::next(box);
+  discardOrphanedPayloadsLocked();
+}
+
+void TcpDevice::discardOrphanedPayloadsLocked() {
   for (auto& [token, lane] : lanesByToken_)
     if (lane->rx == Lane::Rx::kPayload && lane->frame.type == FrameType::kData && !inbox_.count(lane->inboxKey))
       lane->discarding = true;
+}
+
+void TcpDevice::removePeer(MemberId member) {
+  MutexLock lock(mu_);
+  auto it = peers_.find(member);
+  if (it == peers_.end()) return;
+  Peer& p = it->second;
+  std::string reason = fmt::format("peer {} is not in the new view", p.label);
+  for (auto& lane : p.lanes) {
+    for (auto& item : lane->sendQueue)
+      if (item.request) completeLocked(item.request, ecclRemoteError, reason);
+    closeLaneLocked(*lane);
+  }
+  for (auto box = inbox_.begin(); box != inbox_.end();) {
+    bool mine = box->first.peer == member;
+    if (mine && box->second.request) completeLocked(box->second.request, ecclRemoteError, reason);
+    box = mine ? inbox_.erase(box) : std::next(box);
+  }
+  discardOrphanedPayloadsLocked();
+  peers_.erase(it);
+}
+
+void TcpDevice::beginEpoch(uint32_t epoch) {
+  MutexLock lock(mu_);
+  epoch_ = epoch;
+  revokedCode_ = ecclSuccess;
+  revokedReason_.clear();
+  for (auto box = inbox_.begin(); box != inbox_.end();) {
+    bool stale = box->first.epoch < epoch;
+    if (stale && box->second.request) completeLocked(box->second.request, ecclRemoteError, "superseded by a new view");
+    box = stale ? inbox_.erase(box) : std::next(box);
+  }
+  discardOrphanedPayloadsLocked();
+}
+
+void TcpDevice::connectNow(MemberId member, Deadline deadline) {
+  connectPeer(member);
+  MutexLock lock(mu_);
+  for (;;) {
+    Peer& p = peerLocked(member);
+    if (p.state == Peer::State::kUp) return;
+    if (p.state == Peer::State::kFailed || p.state == Peer::State::kLeft)
+      fail(p.failCode, "connecting to peer {}: {}", p.label, p.failReason);
+    if (!cv_.waitUntil(mu_, deadline) && Clock::now() >= deadline)
+      fail(ecclTimeout, "peer {} did not connect before the deadline", p.label);
+  }
 }
 
 bool TcpDevice::test(const RequestPtr& r, const std::string& opName) {
@@ -754,7 +820,7 @@ bool TcpDevice::onHeaderLocked(Lane& lane) {
     log::trace("dropped a stale frame from {} (epoch {} < {})", labelLocked(remote), h->epoch, epoch_);
     return true;  // the payload is read and discarded
   }
-  InboxKey key{remote, h->seq, h->tag};
+  InboxKey key{h->epoch, remote, h->seq, h->tag};
   auto it = inbox_.find(key);
   if (it == inbox_.end()) {
     Inbox& box = inbox_[key];

@@ -1,0 +1,107 @@
+#include "bootstrap/coord_channel.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "common/error.h"
+
+namespace eccl::bootstrap {
+namespace {
+
+Mac seal(const Secret& key, uint8_t dir, uint64_t number, const uint8_t* body, size_t n) {
+  std::vector<uint8_t> buf(9 + n);
+  buf[0] = dir;
+  std::memcpy(buf.data() + 1, &number, 8);
+  if (n) std::memcpy(buf.data() + 9, body, n);
+  return hmacSha256(key, buf.data(), buf.size());
+}
+
+}  // namespace
+
+SealedChannel::SealedChannel(Fd fd, const Secret& key, bool isServer, std::string peer)
+    : fd_(std::move(fd)), key_(key), sendDir_(isServer ? 'S' : 'C'), recvDir_(isServer ? 'C' : 'S'),
+      peer_(std::move(peer)) {}
+
+void SealedChannel::send(const CoordMessage& m, Deadline deadline) {
+  auto body = encodeCoordMessage(m);
+  Mac mac = seal(key_, sendDir_, sent_++, body.data(), body.size());
+  std::vector<uint8_t> frame(4 + body.size() + mac.size());
+  uint32_t len = static_cast<uint32_t>(body.size());
+  std::memcpy(frame.data(), &len, 4);
+  std::memcpy(frame.data() + 4, body.data(), body.size());
+  std::memcpy(frame.data() + 4 + body.size(), mac.data(), mac.size());
+  sendAll(fd_.get(), frame.data(), frame.size(), deadline,
+          fmt::format("coordinator channel to {} ({} message)", peer_, coordKindName(m.kind)));
+}
+
+void SealedChannel::takeWhole() {
+  size_t pos = 0;
+  while (inbuf_.size() - pos >= 4) {
+    uint32_t len;
+    std::memcpy(&len, inbuf_.data() + pos, 4);
+    if (len > kMaxMessageBytes)
+      fail(ecclRemoteError, "coordinator channel from {}: message of {} bytes exceeds the limit", peer_, len);
+    size_t whole = 4 + len + sizeof(Mac);
+    if (inbuf_.size() - pos < whole) break;
+    const uint8_t* body = inbuf_.data() + pos + 4;
+    Mac got;
+    std::memcpy(got.data(), body + len, got.size());
+    if (!macEqual(got, seal(key_, recvDir_, received_, body, len)))
+      fail(ecclAuthError, "coordinator channel from {}: message {} fails authentication (forged, altered or replayed)",
+           peer_, received_);
+    ++received_;
+    std::string why;
+    auto m = decodeCoordMessage(body, len, &why);
+    if (!m) fail(ecclRemoteError, "coordinator channel from {}: {}", peer_, why);
+    ready_.push_back(std::move(*m));
+    pos += whole;
+  }
+  inbuf_.erase(inbuf_.begin(), inbuf_.begin() + static_cast<std::ptrdiff_t>(pos));
+}
+
+bool SealedChannel::readAvailable() {
+  uint8_t buf[16384];
+  bool open = true;
+  for (;;) {
+    ssize_t n = ::recv(fd_.get(), buf, sizeof(buf), MSG_DONTWAIT);
+    if (n > 0) {
+      inbuf_.insert(inbuf_.end(), buf, buf + n);
+      continue;
+    }
+    if (n == 0) {
+      open = false;
+      break;
+    }
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN) break;
+    fail(ecclRemoteError, "coordinator channel from {}: receive failed: {}", peer_, strerror(errno));
+  }
+  takeWhole();
+  return open;
+}
+
+bool SealedChannel::drain(std::vector<CoordMessage>* out) {
+  bool open = readAvailable();
+  for (auto& m : ready_) out->push_back(std::move(m));
+  ready_.clear();
+  return open;
+}
+
+CoordMessage SealedChannel::receive(Deadline deadline) {
+  while (ready_.empty()) {
+    pollfd p{fd_.get(), POLLIN, 0};
+    int rc = ::poll(&p, 1, static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(msUntil(deadline), 1 << 30))));
+    if (rc == 0) fail(ecclTimeout, "coordinator channel from {}: no message before the deadline", peer_);
+    if (rc < 0 && errno != EINTR) fail(ecclSystemError, "poll(): {}", strerror(errno));
+    if (rc > 0 && !readAvailable() && ready_.empty())
+      fail(ecclRemoteError, "coordinator channel from {}: connection closed", peer_);
+  }
+  CoordMessage m = std::move(ready_.front());
+  ready_.pop_front();
+  return m;
+}
+
+}  // namespace eccl::bootstrap

@@ -1,0 +1,46 @@
+// A coordinator connection after the handshake: every message is sealed
+// with HMAC-SHA256 under the connection's session key over (direction,
+// message number, body), so a message cannot be forged, altered, replayed
+// or reordered by anyone without the job secret.
+#pragma once
+
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "bootstrap/coord_messages.h"
+#include "common/clock.h"
+#include "common/crypto.h"
+#include "common/socket.h"
+
+namespace eccl::bootstrap {
+
+class SealedChannel {
+ public:
+  SealedChannel(Fd fd, const Secret& key, bool isServer, std::string peer);
+  int fd() const { return fd_.get(); }
+  const std::string& peer() const { return peer_; }
+  void setPeer(std::string peer) { peer_ = std::move(peer); }
+
+  // Blocking; throws eccl::Error naming the peer.
+  void send(const CoordMessage& m, Deadline deadline);
+  // Blocks until one message is whole; throws on deadline, EOF, bad seal.
+  CoordMessage receive(Deadline deadline);
+  // Reads what is available without blocking and appends whole messages.
+  // Returns false at end of file. Throws on a bad seal or malformed message.
+  bool drain(std::vector<CoordMessage>* out);
+
+ private:
+  void takeWhole();
+  bool readAvailable();  // false at end of file
+
+  Fd fd_;
+  Secret key_;
+  uint8_t sendDir_, recvDir_;
+  uint64_t sent_ = 0, received_ = 0;
+  std::string peer_;
+  std::vector<uint8_t> inbuf_;
+  std::deque<CoordMessage> ready_;
+};
+
+}  // namespace eccl::bootstrap

@@ -1,0 +1,202 @@
+#include "bootstrap/coord_client.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "bootstrap/coord_channel.h"
+#include "bootstrap/handshake.h"
+#include "common/error.h"
+#include "common/log.h"
+
+namespace eccl::bootstrap {
+
+CoordClient::CoordClient(const UniqueIdData& id, const JoinRequest& join, int64_t heartbeatMs,
+                         int64_t heartbeatTimeoutMs, Deadline deadline)
+    : coordinator_(fmt::format("the coordinator at {}", id.root.str())),
+      heartbeatMs_(heartbeatMs),
+      heartbeatTimeoutMs_(heartbeatTimeoutMs) {
+  std::string what = fmt::format("{} {} joining {}", join.role == Role::kRank ? "rank" : "standby",
+                                 join.role == Role::kRank ? std::to_string(join.rank) : "", coordinator_);
+  Fd fd = connectTo(id.root, deadline, what);
+  Hello hello{Purpose::kBootstrap, id.jobId, join.member, 0, 0};
+  Secret key;
+  authenticateAsClient(fd.get(), id.secret, hello, deadline, what, &key);
+  channel_ = std::make_unique<SealedChannel>(std::move(fd), key, false, coordinator_);
+  CoordMessage m;
+  m.kind = CoordKind::kJoin;
+  m.role = join.role;
+  m.rank = join.rank;
+  m.nranks = static_cast<uint32_t>(join.nranks);
+  m.member = join.member;
+  m.pid = static_cast<uint64_t>(getpid());
+  m.address = join.dataAddress;
+  channel_->send(m, deadline);
+  wakeFd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (wakeFd_ < 0) fail(ecclSystemError, "eventfd: {}", strerror(errno));
+  thread_ = std::thread([this] { run(); });
+}
+
+CoordClient::~CoordClient() {
+  {
+    MutexLock lock(mu_);
+    stopping_ = true;
+  }
+  uint64_t one = 1;
+  [[maybe_unused]] ssize_t n = ::write(wakeFd_, &one, 8);
+  if (thread_.joinable()) thread_.join();
+  ::close(wakeFd_);
+}
+
+void CoordClient::setCallbacks(Callbacks callbacks) {
+  std::vector<uint64_t> early;
+  std::string reason;
+  {
+    MutexLock lock(mu_);
+    callbacks_ = std::move(callbacks);
+    early.swap(failedBeforeCallbacks_);
+    reason = failedReason_;
+  }
+  if (!early.empty() && callbacks_.onFailed) callbacks_.onFailed(early, reason);
+}
+
+void CoordClient::post(CoordMessage m) {
+  {
+    MutexLock lock(mu_);
+    outbox_.push_back(std::move(m));
+  }
+  uint64_t one = 1;
+  [[maybe_unused]] ssize_t n = ::write(wakeFd_, &one, 8);
+}
+
+void CoordClient::report(uint64_t failedMember, const std::string& reason) {
+  CoordMessage m;
+  m.kind = CoordKind::kReport;
+  m.members = {failedMember};
+  m.text = reason.substr(0, kMaxCoordText);
+  post(std::move(m));
+}
+
+void CoordClient::requestRecover(uint32_t epoch, uint32_t policy) {
+  CoordMessage m;
+  m.kind = CoordKind::kRecover;
+  m.epoch = epoch;
+  m.policy = policy;
+  post(std::move(m));
+}
+
+void CoordClient::leave() {
+  CoordMessage m;
+  m.kind = CoordKind::kLeave;
+  post(std::move(m));
+  // Give the thread a moment to put it on the wire before we close.
+  MutexLock lock(mu_);
+  Deadline until = deadlineAfterMs(500);
+  while (!outbox_.empty() && !lost_ && cv_.waitUntil(mu_, until)) {
+  }
+}
+
+bool CoordClient::evicted() const {
+  MutexLock lock(mu_);
+  return evicted_.has_value();
+}
+
+ViewUpdate CoordClient::awaitView(Deadline deadline, const std::string& what) {
+  MutexLock lock(mu_);
+  for (;;) {
+    if (!answers_.empty()) {
+      CoordMessage m = std::move(answers_.front());
+      answers_.pop_front();
+      if (m.kind == CoordKind::kError) fail(ecclInvalidUsage, "{}: {} refused: {}", what, coordinator_, m.text);
+      return ViewUpdate{m.epoch, static_cast<int>(m.rank), std::move(m.entries), std::move(m.text)};
+    }
+    if (evicted_) fail(ecclEvicted, "{}: evicted by {}: {}", what, coordinator_, *evicted_);
+    if (lost_) fail(ecclRemoteError, "{}: lost {}: {}", what, coordinator_, *lost_);
+    if (!cv_.waitUntil(mu_, deadline) && Clock::now() >= deadline)
+      fail(ecclTimeout, "{}: no answer from {} before the deadline", what, coordinator_);
+  }
+}
+
+void CoordClient::run() {
+  auto lastHeard = Clock::now();
+  auto nextBeat = Clock::now();
+  auto lose = [&](const std::string& why) {
+    MutexLock lock(mu_);
+    if (!lost_) lost_ = why;
+    cv_.notifyAll();
+  };
+  for (;;) {
+    std::deque<CoordMessage> out;
+    {
+      MutexLock lock(mu_);
+      if (stopping_) return;
+      out.swap(outbox_);
+    }
+    try {
+      for (auto& m : out) channel_->send(m, deadlineAfterMs(heartbeatTimeoutMs_));
+      if (Clock::now() >= nextBeat) {
+        CoordMessage beat;
+        beat.kind = CoordKind::kHeartbeat;
+        channel_->send(beat, deadlineAfterMs(heartbeatTimeoutMs_));
+        nextBeat = Clock::now() + std::chrono::milliseconds(heartbeatMs_);
+      }
+    } catch (const Error& e) {
+      lose(e.what());
+    }
+    {
+      MutexLock lock(mu_);
+      cv_.notifyAll();  // leave() waits for the outbox to empty
+      if (lost_) {
+        // Keep the thread for shutdown only; nothing more can arrive.
+        while (!stopping_) cv_.waitUntil(mu_, deadlineAfterMs(100));
+        return;
+      }
+    }
+    pollfd fds[2] = {{channel_->fd(), POLLIN, 0}, {wakeFd_, POLLIN, 0}};
+    int wait = static_cast<int>(std::clamp<int64_t>(msUntil(nextBeat), 0, heartbeatMs_));
+    int n = ::poll(fds, 2, wait);
+    if (n > 0 && (fds[1].revents & POLLIN)) {
+      uint64_t drained;
+      [[maybe_unused]] ssize_t r = ::read(wakeFd_, &drained, 8);
+    }
+    std::vector<CoordMessage> got;
+    bool open = true;
+    if (n > 0 && fds[0].revents) {
+      try {
+        open = channel_->drain(&got);
+      } catch (const Error& e) {
+        lose(e.what());
+        continue;
+      }
+      lastHeard = Clock::now();
+    }
+    for (auto& m : got) {
+      if (m.kind == CoordKind::kHeartbeat) continue;
+      MutexLock lock(mu_);
+      if (m.kind == CoordKind::kView || m.kind == CoordKind::kError) {
+        answers_.push_back(std::move(m));
+        cv_.notifyAll();
+      } else if (m.kind == CoordKind::kFailed) {
+        if (callbacks_.onFailed) {
+          callbacks_.onFailed(m.members, m.text);
+        } else {
+          failedBeforeCallbacks_ = m.members;
+          failedReason_ = m.text;
+        }
+      } else if (m.kind == CoordKind::kEvicted) {
+        evicted_ = m.text;
+        log::warn("evicted by {}: {}", coordinator_, m.text);
+        if (callbacks_.onEvicted) callbacks_.onEvicted(m.text);
+        cv_.notifyAll();
+      }
+    }
+    if (!open) {
+      lose("the coordinator closed the connection");
+      continue;
+    }
+    if (Clock::now() - lastHeard > std::chrono::milliseconds(heartbeatTimeoutMs_))
+      lose(fmt::format("no heartbeat from the coordinator for {} ms", heartbeatTimeoutMs_));
+  }
+}
+
+}  // namespace eccl::bootstrap

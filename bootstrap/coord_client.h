@@ -1,0 +1,82 @@
+// A member's side of the coordinator connection. It joins (as a rank or a
+// standby), then a thread keeps heartbeats going both ways and delivers
+// what the coordinator says: failures (revoke), eviction (fencing), and
+// new views (formation, promotion, recovery).
+#pragma once
+
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bootstrap/coord_messages.h"
+#include "bootstrap/unique_id.h"
+#include "common/mutex.h"
+
+namespace eccl::bootstrap {
+
+class SealedChannel;
+
+struct ViewUpdate {
+  uint32_t epoch = 0;
+  int rank = -1;  // -1: still a standby
+  std::vector<ViewEntry> entries;  // indexed by rank
+  std::string why;
+};
+
+struct JoinRequest {
+  Role role = Role::kRank;
+  int rank = -1;
+  int nranks = 0;
+  uint64_t member = 0;
+  std::string dataAddress;
+};
+
+class CoordClient {
+ public:
+  struct Callbacks {
+    // Called on the client thread; must only record and wake, never block.
+    std::function<void(const std::vector<uint64_t>& failed, const std::string& reason)> onFailed;
+    std::function<void(const std::string& reason)> onEvicted;
+  };
+
+  // Connects, proves the secret, sends the join; throws naming the coordinator.
+  CoordClient(const UniqueIdData& id, const JoinRequest& join, int64_t heartbeatMs, int64_t heartbeatTimeoutMs,
+              Deadline deadline);
+  ~CoordClient();
+
+  void setCallbacks(Callbacks callbacks);
+  // The next view the coordinator sends (formation, promotion, recovery);
+  // throws its error answer, eviction, or the deadline.
+  ViewUpdate awaitView(Deadline deadline, const std::string& what);
+  void report(uint64_t failedMember, const std::string& reason);
+  void requestRecover(uint32_t epoch, uint32_t policy);
+  void leave();  // orderly exit: no failure is declared for us
+  bool evicted() const;
+
+ private:
+  void run();
+  void post(CoordMessage m);
+
+  std::unique_ptr<SealedChannel> channel_;
+  const std::string coordinator_;
+  const int64_t heartbeatMs_, heartbeatTimeoutMs_;
+  int wakeFd_ = -1;
+  std::thread thread_;
+
+  mutable Mutex mu_;
+  CondVar cv_;
+  bool stopping_ ECCL_GUARDED_BY(mu_) = false;
+  std::deque<CoordMessage> outbox_ ECCL_GUARDED_BY(mu_);
+  std::deque<CoordMessage> answers_ ECCL_GUARDED_BY(mu_);  // views and errors, in order
+  std::optional<std::string> evicted_ ECCL_GUARDED_BY(mu_);
+  std::optional<std::string> lost_ ECCL_GUARDED_BY(mu_);
+  Callbacks callbacks_ ECCL_GUARDED_BY(mu_);
+  std::vector<uint64_t> failedBeforeCallbacks_ ECCL_GUARDED_BY(mu_);
+  std::string failedReason_ ECCL_GUARDED_BY(mu_);
+};
+
+}  // namespace eccl::bootstrap

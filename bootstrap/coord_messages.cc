@@ -1,0 +1,98 @@
+#include "bootstrap/coord_messages.h"
+
+#include "bootstrap/wire.h"
+#include "common/error.h"
+
+namespace eccl::bootstrap {
+
+const char* coordKindName(CoordKind kind) {
+  switch (kind) {
+    case CoordKind::kJoin: return "join";
+    case CoordKind::kView: return "view";
+    case CoordKind::kHeartbeat: return "heartbeat";
+    case CoordKind::kReport: return "report";
+    case CoordKind::kFailed: return "failed";
+    case CoordKind::kRecover: return "recover";
+    case CoordKind::kError: return "error";
+    case CoordKind::kEvicted: return "evicted";
+    case CoordKind::kLeave: return "leave";
+    case CoordKind::kStatusQuery: return "status query";
+    case CoordKind::kStatus: return "status";
+  }
+  return "unknown";
+}
+
+std::vector<uint8_t> encodeCoordMessage(const CoordMessage& m) {
+  WireWriter w;
+  w.u32(static_cast<uint32_t>(m.kind));
+  w.u32(static_cast<uint32_t>(m.role));
+  w.i64(m.rank);
+  w.u32(m.nranks);
+  w.u32(m.epoch);
+  w.u32(m.policy);
+  w.u64(m.member);
+  w.u64(m.pid);
+  w.str(m.address);
+  w.str(m.text);
+  w.u32(static_cast<uint32_t>(m.entries.size()));
+  for (const auto& e : m.entries) {
+    w.u64(e.member);
+    w.str(e.address);
+  }
+  w.u32(static_cast<uint32_t>(m.members.size()));
+  for (uint64_t id : m.members) w.u64(id);
+  return w.take();
+}
+
+std::optional<CoordMessage> decodeCoordMessage(const uint8_t* p, size_t n, std::string* why) {
+  WireReader r(p, n);
+  CoordMessage m;
+  uint32_t kind, role, count;
+  if (!r.u32(&kind) || !r.u32(&role) || !r.i64(&m.rank) || !r.u32(&m.nranks) || !r.u32(&m.epoch) ||
+      !r.u32(&m.policy) || !r.u64(&m.member) || !r.u64(&m.pid) || !r.str(&m.address, kMaxAddressBytes) ||
+      !r.str(&m.text, kMaxCoordText)) {
+    *why = "coordinator message header is truncated or a field is too long";
+    return std::nullopt;
+  }
+  if (kind < 1 || kind > static_cast<uint32_t>(CoordKind::kStatus)) {
+    *why = fmt::format("unknown coordinator message kind {}", kind);
+    return std::nullopt;
+  }
+  if (role < 1 || role > static_cast<uint32_t>(Role::kTool)) {
+    *why = fmt::format("unknown member role {}", role);
+    return std::nullopt;
+  }
+  m.kind = static_cast<CoordKind>(kind);
+  m.role = static_cast<Role>(role);
+  if (!r.u32(&count) || count > kMaxCoordEntries) {
+    *why = "coordinator message has a malformed view";
+    return std::nullopt;
+  }
+  for (uint32_t i = 0; i < count; ++i) {
+    ViewEntry e;
+    if (!r.u64(&e.member) || !r.str(&e.address, kMaxAddressBytes)) {
+      *why = fmt::format("view entry {} is malformed", i);
+      return std::nullopt;
+    }
+    m.entries.push_back(std::move(e));
+  }
+  if (!r.u32(&count) || count > kMaxCoordEntries) {
+    *why = "coordinator message has a malformed member list";
+    return std::nullopt;
+  }
+  for (uint32_t i = 0; i < count; ++i) {
+    uint64_t id;
+    if (!r.u64(&id)) {
+      *why = fmt::format("member list entry {} is truncated", i);
+      return std::nullopt;
+    }
+    m.members.push_back(id);
+  }
+  if (!r.atEnd()) {
+    *why = "coordinator message has trailing bytes";
+    return std::nullopt;
+  }
+  return m;
+}
+
+}  // namespace eccl::bootstrap

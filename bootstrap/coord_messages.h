@@ -1,0 +1,60 @@
+// The membership coordinator's wire protocol. Every message travels sealed
+// (coord_channel.h): authenticated with a per-connection key derived from
+// the job secret, numbered against replay. One struct carries every kind;
+// each kind uses the fields its comment names.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace eccl::bootstrap {
+
+enum class CoordKind : uint32_t {
+  kJoin = 1,       // member -> coord: role, rank, nranks, member, address, pid
+  kView = 2,       // coord -> member: epoch, rank (-1: standby), entries, text (why)
+  kHeartbeat = 3,  // both ways
+  kReport = 4,     // member -> coord: members (the failed), text (what it saw)
+  kFailed = 5,     // coord -> members: epoch, members (failed so far), text
+  kRecover = 6,    // member -> coord: epoch, policy
+  kError = 7,      // coord -> member: text (the request it answers failed)
+  kEvicted = 8,    // coord -> member: text; the connection closes after it
+  kLeave = 9,      // member -> coord: orderly exit, no failure
+  kStatusQuery = 10,
+  kStatus = 11,    // coord -> tool: text (human-readable view, standbys, health)
+};
+
+enum class Role : uint32_t { kRank = 1, kStandby = 2, kTool = 3 };
+
+struct ViewEntry {
+  uint64_t member = 0;
+  std::string address;
+  bool operator==(const ViewEntry&) const = default;
+};
+
+struct CoordMessage {
+  CoordKind kind = CoordKind::kHeartbeat;
+  Role role = Role::kRank;
+  int64_t rank = -1;
+  uint32_t nranks = 0;
+  uint32_t epoch = 0;
+  uint32_t policy = 0;
+  uint64_t member = 0;
+  uint64_t pid = 0;
+  std::string address;
+  std::string text;
+  std::vector<ViewEntry> entries;  // indexed by rank
+  std::vector<uint64_t> members;
+};
+
+constexpr size_t kMaxMessageBytes = 1 << 20;
+constexpr size_t kMaxAddressBytes = 128;
+constexpr size_t kMaxCoordText = 4096;
+constexpr size_t kMaxCoordEntries = 1 << 16;
+
+std::vector<uint8_t> encodeCoordMessage(const CoordMessage& m);
+std::optional<CoordMessage> decodeCoordMessage(const uint8_t* p, size_t n, std::string* why);
+const char* coordKindName(CoordKind kind);
+
+}  // namespace eccl::bootstrap

@@ -1,0 +1,469 @@
+#include "bootstrap/coordinator.h"
+
+#include <poll.h>
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <vector>
+
+#include "bootstrap/coord_channel.h"
+#include "bootstrap/handshake.h"
+#include "common/error.h"
+#include "common/log.h"
+#include "common/mutex.h"
+#include "common/netif.h"
+#include "common/params.h"
+
+namespace eccl::bootstrap {
+
+struct Coordinator::State {
+  struct Member {
+    uint64_t id = 0;
+    Role role = Role::kRank;
+    std::string address;
+    uint64_t pid = 0;
+    uint64_t joinOrder = 0;
+    std::unique_ptr<SealedChannel> channel;
+    Clock::time_point lastHeard;
+    bool wantsRecover = false;
+    uint32_t policy = 0;
+    bool left = false;  // said goodbye; its end of file is no failure
+  };
+
+  UniqueIdData id;
+  Fd listenFd;
+  CoordinatorOptions opt;
+  std::map<uint64_t, Member> members;
+  std::set<uint64_t> fenced;
+  uint64_t joins = 0;
+  uint32_t nranks = 0;
+  uint32_t epoch = 0;
+  std::vector<uint64_t> view;     // rank -> member; empty until formed
+  std::vector<uint64_t> failed;   // members of `view` failed in this epoch
+  std::string lastFailure;
+
+  std::string label(uint64_t member) const {
+    auto it = std::find(view.begin(), view.end(), member);
+    auto m = members.find(member);
+    std::string where = m == members.end() ? "" : fmt::format(" at {}", m->second.address);
+    if (it != view.end()) return fmt::format("rank {} (member {:016x}{})", it - view.begin(), member, where);
+    return fmt::format("member {:016x}{}", member, where);
+  }
+
+  std::vector<ViewEntry> entries() const {
+    std::vector<ViewEntry> out;
+    for (uint64_t m : view) {
+      auto it = members.find(m);
+      out.push_back({m, it == members.end() ? "" : it->second.address});
+    }
+    return out;
+  }
+
+  void send(Member& m, const CoordMessage& msg) {
+    if (!m.channel) return;
+    try {
+      m.channel->send(msg, deadlineAfterMs(1000));
+    } catch (const Error& e) {
+      log::warn("coordinator: {}", e.what());
+    }
+  }
+
+  void sendView(uint64_t member, const std::string& why) {
+    auto it = members.find(member);
+    if (it == members.end()) return;
+    CoordMessage v;
+    v.kind = CoordKind::kView;
+    v.epoch = epoch;
+    auto pos = std::find(view.begin(), view.end(), member);
+    v.rank = pos == view.end() ? -1 : pos - view.begin();
+    v.nranks = static_cast<uint32_t>(view.size());
+    v.entries = entries();
+    v.text = why;
+    send(it->second, v);
+  }
+
+  void sendError(uint64_t member, const std::string& text) {
+    auto it = members.find(member);
+    if (it == members.end()) return;
+    CoordMessage e;
+    e.kind = CoordKind::kError;
+    e.text = text;
+    send(it->second, e);
+  }
+
+  bool inView(uint64_t member) const { return std::find(view.begin(), view.end(), member) != view.end(); }
+  bool isFailed(uint64_t member) const { return std::find(failed.begin(), failed.end(), member) != failed.end(); }
+
+  void form() {
+    std::vector<std::pair<int64_t, uint64_t>> ranks;
+    view.assign(nranks, 0);
+    for (auto& [mid, m] : members)
+      if (m.role == Role::kRank) view[static_cast<size_t>(rankOf.at(mid))] = mid;
+    epoch = 1;
+    log::info("coordinator: job formed with {} ranks (epoch 1)", nranks);
+    for (uint64_t m : view) sendView(m, "formed");
+    for (auto& [mid, m] : members)
+      if (m.role == Role::kStandby) sendView(mid, "formed");
+  }
+  std::map<uint64_t, int64_t> rankOf;  // requested ranks before formation
+
+  void onJoin(std::unique_ptr<SealedChannel> ch, const CoordMessage& msg) {
+    if (msg.role == Role::kTool) {
+      CoordMessage s;
+      s.kind = CoordKind::kStatus;
+      s.text = statusText();
+      try {
+        ch->send(s, deadlineAfterMs(1000));
+      } catch (const Error&) {
+      }
+      return;
+    }
+    auto refuse = [&](const std::string& why) {
+      log::warn("coordinator: refused {} from {}: {}", msg.role == Role::kRank ? "a rank" : "a standby",
+                ch->peer(), why);
+      CoordMessage e;
+      e.kind = fenced.count(msg.member) ? CoordKind::kEvicted : CoordKind::kError;
+      e.text = why;
+      try {
+        ch->send(e, deadlineAfterMs(1000));
+      } catch (const Error&) {
+      }
+    };
+    if (fenced.count(msg.member)) return refuse("this member was declared failed and is fenced");
+    if (members.count(msg.member) || msg.member == 0) return refuse("member id is already in use");
+    if (msg.role == Role::kRank) {
+      if (!view.empty()) return refuse("the job has already formed; a late process must join as a standby");
+      if (nranks == 0) nranks = msg.nranks;
+      if (msg.nranks != nranks)
+        return refuse(fmt::format("rank {} says nranks={}, earlier ranks said {}", msg.rank, msg.nranks, nranks));
+      if (msg.rank < 0 || msg.rank >= static_cast<int64_t>(nranks))
+        return refuse(fmt::format("rank {} is outside [0, {})", msg.rank, nranks));
+      for (auto& [mid, r] : rankOf)
+        if (r == msg.rank) return refuse(fmt::format("rank {} registered twice", msg.rank));
+      rankOf[msg.member] = msg.rank;
+    }
+    Member m;
+    m.id = msg.member;
+    m.role = msg.role;
+    m.address = msg.address;
+    m.pid = msg.pid;
+    m.joinOrder = joins++;
+    m.lastHeard = Clock::now();
+    ch->setPeer(fmt::format("member {:016x} ({})", msg.member, ch->peer()));
+    m.channel = std::move(ch);
+    uint64_t mid = msg.member;
+    members[mid] = std::move(m);
+    if (msg.role == Role::kStandby) {
+      log::info("coordinator: standby member {:016x} registered at {}", mid, msg.address);
+      sendView(mid, "registered as a standby");
+    } else if (rankOf.size() == nranks) {
+      form();
+    }
+  }
+
+  // A member is gone: a lost connection, missed heartbeats, or a peer's report.
+  void declareFailed(uint64_t member, const std::string& reason) {
+    auto it = members.find(member);
+    if (it == members.end()) return;
+    std::string who = label(member);
+    if (it->second.role == Role::kStandby || !inView(member)) {
+      log::warn("coordinator: {} is gone: {}", who, reason);
+      if (view.empty()) rankOf.erase(member);
+      members.erase(it);
+      return;
+    }
+    log::warn("coordinator: {} failed: {}", who, reason);
+    // Fence: never readmitted; if it is only stopped it reads this on waking.
+    CoordMessage ev;
+    ev.kind = CoordKind::kEvicted;
+    ev.text = fmt::format("{} was declared failed at epoch {}: {}", who, epoch, reason);
+    if (it->second.channel) {
+      try {
+        it->second.channel->send(ev, deadlineAfterMs(50));
+      } catch (const Error&) {
+      }
+    }
+    fenced.insert(member);
+    failed.push_back(member);
+    lastFailure = fmt::format("{} failed: {}", who, reason);
+    it->second.channel.reset();
+    CoordMessage f;
+    f.kind = CoordKind::kFailed;
+    f.epoch = epoch;
+    f.members = failed;
+    f.text = lastFailure;
+    for (uint64_t m : view) {
+      auto mm = members.find(m);
+      if (mm != members.end() && mm->second.channel && !isFailed(m)) send(mm->second, f);
+    }
+    tryRecover();
+  }
+
+  void onRecover(uint64_t from, const CoordMessage& msg) {
+    if (msg.epoch != epoch) {
+      sendError(from, fmt::format("recovery asked at epoch {}, the current epoch is {}", msg.epoch, epoch));
+      return;
+    }
+    if (failed.empty()) {
+      sendView(from, "nothing to recover: no member of this view has failed");
+      return;
+    }
+    Member& m = members.at(from);
+    m.wantsRecover = true;
+    m.policy = msg.policy;
+    tryRecover();
+  }
+
+  void tryRecover() {
+    if (failed.empty()) return;
+    std::vector<uint64_t> waiting;
+    for (uint64_t m : view) {
+      if (isFailed(m)) continue;
+      auto it = members.find(m);
+      if (it == members.end() || !it->second.wantsRecover) return;  // someone has not asked yet
+      waiting.push_back(m);
+    }
+    if (waiting.empty()) return;
+    uint32_t policy = members.at(waiting[0]).policy;
+    auto refuseAll = [&](const std::string& why) {
+      log::warn("coordinator: recovery refused: {}", why);
+      for (uint64_t m : waiting) {
+        members.at(m).wantsRecover = false;
+        sendError(m, why);
+      }
+    };
+    for (uint64_t m : waiting)
+      if (members.at(m).policy != policy) return refuseAll("the surviving ranks asked for different recovery policies");
+    if (policy > static_cast<uint32_t>(RecoverPolicy::kReplaceOrShrink))
+      return refuseAll(fmt::format("unknown recovery policy {}", policy));
+    std::vector<uint64_t> standbys;
+    for (auto& [mid, mm] : members)
+      if (mm.role == Role::kStandby && mm.channel) standbys.push_back(mid);
+    std::sort(standbys.begin(), standbys.end(),
+              [&](uint64_t a, uint64_t b) { return members.at(a).joinOrder < members.at(b).joinOrder; });
+    auto p = static_cast<RecoverPolicy>(policy);
+    if (p == RecoverPolicy::kReplace && standbys.size() < failed.size())
+      return refuseAll(fmt::format("REPLACE needs {} standby(s) for the failed rank(s), {} registered; "
+                                   "use SHRINK or REPLACE_OR_SHRINK",
+                                   failed.size(), standbys.size()));
+    std::vector<uint64_t> next;
+    std::vector<uint64_t> promoted;
+    std::string story;
+    size_t used = 0;
+    for (size_t r = 0; r < view.size(); ++r) {
+      if (!isFailed(view[r])) {
+        next.push_back(view[r]);
+      } else if (p != RecoverPolicy::kShrink && used < standbys.size()) {
+        story += fmt::format("{}rank {} -> standby {:016x}", story.empty() ? "" : ", ", r, standbys[used]);
+        promoted.push_back(standbys[used]);
+        next.push_back(standbys[used++]);
+      } else {
+        story += fmt::format("{}rank {} dropped", story.empty() ? "" : ", ", r);
+      }
+    }
+    for (uint64_t m : failed) members.erase(m);
+    for (uint64_t m : promoted) members.at(m).role = Role::kRank;
+    for (auto& [mid, mm] : members) mm.wantsRecover = false;
+    view = next;
+    failed.clear();
+    ++epoch;
+    log::info("coordinator: epoch {} with {} ranks ({})", epoch, view.size(), story);
+    for (uint64_t m : view) sendView(m, story);
+  }
+
+  void onMessage(uint64_t from, const CoordMessage& msg) {
+    auto it = members.find(from);
+    if (it == members.end()) return;
+    it->second.lastHeard = Clock::now();
+    switch (msg.kind) {
+      case CoordKind::kHeartbeat:
+        return;
+      case CoordKind::kReport:
+        for (uint64_t m : msg.members)
+          if (m != from && members.count(m) && inView(m) && !isFailed(m))
+            declareFailed(m, fmt::format("reported by {}: {}", label(from), msg.text));
+        return;
+      case CoordKind::kRecover:
+        return onRecover(from, msg);
+      case CoordKind::kLeave:
+        it->second.left = true;
+        return;
+      default:
+        log::warn("coordinator: unexpected {} message from {}", coordKindName(msg.kind), label(from));
+    }
+  }
+
+  std::string statusText() const {
+    std::string s;
+    if (view.empty()) {
+      std::string missing;
+      for (uint32_t r = 0; r < nranks; ++r) {
+        bool here = false;
+        for (auto& [mid, rr] : rankOf) here = here || rr == r;
+        if (!here) missing += fmt::format("{}{}", missing.empty() ? "" : ",", r);
+      }
+      s = fmt::format("forming: {} of {} ranks registered (missing: {})\n", rankOf.size(), nranks, missing);
+    } else {
+      s = fmt::format("epoch {}, {} ranks\n", epoch, view.size());
+    }
+    auto now = Clock::now();
+    for (size_t r = 0; r < view.size(); ++r) {
+      auto it = members.find(view[r]);
+      if (it == members.end() || isFailed(view[r])) {
+        s += fmt::format("  rank {}: member {:016x} FAILED\n", r, view[r]);
+        continue;
+      }
+      auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now - it->second.lastHeard).count();
+      s += fmt::format("  rank {}: member {:016x} at {} pid {} healthy (heard {} ms ago)\n", r, view[r],
+                       it->second.address, it->second.pid, ms);
+    }
+    for (auto& [mid, m] : members)
+      if (m.role == Role::kStandby)
+        s += fmt::format("  standby: member {:016x} at {} pid {}\n", mid, m.address, m.pid);
+    if (!lastFailure.empty()) s += fmt::format("  last failure: {}\n", lastFailure);
+    return s;
+  }
+};
+
+Coordinator::Coordinator(const UniqueIdData& id, Fd listenFd, const CoordinatorOptions& options)
+    : state_(std::make_unique<State>()) {
+  state_->id = id;
+  state_->listenFd = std::move(listenFd);
+  state_->opt = options;
+  thread_ = std::thread([this] {
+    try {
+      run();
+    } catch (const std::exception& e) {
+      log::warn("coordinator stopped: {}", e.what());
+    }
+  });
+}
+
+Coordinator::~Coordinator() {
+  stopping_ = true;
+  if (thread_.joinable()) thread_.join();
+}
+
+void Coordinator::run() {
+  State& s = *state_;
+  auto nextBeat = Clock::now();
+  while (!stopping_) {
+    std::vector<pollfd> fds{{s.listenFd.get(), POLLIN, 0}};
+    std::vector<uint64_t> owners{0};
+    for (auto& [mid, m] : s.members)
+      if (m.channel) fds.push_back({m.channel->fd(), POLLIN, 0}), owners.push_back(mid);
+    int wait = static_cast<int>(std::clamp<int64_t>(msUntil(nextBeat), 0, 100));
+    int n = ::poll(fds.data(), fds.size(), wait);
+    if (n < 0 && errno != EINTR) fail(ecclSystemError, "coordinator poll(): {}", strerror(errno));
+    for (size_t i = 1; n > 0 && i < fds.size(); ++i) {
+      if (!fds[i].revents) continue;
+      auto it = s.members.find(owners[i]);
+      if (it == s.members.end() || !it->second.channel) continue;
+      std::vector<CoordMessage> got;
+      bool open = true;
+      std::string error;
+      try {
+        open = it->second.channel->drain(&got);
+      } catch (const Error& e) {
+        error = e.what();
+      }
+      uint64_t mid = owners[i];
+      for (auto& msg : got) s.onMessage(mid, msg);
+      it = s.members.find(mid);
+      if (it == s.members.end()) continue;
+      if (!error.empty()) {
+        s.declareFailed(mid, error);
+      } else if (!open) {
+        if (it->second.left) {
+          if (s.view.empty()) s.rankOf.erase(mid);
+          s.members.erase(it);
+        } else {
+          s.declareFailed(mid, "its connection to the coordinator closed (process exited or was killed)");
+        }
+      }
+    }
+    if (fds[0].revents & POLLIN) {
+      SockAddr from;
+      Fd fd = acceptUntil(s.listenFd.get(), Clock::now(), &from);
+      if (fd) {
+        std::string what = fmt::format("coordinator, connection from {}", from.str());
+        try {
+          Deadline hs = deadlineAfterMs(s.opt.handshakeTimeoutMs);
+          Secret key;
+          authenticateAsServer(fd.get(), s.id.secret, s.id.jobId, hs, what, &key);
+          auto ch = std::make_unique<SealedChannel>(std::move(fd), key, true, from.str());
+          CoordMessage join = ch->receive(hs);
+          if (join.kind != CoordKind::kJoin && join.kind != CoordKind::kStatusQuery)
+            fail(ecclRemoteError, "{}: first message is {}, expected join", what, coordKindName(join.kind));
+          if (join.kind == CoordKind::kStatusQuery) join.role = Role::kTool;
+          s.onJoin(std::move(ch), join);
+        } catch (const Error& e) {
+          log::warn("coordinator rejected {}", e.what());
+        }
+      }
+    }
+    if (Clock::now() >= nextBeat) {
+      nextBeat = Clock::now() + std::chrono::milliseconds(s.opt.heartbeatMs);
+      CoordMessage beat;
+      beat.kind = CoordKind::kHeartbeat;
+      beat.epoch = s.epoch;
+      std::vector<uint64_t> silent;
+      auto limit = std::chrono::milliseconds(s.opt.heartbeatTimeoutMs);
+      for (auto& [mid, m] : s.members) {
+        if (!m.channel) continue;
+        if (Clock::now() - m.lastHeard > limit) silent.push_back(mid);
+        else s.send(m, beat);
+      }
+      for (uint64_t mid : silent)
+        s.declareFailed(mid, fmt::format("no heartbeat for {} ms (stopped or hung process?)", s.opt.heartbeatTimeoutMs));
+    }
+  }
+}
+
+std::unique_ptr<Coordinator> createJob(ecclUniqueId* id) {
+  UniqueIdData d;
+  randomBytes(d.secret.data(), d.secret.size());
+  randomBytes(&d.jobId, sizeof(d.jobId));
+  NetInterface ni = pickInterface(params::socketIfname());
+  auto [fd, bound] = listenOn(ni.addr);
+  d.root = bound;
+  *id = encodeUniqueId(d);
+  return std::make_unique<Coordinator>(d, std::move(fd), coordinatorOptionsFromEnv());
+}
+
+ecclUniqueId createUniqueId() {
+  static Mutex mu;
+  static std::vector<std::unique_ptr<Coordinator>> kept;
+  ecclUniqueId id;
+  auto c = createJob(&id);
+  MutexLock lock(mu);
+  kept.push_back(std::move(c));
+  return id;
+}
+
+CoordinatorOptions coordinatorOptionsFromEnv() {
+  CoordinatorOptions o;
+  o.heartbeatMs = params::heartbeatMs();
+  o.heartbeatTimeoutMs = params::heartbeatTimeoutMs();
+  o.handshakeTimeoutMs = params::handshakeTimeoutMs();
+  return o;
+}
+
+std::string queryCoordinatorStatus(const UniqueIdData& id, Deadline deadline) {
+  std::string what = fmt::format("status query to the coordinator at {}", id.root.str());
+  Fd fd = connectTo(id.root, deadline, what);
+  Hello hello{Purpose::kBootstrap, id.jobId, 0, 0, 0};
+  Secret key;
+  authenticateAsClient(fd.get(), id.secret, hello, deadline, what, &key);
+  SealedChannel ch(std::move(fd), key, false, "the coordinator");
+  CoordMessage q;
+  q.kind = CoordKind::kStatusQuery;
+  q.role = Role::kTool;
+  ch.send(q, deadline);
+  CoordMessage answer = ch.receive(deadline);
+  if (answer.kind != CoordKind::kStatus) fail(ecclRemoteError, "{}: answered with {}", what, coordKindName(answer.kind));
+  return answer.text;
+}
+
+}  // namespace eccl::bootstrap

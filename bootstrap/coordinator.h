@@ -1,0 +1,57 @@
+// The membership coordinator: the only authority on views. It admits ranks
+// and standbys (each proves the job secret), forms the first view, watches
+// every member (its control connection and its heartbeats), declares
+// failures and fences the failed, and computes each new view when the
+// survivors ask to recover. It runs on its own thread inside eccl-run, the
+// ecclcoord daemon, or the process that called ecclGetUniqueId; never
+// inside a rank that eccl-run started.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "bootstrap/unique_id.h"
+#include "common/socket.h"
+
+namespace eccl::bootstrap {
+
+// ecclRecoverPolicy_t values, repeated here so bootstrap/ needs no core header.
+enum class RecoverPolicy : uint32_t { kReplace = 0, kShrink = 1, kReplaceOrShrink = 2 };
+
+struct CoordinatorOptions {
+  int64_t heartbeatMs = 500;
+  int64_t heartbeatTimeoutMs = 3000;
+  int64_t handshakeTimeoutMs = 5000;
+};
+
+class Coordinator {
+ public:
+  Coordinator(const UniqueIdData& id, Fd listenFd, const CoordinatorOptions& options);
+  ~Coordinator();  // stops the thread; members see their connection close
+  Coordinator(const Coordinator&) = delete;
+  Coordinator& operator=(const Coordinator&) = delete;
+
+ private:
+  struct State;
+  void run();
+  std::unique_ptr<State> state_;
+  std::atomic<bool> stopping_{false};
+  std::thread thread_;
+};
+
+// A fresh job: a new id (coordinator address, secret, job id) and its
+// coordinator, listening on the chosen interface.
+std::unique_ptr<Coordinator> createJob(ecclUniqueId* id);
+// As createJob, with the coordinator kept on a thread of this process until
+// it exits (ecclGetUniqueId).
+ecclUniqueId createUniqueId();
+
+// Options from the environment registry (ECCL_HEARTBEAT_MS, ...).
+CoordinatorOptions coordinatorOptionsFromEnv();
+
+// A status query from a tool (ecclcoord status): the view, standbys, health.
+std::string queryCoordinatorStatus(const UniqueIdData& id, Deadline deadline);
+
+}  // namespace eccl::bootstrap
