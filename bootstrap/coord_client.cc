@@ -172,23 +172,30 @@ void CoordClient::run() {
     }
     for (auto& m : got) {
       if (m.kind == CoordKind::kHeartbeat) continue;
-      MutexLock lock(mu_);
-      if (m.kind == CoordKind::kView || m.kind == CoordKind::kError) {
-        answers_.push_back(std::move(m));
-        cv_.notifyAll();
-      } else if (m.kind == CoordKind::kFailed) {
-        if (callbacks_.onFailed) {
-          callbacks_.onFailed(m.members, m.text);
-        } else {
+      // Callbacks run without our lock: they call into the device, which
+      // may call report() on this client.
+      Callbacks cb;
+      {
+        MutexLock lock(mu_);
+        if (m.kind == CoordKind::kView || m.kind == CoordKind::kError) {
+          answers_.push_back(std::move(m));
+          cv_.notifyAll();
+          continue;
+        }
+        if (m.kind == CoordKind::kFailed && !callbacks_.onFailed) {
           failedBeforeCallbacks_ = m.members;
           failedReason_ = m.text;
+          continue;
         }
-      } else if (m.kind == CoordKind::kEvicted) {
-        evicted_ = m.text;
-        log::warn("evicted by {}: {}", coordinator_, m.text);
-        if (callbacks_.onEvicted) callbacks_.onEvicted(m.text);
-        cv_.notifyAll();
+        if (m.kind == CoordKind::kEvicted) {
+          evicted_ = m.text;
+          log::warn("evicted by {}: {}", coordinator_, m.text);
+          cv_.notifyAll();
+        }
+        cb = callbacks_;
       }
+      if (m.kind == CoordKind::kFailed && cb.onFailed) cb.onFailed(m.members, m.text);
+      if (m.kind == CoordKind::kEvicted && cb.onEvicted) cb.onEvicted(m.text);
     }
     if (!open) {
       lose("the coordinator closed the connection");

@@ -1,0 +1,217 @@
+// Level 2 elastic membership: real processes, a real coordinator (in the
+// fork helper's root process), SIGKILL and SIGSTOP. Survivors see an error
+// naming the failed rank, recover with a standby or by shrinking, and the
+// next collectives are exact; only the failed member's connections change.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "tests/support/multiproc.h"
+
+namespace eccl::test {
+namespace {
+
+constexpr int kLanes = 2;
+
+class Elastic : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    setenv("ECCL_SOCKET_IFNAME", "lo", 1);
+    setenv("ECCL_TIMEOUT_MS", "15000", 1);
+    setenv("ECCL_HEARTBEAT_MS", "100", 1);
+    setenv("ECCL_HEARTBEAT_TIMEOUT_MS", "1000", 1);
+    setenv("ECCL_NSOCKS_PERPEER", std::to_string(kLanes).c_str(), 1);
+  }
+  void TearDown() override {
+    for (const char* v : {"ECCL_TIMEOUT_MS", "ECCL_HEARTBEAT_MS", "ECCL_HEARTBEAT_TIMEOUT_MS", "ECCL_NSOCKS_PERPEER"})
+      unsetenv(v);
+  }
+};
+
+ecclCommStats_t statsOf(ecclComm_t comm) {
+  ecclCommStats_t s{};
+  s.size = sizeof(s);
+  RANK_OK(ecclCommGetStats(comm, &s), comm);
+  return s;
+}
+
+// Every rank contributes rank+1; the sum over n ranks is n(n+1)/2.
+void checkAllreduce(ecclComm_t comm) {
+  int n, rank;
+  RANK_OK(ecclCommCount(comm, &n), comm);
+  RANK_OK(ecclCommUserRank(comm, &rank), comm);
+  std::vector<int64_t> v(100000, rank + 1);
+  RANK_OK(ecclAllReduce(v.data(), v.data(), v.size(), ecclInt64, ecclSum, comm, nullptr), comm);
+  for (int64_t x : v) RANK_CHECK(x == int64_t(n) * (n + 1) / 2, "allreduce gave " + std::to_string(x));
+}
+
+// Runs allreduces until one fails; returns its message.
+std::string allreduceUntilFailure(ecclComm_t comm) {
+  std::vector<float> v(4096, 1.0f);
+  for (int i = 0; i < 100000; ++i) {
+    ecclResult_t r = ecclAllReduce(v.data(), v.data(), v.size(), ecclFloat32, ecclSum, comm, nullptr);
+    if (r != ecclSuccess) {
+      RANK_CHECK(r == ecclRemoteError || r == ecclTimeout, std::string("unexpected ") + ecclGetErrorString(r));
+      return ecclGetLastError(comm);
+    }
+  }
+  throw std::runtime_error("no failure seen");
+}
+
+// Dies after the peers have surely read everything it sent (a process
+// that dies with unread input resets its connections, losing sent data).
+[[noreturn]] void dieSoon() {
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  raise(SIGKILL);
+  _exit(9);
+}
+
+bool diedOfSigkill(const RankOutcome& o) { return !o.exited && o.signal == SIGKILL; }
+
+TEST_F(Elastic, StandbyReplacesAKilledRankTouchingOnlyItsConnections) {
+  constexpr int n = 5, victim = 2;
+  ProcessGroup group(n + 1, [&](int index, int, const ecclUniqueId& id) {
+    ecclComm_t comm;
+    if (index == n) {  // the standby
+      RANK_OK(ecclCommInitStandby(&comm, id, nullptr), nullptr);
+      ecclCommStats_t s = statsOf(comm);
+      RANK_CHECK(s.rank == victim && s.nranks == n && s.epoch == 2 && s.joinedEpoch == 2,
+                 "promoted as rank " + std::to_string(s.rank) + " epoch " + std::to_string(s.epoch));
+      checkAllreduce(comm);
+      RANK_OK(ecclCommDestroy(comm), comm);
+      return;
+    }
+    RANK_OK(ecclCommInitRank(&comm, n, id, index), nullptr);
+    checkAllreduce(comm);
+    if (index == victim) dieSoon();
+    std::string why = allreduceUntilFailure(comm);
+    RANK_CHECK(why.find("rank 2") != std::string::npos, "error does not name rank 2: " + why);
+    ecclCommStats_t before = statsOf(comm);
+    RANK_OK(ecclCommRecover(comm, ecclRecoverReplace), comm);
+    ecclCommStats_t s = statsOf(comm);
+    int rank, count;
+    RANK_OK(ecclCommUserRank(comm, &rank), comm);
+    RANK_OK(ecclCommCount(comm, &count), comm);
+    RANK_CHECK(rank == index && count == n, "renumbered by a replace");
+    RANK_CHECK(s.epoch == 2 && s.reconfigurations == 1, "epoch " + std::to_string(s.epoch));
+    // The delta: only lanes to the failed member close (if still open) and
+    // only the joiner's ring neighbours open lanes, to the joiner.
+    bool neighbour = index == victim - 1 || index == victim + 1;
+    RANK_CHECK(s.connectionsClosed <= kLanes, "closed " + std::to_string(s.connectionsClosed));
+    RANK_CHECK(s.connectionsOpened == (neighbour ? kLanes : 0u), "opened " + std::to_string(s.connectionsOpened));
+    RANK_CHECK(s.connectionsInherited + s.connectionsClosed >= before.openConnections - kLanes,
+               "inherited " + std::to_string(s.connectionsInherited));
+    checkAllreduce(comm);
+    RANK_OK(ecclCommDestroy(comm), comm);
+  });
+  auto outcomes = group.wait(std::chrono::seconds(60));
+  for (int r = 0; r <= n; ++r) {
+    if (r == victim) EXPECT_TRUE(diedOfSigkill(outcomes[r])) << describe(outcomes);
+    else EXPECT_TRUE(outcomes[r].exited && outcomes[r].exitCode == 0) << describe(outcomes);
+  }
+}
+
+TEST_F(Elastic, ShrinkRenumbersDenselyAndReplaceWithoutStandbyIsAClearError) {
+  constexpr int n = 4, victim = 1;
+  ProcessGroup group(n, [&](int index, int, const ecclUniqueId& id) {
+    ecclComm_t comm;
+    RANK_OK(ecclCommInitRank(&comm, n, id, index), nullptr);
+    checkAllreduce(comm);
+    if (index == victim) dieSoon();
+    allreduceUntilFailure(comm);
+    ecclResult_t r = ecclCommRecover(comm, ecclRecoverReplace);
+    std::string why = ecclGetLastError(comm);
+    RANK_CHECK(r != ecclSuccess && why.find("standby") != std::string::npos, "replace without standby: " + why);
+    RANK_OK(ecclCommRecover(comm, ecclRecoverShrink), comm);
+    int rank, count;
+    RANK_OK(ecclCommUserRank(comm, &rank), comm);
+    RANK_OK(ecclCommCount(comm, &count), comm);
+    RANK_CHECK(count == n - 1 && rank == (index < victim ? index : index - 1),
+               "rank " + std::to_string(rank) + " of " + std::to_string(count));
+    checkAllreduce(comm);
+    RANK_OK(ecclCommDestroy(comm), comm);
+  });
+  auto outcomes = group.wait(std::chrono::seconds(60));
+  for (int r = 0; r < n; ++r) {
+    if (r == victim) EXPECT_TRUE(diedOfSigkill(outcomes[r])) << describe(outcomes);
+    else EXPECT_TRUE(outcomes[r].exited && outcomes[r].exitCode == 0) << describe(outcomes);
+  }
+}
+
+TEST_F(Elastic, TwoFailuresWithTwoStandbysRecoverInOneStep) {
+  constexpr int n = 5;
+  const std::set<int> victims{1, 3};
+  ProcessGroup group(n + 2, [&](int index, int, const ecclUniqueId& id) {
+    ecclComm_t comm;
+    if (index >= n) {
+      RANK_OK(ecclCommInitStandby(&comm, id, nullptr), nullptr);
+      ecclCommStats_t s = statsOf(comm);
+      RANK_CHECK(victims.count(s.rank) && s.epoch == 2, "standby became rank " + std::to_string(s.rank));
+      checkAllreduce(comm);
+      RANK_OK(ecclCommDestroy(comm), comm);
+      return;
+    }
+    RANK_OK(ecclCommInitRank(&comm, n, id, index), nullptr);
+    checkAllreduce(comm);
+    if (victims.count(index)) dieSoon();
+    allreduceUntilFailure(comm);
+    // Give the second failure time to be declared, so both are in one view change.
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    RANK_OK(ecclCommRecover(comm, ecclRecoverReplace), comm);
+    RANK_CHECK(statsOf(comm).epoch == 2, "more than one step: epoch " + std::to_string(statsOf(comm).epoch));
+    checkAllreduce(comm);
+    RANK_OK(ecclCommDestroy(comm), comm);
+  });
+  auto outcomes = group.wait(std::chrono::seconds(60));
+  for (int r = 0; r < n + 2; ++r) {
+    if (victims.count(r)) EXPECT_TRUE(diedOfSigkill(outcomes[r])) << describe(outcomes);
+    else EXPECT_TRUE(outcomes[r].exited && outcomes[r].exitCode == 0) << describe(outcomes);
+  }
+}
+
+TEST_F(Elastic, AStoppedMemberIsFencedAndNeverSilentlyReadmitted) {
+  constexpr int n = 3, victim = 2;
+  ProcessGroup group(n, [&](int index, int, const ecclUniqueId& id) {
+    ecclComm_t comm;
+    RANK_OK(ecclCommInitRank(&comm, n, id, index), nullptr);
+    checkAllreduce(comm);
+    if (index == victim) {
+      // The parent stops us here and continues us after the others shrank.
+      std::this_thread::sleep_for(std::chrono::seconds(4));
+      std::vector<float> v(16, 1.0f);
+      ecclResult_t r = ecclAllReduce(v.data(), v.data(), v.size(), ecclFloat32, ecclSum, comm, nullptr);
+      RANK_CHECK(r != ecclSuccess, "a fenced member completed an allreduce");
+      ecclResult_t async = ecclSuccess;
+      for (int i = 0; i < 50 && async != ecclEvicted; ++i) {
+        ecclCommGetAsyncError(comm, &async);
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+      RANK_CHECK(async == ecclEvicted, std::string("async error is ") + ecclGetErrorString(async));
+      RANK_CHECK(ecclCommRecover(comm, ecclRecoverShrink) == ecclEvicted, "a fenced member recovered");
+      ecclCommAbort(comm);
+      return;
+    }
+    std::string why = allreduceUntilFailure(comm);
+    RANK_CHECK(why.find("rank 2") != std::string::npos, "error does not name rank 2: " + why);
+    RANK_OK(ecclCommRecover(comm, ecclRecoverShrink), comm);
+    checkAllreduce(comm);
+    RANK_OK(ecclBarrier(comm), comm);
+    std::this_thread::sleep_for(std::chrono::seconds(3));  // the fenced member wakes meanwhile
+    checkAllreduce(comm);
+    RANK_OK(ecclCommDestroy(comm), comm);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  group.signal(victim, SIGSTOP);
+  std::this_thread::sleep_for(std::chrono::milliseconds(3000));
+  group.signal(victim, SIGCONT);
+  auto outcomes = group.wait(std::chrono::seconds(60));
+  EXPECT_TRUE(allSucceeded(outcomes)) << describe(outcomes);
+}
+
+}  // namespace
+}  // namespace eccl::test
