@@ -340,6 +340,11 @@ Coordinator::Coordinator(const UniqueIdData& id, Fd listenFd, const CoordinatorO
   });
 }
 
+std::set<uint64_t> Coordinator::idleStandbyPids() const {
+  MutexLock lock(snapshotMu_);
+  return idleStandbyPids_;
+}
+
 Coordinator::~Coordinator() {
   stopping_ = true;
   if (thread_.joinable()) thread_.join();
@@ -402,6 +407,13 @@ void Coordinator::run() {
           log::warn("coordinator rejected {}", e.what());
         }
       }
+    }
+    {
+      std::set<uint64_t> idle;
+      for (auto& [mid, m] : s.members)
+        if (m.role == Role::kStandby) idle.insert(m.pid);
+      MutexLock lock(snapshotMu_);
+      idleStandbyPids_ = std::move(idle);
     }
     if (Clock::now() >= nextBeat) {
       nextBeat = Clock::now() + std::chrono::milliseconds(s.opt.heartbeatMs);

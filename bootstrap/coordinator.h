@@ -9,10 +9,12 @@
 
 #include <atomic>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 
 #include "bootstrap/unique_id.h"
+#include "common/mutex.h"
 #include "common/socket.h"
 
 namespace eccl::bootstrap {
@@ -30,6 +32,8 @@ class Coordinator {
  public:
   Coordinator(const UniqueIdData& id, Fd listenFd, const CoordinatorOptions& options);
   ~Coordinator();  // stops the thread; members see their connection close
+  // Process ids of registered standbys not (yet) promoted into a view.
+  std::set<uint64_t> idleStandbyPids() const;
   Coordinator(const Coordinator&) = delete;
   Coordinator& operator=(const Coordinator&) = delete;
 
@@ -37,6 +41,8 @@ class Coordinator {
   struct State;
   void run();
   std::unique_ptr<State> state_;
+  mutable Mutex snapshotMu_;
+  std::set<uint64_t> idleStandbyPids_ ECCL_GUARDED_BY(snapshotMu_);
   std::atomic<bool> stopping_{false};
   std::thread thread_;
 };

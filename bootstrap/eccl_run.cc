@@ -27,7 +27,10 @@ volatile sig_atomic_t pendingSignal = 0;
 void onSignal(int sig) { pendingSignal = sig; }
 
 struct Child {
-  int rank = 0;
+  int rank = 0;  // launch index: ranks first, then standbys
+  std::string label;  // "2" or "s0"
+  bool standby = false;
+  bool injected = false;  // killed on purpose by --kill
   pid_t pid = -1;
   int outFd = -1, errFd = -1;
   std::string outLine, errLine;
@@ -36,18 +39,18 @@ struct Child {
 };
 
 // Writes complete lines with a "[rank] " prefix; keeps partial lines.
-void pump(int fd, int rank, std::string& pending, FILE* sink, bool flushAll) {
+void pump(int fd, const std::string& label, std::string& pending, FILE* sink, bool flushAll) {
   char buf[65536];
   ssize_t n = fd >= 0 ? ::read(fd, buf, sizeof(buf)) : 0;
   if (n > 0) pending.append(buf, static_cast<size_t>(n));
   size_t start = 0, nl;
   while ((nl = pending.find('\n', start)) != std::string::npos) {
-    fprintf(sink, "[%d] %.*s\n", rank, static_cast<int>(nl - start), pending.data() + start);
+    fprintf(sink, "[%s] %.*s\n", label.c_str(), static_cast<int>(nl - start), pending.data() + start);
     start = nl + 1;
   }
   pending.erase(0, start);
   if (flushAll && !pending.empty()) {
-    fprintf(sink, "[%d] %s\n", rank, pending.c_str());
+    fprintf(sink, "[%s] %s\n", label.c_str(), pending.c_str());
     pending.clear();
   }
   fflush(sink);
@@ -55,14 +58,37 @@ void pump(int fd, int rank, std::string& pending, FILE* sink, bool flushAll) {
 
 bool isLocalHost(const std::string& h) { return h == "localhost" || h == "127.0.0.1" || h == "::1"; }
 
+struct Fault {
+  int rank = 0;
+  double seconds = 0;
+  int signal = SIGKILL;
+  bool done = false;
+};
+
+// "RANK@SECONDS", e.g. "2@3.5".
+Fault parseFault(const std::string& spec, int sig, int np) {
+  Fault f;
+  f.signal = sig;
+  size_t at = spec.find('@');
+  char* end = nullptr;
+  if (at == std::string::npos) throw CLI::ValidationError("fault '" + spec + "' must be RANK@SECONDS");
+  f.rank = static_cast<int>(std::strtol(spec.substr(0, at).c_str(), &end, 10));
+  if (*end || f.rank < 0 || f.rank >= np) throw CLI::ValidationError("fault '" + spec + "': rank out of range");
+  f.seconds = std::strtod(spec.substr(at + 1).c_str(), &end);
+  if (*end || f.seconds < 0) throw CLI::ValidationError("fault '" + spec + "': bad time");
+  return f;
+}
+
 // This process's environment plus the variables ecclCommInitFromEnv reads.
-std::vector<std::string> rankEnvironment(int rank, int nranks, const std::string& idText) {
+std::vector<std::string> rankEnvironment(int rank, int nranks, const std::string& idText, bool standby) {
   std::vector<std::string> env;
   for (char** e = environ; *e; ++e) {
     std::string_view v(*e);
-    if (!v.starts_with("ECCL_RANK=") && !v.starts_with("ECCL_NRANKS=") && !v.starts_with("ECCL_UNIQUE_ID="))
+    if (!v.starts_with("ECCL_RANK=") && !v.starts_with("ECCL_NRANKS=") && !v.starts_with("ECCL_UNIQUE_ID=") &&
+        !v.starts_with("ECCL_ROLE="))
       env.emplace_back(v);
   }
+  env.push_back(standby ? "ECCL_ROLE=standby" : "ECCL_ROLE=rank");
   env.push_back(fmt::format("ECCL_RANK={}", rank));
   env.push_back(fmt::format("ECCL_NRANKS={}", nranks));
   env.push_back("ECCL_UNIQUE_ID=" + idText);
@@ -73,16 +99,19 @@ std::vector<std::string> rankEnvironment(int rank, int nranks, const std::string
 
 int main(int argc, char** argv) {
   CLI::App app{"eccl-run: launch ranks of an eccl program"};
-  int np = 0;
+  int np = 0, standbys = 0;
+  std::vector<std::string> kills, stops;
   std::string hostList;
   double timeoutSeconds = 0;
   std::vector<std::string> command;
   app.add_option("-n,--np", np, "number of ranks (-np N also works)")->required()->check(CLI::Range(1, 4096));
   app.add_option("--host-list", hostList, "comma-separated hosts (this release launches on localhost only)");
   app.add_option("--timeout", timeoutSeconds, "kill every rank after this many seconds (0: never)");
-  app.add_option("command", command, "program and its arguments")->required();
-  app.positionals_at_end();
-  app.allow_extras(false);
+  app.add_option("--standby", standbys, "also start this many standbys (ECCL_ROLE=standby)")->check(CLI::Range(0, 4096));
+  app.add_option("--kill", kills, "fault injection: SIGKILL rank R after S seconds (R@S, repeatable)")->allow_extra_args(false);
+  app.add_option("--stop", stops, "fault injection: SIGSTOP rank R after S seconds (R@S, repeatable)")->allow_extra_args(false);
+  // Everything from the program name on belongs to the program.
+  app.prefix_command();
   // mpirun's spelling "-np N" is the one people type; CLI11 takes one-letter
   // short names only, so rewrite it before parsing.
   std::vector<std::string> args;
@@ -91,6 +120,11 @@ int main(int argc, char** argv) {
     app.parse(args);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
+  }
+  command = app.remaining();
+  if (command.empty()) {
+    fprintf(stderr, "eccl-run: no program given\n%s", app.help().c_str());
+    return 2;
   }
   if (!hostList.empty()) {
     size_t start = 0;
@@ -108,9 +142,21 @@ int main(int argc, char** argv) {
   }
   // Every rank is on this host: keep all traffic on loopback unless told otherwise.
   setenv("ECCL_SOCKET_IFNAME", getenv("ECCL_SOCKET_IFNAME") ? getenv("ECCL_SOCKET_IFNAME") : "lo", 1);
-  std::string idText;
+  std::vector<Fault> faults;
   try {
-    idText = eccl::bootstrap::uniqueIdToText(eccl::bootstrap::createUniqueId());
+    for (auto& k : kills) faults.push_back(parseFault(k, SIGKILL, np));
+    for (auto& k : stops) faults.push_back(parseFault(k, SIGSTOP, np));
+  } catch (const CLI::ValidationError& e) {
+    fprintf(stderr, "eccl-run: %s\n", e.what());
+    return 2;
+  }
+  // The coordinator lives here, never in a rank: killing any rank leaves it up.
+  std::string idText;
+  std::unique_ptr<eccl::bootstrap::Coordinator> coordinator;
+  try {
+    ecclUniqueId id;
+    coordinator = eccl::bootstrap::createJob(&id);
+    idText = eccl::bootstrap::uniqueIdToText(id);
   } catch (const eccl::Error& e) {
     fprintf(stderr, "eccl-run: %s\n", e.what());
     return 2;
@@ -122,8 +168,10 @@ int main(int argc, char** argv) {
   sigaction(SIGTERM, &sa, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  std::vector<Child> children(np);
-  for (int r = 0; r < np; ++r) {
+  const int total = np + standbys;
+  std::vector<Child> children(total);
+  for (int r = 0; r < total; ++r) {
+    const bool standby = r >= np;
     int out[2], err[2];
     if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) {
       perror("eccl-run: pipe");
@@ -131,7 +179,7 @@ int main(int argc, char** argv) {
     }
     // Everything the child needs is built before fork: the root thread is
     // running, so between fork and exec only async-signal-safe calls happen.
-    std::vector<std::string> env = rankEnvironment(r, np, idText);
+    std::vector<std::string> env = rankEnvironment(standby ? -1 : r, np, idText, standby);
     std::vector<char*> envp, args;
     for (auto& e : env) envp.push_back(e.data());
     envp.push_back(nullptr);
@@ -149,13 +197,39 @@ int main(int argc, char** argv) {
     }
     close(out[1]);
     close(err[1]);
-    children[r] = Child{r, pid, out[0], err[0], {}, {}, false, 0};
+    children[r] = Child{r, standby ? fmt::format("s{}", r - np) : std::to_string(r), standby, false, pid,
+                        out[0], err[0], {}, {}, false, 0};
   }
+  const auto started = eccl::Clock::now();
 
   auto deadline = eccl::deadlineAfterMs(static_cast<int64_t>(timeoutSeconds * 1000));
-  int running = np;
+  int running = total;
   bool timedOut = false;
+  bool standbysReleased = false;
   while (running > 0) {
+    double elapsed = std::chrono::duration<double>(eccl::Clock::now() - started).count();
+    for (auto& f : faults) {
+      if (f.done || elapsed < f.seconds) continue;
+      f.done = true;
+      Child& c = children[f.rank];
+      if (c.exited) continue;
+      fprintf(stderr, "eccl-run: injecting %s into rank %d (pid %d) at %.2f s\n", strsignal(f.signal), f.rank, c.pid,
+              elapsed);
+      c.injected = f.signal == SIGKILL;
+      kill(c.pid, f.signal);
+    }
+    // When no rank is left, standbys that were never promoted are released.
+    if (!standbysReleased && standbys > 0) {
+      auto idle = coordinator->idleStandbyPids();
+      bool onlyIdle = true;
+      for (auto& c : children)
+        if (!c.exited && !idle.count(static_cast<uint64_t>(c.pid))) onlyIdle = false;
+      if (onlyIdle) {
+        for (auto& c : children)
+          if (!c.exited) kill(c.pid, SIGTERM), c.injected = true;
+        standbysReleased = true;
+      }
+    }
     if (pendingSignal) {
       for (auto& c : children)
         if (!c.exited) kill(c.pid, pendingSignal);
@@ -183,9 +257,9 @@ int main(int argc, char** argv) {
         ssize_t n = ::read(fd, buf, sizeof(buf));
         if (n > 0) {
           pending.append(buf, static_cast<size_t>(n));
-          pump(-1, c->rank, pending, isOut ? stdout : stderr, false);
+          pump(-1, c->label, pending, isOut ? stdout : stderr, false);
         } else {
-          pump(-1, c->rank, pending, isOut ? stdout : stderr, true);
+          pump(-1, c->label, pending, isOut ? stdout : stderr, true);
           close(fd);
           fd = -1;
         }
@@ -201,11 +275,15 @@ int main(int argc, char** argv) {
         c.exited = true;
         c.status = status;
         --running;
-        if (WIFSIGNALED(status))
-          fprintf(stderr, "eccl-run: rank %d (pid %d) was killed by signal %d (%s)\n", c.rank, pid,
+        const char* what = c.standby ? "standby" : "rank";
+        if (c.injected)
+          ;  // expected: the launcher did it
+        else if (WIFSIGNALED(status))
+          fprintf(stderr, "eccl-run: %s %s (pid %d) was killed by signal %d (%s)\n", what, c.label.c_str(), pid,
                   WTERMSIG(status), strsignal(WTERMSIG(status)));
         else if (WEXITSTATUS(status) != 0)
-          fprintf(stderr, "eccl-run: rank %d (pid %d) exited with status %d\n", c.rank, pid, WEXITSTATUS(status));
+          fprintf(stderr, "eccl-run: %s %s (pid %d) exited with status %d\n", what, c.label.c_str(), pid,
+                  WEXITSTATUS(status));
       }
     }
   }
@@ -217,13 +295,13 @@ int main(int argc, char** argv) {
       char buf[65536];
       ssize_t n;
       while ((n = ::read(*fd, buf, sizeof(buf))) > 0) pending.append(buf, static_cast<size_t>(n));
-      pump(-1, c.rank, pending, fd == &c.outFd ? stdout : stderr, true);
+      pump(-1, c.label, pending, fd == &c.outFd ? stdout : stderr, true);
       close(*fd);
     }
   }
   int failed = 0;
   for (auto& c : children)
-    if (!WIFEXITED(c.status) || WEXITSTATUS(c.status) != 0) ++failed;
-  if (failed) fprintf(stderr, "eccl-run: %d of %d ranks failed\n", failed, np);
+    if (!c.injected && (!WIFEXITED(c.status) || WEXITSTATUS(c.status) != 0)) ++failed;
+  if (failed) fprintf(stderr, "eccl-run: %d of %d processes failed\n", failed, total);
   return failed ? 1 : 0;
 }
