@@ -34,7 +34,10 @@ CoordClient::CoordClient(const UniqueIdData& id, const JoinRequest& join, int64_
   channel_->send(m, deadline);
   wakeFd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wakeFd_ < 0) fail(ecclSystemError, "eventfd: {}", strerror(errno));
-  thread_ = std::thread([this] { run(); });
+  thread_ = std::thread([this] {
+    run();
+    releaseThreadCryptoState();
+  });
 }
 
 CoordClient::~CoordClient() {

@@ -337,6 +337,7 @@ Coordinator::Coordinator(const UniqueIdData& id, Fd listenFd, const CoordinatorO
     } catch (const std::exception& e) {
       log::warn("coordinator stopped: {}", e.what());
     }
+    releaseThreadCryptoState();
   });
 }
 
@@ -406,8 +407,12 @@ void Coordinator::run() {
         } catch (const Error& e) {
           log::warn("coordinator rejected {}", e.what());
         }
+
       }
     }
+    // This thread may live until the process exits (ecclGetUniqueId): keep
+    // no OpenSSL per-thread state between rounds, so nothing is left behind.
+    releaseThreadCryptoState();
     {
       std::set<uint64_t> idle;
       for (auto& [mid, m] : s.members)

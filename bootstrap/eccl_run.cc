@@ -72,10 +72,12 @@ Fault parseFault(const std::string& spec, int sig, int np) {
   size_t at = spec.find('@');
   char* end = nullptr;
   if (at == std::string::npos) throw CLI::ValidationError("fault '" + spec + "' must be RANK@SECONDS");
-  f.rank = static_cast<int>(std::strtol(spec.substr(0, at).c_str(), &end, 10));
-  if (*end || f.rank < 0 || f.rank >= np) throw CLI::ValidationError("fault '" + spec + "': rank out of range");
-  f.seconds = std::strtod(spec.substr(at + 1).c_str(), &end);
-  if (*end || f.seconds < 0) throw CLI::ValidationError("fault '" + spec + "': bad time");
+  const std::string rankText = spec.substr(0, at), timeText = spec.substr(at + 1);
+  f.rank = static_cast<int>(std::strtol(rankText.c_str(), &end, 10));
+  if (rankText.empty() || *end || f.rank < 0 || f.rank >= np)
+    throw CLI::ValidationError("fault '" + spec + "': rank out of range");
+  f.seconds = std::strtod(timeText.c_str(), &end);
+  if (timeText.empty() || *end || f.seconds < 0) throw CLI::ValidationError("fault '" + spec + "': bad time");
   return f;
 }
 

@@ -33,4 +33,6 @@ uint32_t crc32c(const void* data, size_t n, uint32_t seed) {
                       ~seed);
 }
 
+void releaseThreadCryptoState() { OPENSSL_thread_stop(); }
+
 }  // namespace eccl

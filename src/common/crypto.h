@@ -17,5 +17,8 @@ Mac hmacSha256(const Secret& key, const void* data, size_t n);
 // Constant-time comparison, so a forger learns nothing from timing.
 bool macEqual(const Mac& a, const Mac& b);
 uint32_t crc32c(const void* data, size_t n, uint32_t seed = 0);
+// Frees OpenSSL's per-thread state; every thread of ours that used the
+// functions above calls it before it ends.
+void releaseThreadCryptoState();
 
 }  // namespace eccl

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "bootstrap/handshake.h"
+#include "common/crypto.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "common/mutex.h"
@@ -186,7 +187,10 @@ TcpDevice::TcpDevice(const TcpOptions& o) : opt_(o) {
   ev.data.u64 = 0;
   epoll_ctl(epollFd_.get(), EPOLL_CTL_ADD, eventFd_.get(), &ev);
   progressThread_ = std::thread([this] { progressLoop(); });
-  acceptThread_ = std::thread([this] { acceptLoop(); });
+  acceptThread_ = std::thread([this] {
+    acceptLoop();
+    releaseThreadCryptoState();
+  });
   log::info("member {} listening on {} (interface {}), {} lanes per peer", o.self, address(), nic_.name,
             o.lanes);
 }
