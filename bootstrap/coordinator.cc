@@ -17,6 +17,20 @@
 
 namespace eccl::bootstrap {
 
+namespace {
+
+// Best effort: a member that cannot take a message is dealt with by its
+// heartbeat or its closed connection, not here.
+void trySend(SealedChannel& ch, const CoordMessage& msg, int64_t ms) {
+  try {
+    ch.send(msg, deadlineAfterMs(ms));
+  } catch (const Error& e) {
+    log::warn("coordinator: {}", e.what());
+  }
+}
+
+}  // namespace
+
 struct Coordinator::State {
   struct Member {
     uint64_t id = 0;
@@ -61,12 +75,7 @@ struct Coordinator::State {
   }
 
   void send(Member& m, const CoordMessage& msg) {
-    if (!m.channel) return;
-    try {
-      m.channel->send(msg, deadlineAfterMs(1000));
-    } catch (const Error& e) {
-      log::warn("coordinator: {}", e.what());
-    }
+    if (m.channel) trySend(*m.channel, msg, 1000);
   }
 
   void sendView(uint64_t member, const std::string& why) {
@@ -96,7 +105,6 @@ struct Coordinator::State {
   bool isFailed(uint64_t member) const { return std::find(failed.begin(), failed.end(), member) != failed.end(); }
 
   void form() {
-    std::vector<std::pair<int64_t, uint64_t>> ranks;
     view.assign(nranks, 0);
     for (auto& [mid, m] : members)
       if (m.role == Role::kRank) view[static_cast<size_t>(rankOf.at(mid))] = mid;
@@ -113,10 +121,7 @@ struct Coordinator::State {
       CoordMessage s;
       s.kind = CoordKind::kStatus;
       s.text = statusText();
-      try {
-        ch->send(s, deadlineAfterMs(1000));
-      } catch (const Error&) {
-      }
+      trySend(*ch, s, 1000);
       return;
     }
     auto refuse = [&](const std::string& why) {
@@ -125,10 +130,7 @@ struct Coordinator::State {
       CoordMessage e;
       e.kind = fenced.count(msg.member) ? CoordKind::kEvicted : CoordKind::kError;
       e.text = why;
-      try {
-        ch->send(e, deadlineAfterMs(1000));
-      } catch (const Error&) {
-      }
+      trySend(*ch, e, 1000);
     };
     if (fenced.count(msg.member)) return refuse("this member was declared failed and is fenced");
     if (members.count(msg.member) || msg.member == 0) return refuse("member id is already in use");
@@ -178,12 +180,7 @@ struct Coordinator::State {
     CoordMessage ev;
     ev.kind = CoordKind::kEvicted;
     ev.text = fmt::format("{} was declared failed at epoch {}: {}", who, epoch, reason);
-    if (it->second.channel) {
-      try {
-        it->second.channel->send(ev, deadlineAfterMs(50));
-      } catch (const Error&) {
-      }
-    }
+    if (it->second.channel) trySend(*it->second.channel, ev, 50);
     fenced.insert(member);
     failed.push_back(member);
     lastFailure = fmt::format("{} failed: {}", who, reason);
