@@ -13,7 +13,8 @@ namespace eccl::bootstrap {
 
 CoordClient::CoordClient(const UniqueIdData& id, const JoinRequest& join, int64_t heartbeatMs,
                          int64_t heartbeatTimeoutMs, Deadline deadline)
-    : coordinator_(fmt::format("the coordinator at {}", id.root.str())),
+    : self_(join.member),
+      coordinator_(fmt::format("the coordinator at {}", id.root.str())),
       heartbeatMs_(heartbeatMs),
       heartbeatTimeoutMs_(heartbeatTimeoutMs) {
   std::string what = fmt::format("{} {} joining {}", join.role == Role::kRank ? "rank" : "standby",
@@ -31,6 +32,7 @@ CoordClient::CoordClient(const UniqueIdData& id, const JoinRequest& join, int64_
   m.member = join.member;
   m.pid = static_cast<uint64_t>(getpid());
   m.address = join.dataAddress;
+  m.policy = join.eager ? 1 : 0;
   channel_->send(m, deadline);
   wakeFd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wakeFd_ < 0) fail(ecclSystemError, "eventfd: {}", strerror(errno));
@@ -53,14 +55,20 @@ CoordClient::~CoordClient() {
 
 void CoordClient::setCallbacks(Callbacks callbacks) {
   std::vector<uint64_t> early;
+  std::vector<CoordMessage> earlyReconfig;
   std::string reason;
+  Callbacks cb;
   {
     MutexLock lock(mu_);
     callbacks_ = std::move(callbacks);
+    cb = callbacks_;
     early.swap(failedBeforeCallbacks_);
+    earlyReconfig.swap(reconfigBeforeCallbacks_);
     reason = failedReason_;
   }
-  if (!early.empty() && callbacks_.onFailed) callbacks_.onFailed(early, reason);
+  if (!early.empty() && cb.onFailed) cb.onFailed(early, reason);
+  for (auto& m : earlyReconfig)
+    if (cb.onReconfiguration) cb.onReconfiguration(m);
 }
 
 void CoordClient::post(CoordMessage m) {
@@ -88,6 +96,35 @@ void CoordClient::requestRecover(uint32_t epoch, uint32_t policy) {
   post(std::move(m));
 }
 
+void CoordClient::requestGrow(uint32_t epoch, uint32_t count) {
+  CoordMessage m;
+  m.kind = CoordKind::kGrow;
+  m.epoch = epoch;
+  m.nranks = count;
+  post(std::move(m));
+}
+
+void CoordClient::requestMigration(int rank) {
+  CoordMessage m;
+  m.kind = CoordKind::kMigrate;
+  m.rank = rank;
+  post(std::move(m));
+}
+
+void CoordClient::prepared(uint32_t nextEpoch) {
+  CoordMessage m;
+  m.kind = CoordKind::kPrepared;
+  m.epoch = nextEpoch;
+  post(std::move(m));
+}
+
+void CoordClient::requestSwitchover(uint32_t nextEpoch) {
+  CoordMessage m;
+  m.kind = CoordKind::kSwitchover;
+  m.epoch = nextEpoch;
+  post(std::move(m));
+}
+
 void CoordClient::leave() {
   CoordMessage m;
   m.kind = CoordKind::kLeave;
@@ -111,12 +148,75 @@ ViewUpdate CoordClient::awaitView(Deadline deadline, const std::string& what) {
       CoordMessage m = std::move(answers_.front());
       answers_.pop_front();
       if (m.kind == CoordKind::kError) fail(ecclInvalidUsage, "{}: {} refused: {}", what, coordinator_, m.text);
-      return ViewUpdate{m.epoch, static_cast<int>(m.rank), std::move(m.entries), std::move(m.text)};
+      ViewUpdate v;
+      v.epoch = m.epoch;
+      v.rank = static_cast<int>(m.rank);
+      v.entries = std::move(m.entries);
+      v.why = std::move(m.text);
+      v.joining = m.kind == CoordKind::kPrepare;
+      v.leavers = std::move(m.members);
+      return v;
     }
     if (evicted_) fail(ecclEvicted, "{}: evicted by {}: {}", what, coordinator_, *evicted_);
     if (lost_) fail(ecclRemoteError, "{}: lost {}: {}", what, coordinator_, *lost_);
     if (!cv_.waitUntil(mu_, deadline) && Clock::now() >= deadline)
       fail(ecclTimeout, "{}: no answer from {} before the deadline", what, coordinator_);
+  }
+}
+
+// Callbacks run without our lock: they call into the device, which may call
+// report() on this client.
+void CoordClient::deliver(CoordMessage m) {
+  Callbacks cb;
+  {
+    MutexLock lock(mu_);
+    if (m.kind == CoordKind::kView || m.kind == CoordKind::kError) {
+      answers_.push_back(std::move(m));
+      cv_.notifyAll();
+      return;
+    }
+    if (m.kind == CoordKind::kFailed && !callbacks_.onFailed) {
+      failedBeforeCallbacks_ = m.members;
+      failedReason_ = m.text;
+      return;
+    }
+    bool reconfig = m.kind == CoordKind::kPrepare || m.kind == CoordKind::kPrepareReady ||
+                    m.kind == CoordKind::kPrepareFailed || m.kind == CoordKind::kStandbys;
+    if (reconfig && !callbacks_.onReconfiguration) {
+      reconfigBeforeCallbacks_.push_back(std::move(m));
+      return;
+    }
+    if (m.kind == CoordKind::kEvicted) {
+      evicted_ = m.text;
+      log::warn("evicted by {}: {}", coordinator_, m.text);
+      cv_.notifyAll();
+    }
+    cb = callbacks_;
+  }
+  switch (m.kind) {
+    case CoordKind::kFailed:
+      if (cb.onFailed) cb.onFailed(m.members, m.text);
+      break;
+    case CoordKind::kEvicted:
+      if (cb.onEvicted) cb.onEvicted(m.text);
+      break;
+    case CoordKind::kPrepare:
+      if (cb.onReconfiguration) cb.onReconfiguration(m);
+      // A standby chosen as the joiner returns from its wait only after
+      // its communicator has recorded the preparation.
+      if (m.member == self_) {
+        MutexLock lock(mu_);
+        answers_.push_back(std::move(m));
+        cv_.notifyAll();
+      }
+      break;
+    case CoordKind::kPrepareReady:
+    case CoordKind::kPrepareFailed:
+    case CoordKind::kStandbys:
+      if (cb.onReconfiguration) cb.onReconfiguration(m);
+      break;
+    default:
+      log::warn("{} sent an unexpected {} message", coordinator_, coordKindName(m.kind));
   }
 }
 
@@ -173,33 +273,8 @@ void CoordClient::run() {
       }
       lastHeard = Clock::now();
     }
-    for (auto& m : got) {
-      if (m.kind == CoordKind::kHeartbeat) continue;
-      // Callbacks run without our lock: they call into the device, which
-      // may call report() on this client.
-      Callbacks cb;
-      {
-        MutexLock lock(mu_);
-        if (m.kind == CoordKind::kView || m.kind == CoordKind::kError) {
-          answers_.push_back(std::move(m));
-          cv_.notifyAll();
-          continue;
-        }
-        if (m.kind == CoordKind::kFailed && !callbacks_.onFailed) {
-          failedBeforeCallbacks_ = m.members;
-          failedReason_ = m.text;
-          continue;
-        }
-        if (m.kind == CoordKind::kEvicted) {
-          evicted_ = m.text;
-          log::warn("evicted by {}: {}", coordinator_, m.text);
-          cv_.notifyAll();
-        }
-        cb = callbacks_;
-      }
-      if (m.kind == CoordKind::kFailed && cb.onFailed) cb.onFailed(m.members, m.text);
-      if (m.kind == CoordKind::kEvicted && cb.onEvicted) cb.onEvicted(m.text);
-    }
+    for (auto& m : got)
+      if (m.kind != CoordKind::kHeartbeat) deliver(std::move(m));
     if (!open) {
       lose("the coordinator closed the connection");
       continue;

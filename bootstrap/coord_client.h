@@ -22,9 +22,13 @@ class SealedChannel;
 
 struct ViewUpdate {
   uint32_t epoch = 0;
-  int rank = -1;  // -1: still a standby
+  int rank = -1;  // -1: still a standby, or no longer in the view
   std::vector<ViewEntry> entries;  // indexed by rank
   std::string why;
+  // A standby chosen as the joiner of a migration being prepared: `epoch`
+  // and `entries` are the next view, `leavers` the members it replaces.
+  bool joining = false;
+  std::vector<uint64_t> leavers;
 };
 
 struct JoinRequest {
@@ -33,6 +37,7 @@ struct JoinRequest {
   int nranks = 0;
   uint64_t member = 0;
   std::string dataAddress;
+  bool eager = false;  // standbys: keep data connections to the members open
 };
 
 class CoordClient {
@@ -41,6 +46,8 @@ class CoordClient {
     // Called on the client thread; must only record and wake, never block.
     std::function<void(const std::vector<uint64_t>& failed, const std::string& reason)> onFailed;
     std::function<void(const std::string& reason)> onEvicted;
+    // Reconfiguration news: prepare, prepare ready/failed, standby lists.
+    std::function<void(const CoordMessage&)> onReconfiguration;
   };
 
   // Connects, proves the secret, sends the join; throws naming the coordinator.
@@ -54,13 +61,19 @@ class CoordClient {
   ViewUpdate awaitView(Deadline deadline, const std::string& what);
   void report(uint64_t failedMember, const std::string& reason);
   void requestRecover(uint32_t epoch, uint32_t policy);
+  void requestGrow(uint32_t epoch, uint32_t count);
+  void requestMigration(int rank);
+  void prepared(uint32_t nextEpoch);
+  void requestSwitchover(uint32_t nextEpoch);
   void leave();  // orderly exit: no failure is declared for us
   bool evicted() const;
 
  private:
   void run();
   void post(CoordMessage m);
+  void deliver(CoordMessage m);
 
+  const uint64_t self_;
   std::unique_ptr<SealedChannel> channel_;
   const std::string coordinator_;
   const int64_t heartbeatMs_, heartbeatTimeoutMs_;
@@ -76,6 +89,7 @@ class CoordClient {
   std::optional<std::string> lost_ ECCL_GUARDED_BY(mu_);
   Callbacks callbacks_ ECCL_GUARDED_BY(mu_);
   std::vector<uint64_t> failedBeforeCallbacks_ ECCL_GUARDED_BY(mu_);
+  std::vector<CoordMessage> reconfigBeforeCallbacks_ ECCL_GUARDED_BY(mu_);
   std::string failedReason_ ECCL_GUARDED_BY(mu_);
 };
 

@@ -18,6 +18,14 @@ const char* coordKindName(CoordKind kind) {
     case CoordKind::kLeave: return "leave";
     case CoordKind::kStatusQuery: return "status query";
     case CoordKind::kStatus: return "status";
+    case CoordKind::kPrepare: return "prepare";
+    case CoordKind::kPrepared: return "prepared";
+    case CoordKind::kPrepareReady: return "prepare ready";
+    case CoordKind::kPrepareFailed: return "prepare failed";
+    case CoordKind::kSwitchover: return "switchover";
+    case CoordKind::kMigrate: return "migrate";
+    case CoordKind::kGrow: return "grow";
+    case CoordKind::kStandbys: return "standbys";
   }
   return "unknown";
 }
@@ -54,7 +62,7 @@ std::optional<CoordMessage> decodeCoordMessage(const uint8_t* p, size_t n, std::
     *why = "coordinator message header is truncated or a field is too long";
     return std::nullopt;
   }
-  if (kind < 1 || kind > static_cast<uint32_t>(CoordKind::kStatus)) {
+  if (kind < 1 || kind > static_cast<uint32_t>(CoordKind::kStandbys)) {
     *why = fmt::format("unknown coordinator message kind {}", kind);
     return std::nullopt;
   }

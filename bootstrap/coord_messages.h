@@ -12,7 +12,8 @@
 namespace eccl::bootstrap {
 
 enum class CoordKind : uint32_t {
-  kJoin = 1,       // member -> coord: role, rank, nranks, member, address, pid
+  kJoin = 1,       // member -> coord: role, rank, nranks, member, address, pid,
+                   // policy (standbys: 1 = prepare eagerly)
   kView = 2,       // coord -> member: epoch, rank (-1: standby), entries, text (why)
   kHeartbeat = 3,  // both ways
   kReport = 4,     // member -> coord: members (the failed), text (what it saw)
@@ -23,6 +24,16 @@ enum class CoordKind : uint32_t {
   kLeave = 9,      // member -> coord: orderly exit, no failure
   kStatusQuery = 10,
   kStatus = 11,    // coord -> tool: text (human-readable view, standbys, health)
+  // Two-phase reconfiguration (expected migration, grow):
+  kPrepare = 12,       // coord -> members, joiners: epoch (next), entries (next view),
+                       // rank (leaving rank, -1 for grow), members (leavers), text
+  kPrepared = 13,      // member -> coord: epoch; its part of the delta is open
+  kPrepareReady = 14,  // coord -> members: epoch; every member of the next view is prepared
+  kPrepareFailed = 15, // coord -> members: epoch, text; the old view stays
+  kSwitchover = 16,    // member -> coord: epoch; at a collective boundary, ready to switch
+  kMigrate = 17,       // member or tool -> coord: rank to move to a standby
+  kGrow = 18,          // member -> coord: epoch, nranks (how many standbys to append)
+  kStandbys = 19,      // coord -> members: entries (eagerly preparing standbys)
 };
 
 enum class Role : uint32_t { kRank = 1, kStandby = 2, kTool = 3 };

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <set>
 #include <vector>
 
@@ -40,9 +41,23 @@ struct Coordinator::State {
     uint64_t joinOrder = 0;
     std::unique_ptr<SealedChannel> channel;
     Clock::time_point lastHeard;
-    bool wantsRecover = false;
-    uint32_t policy = 0;
-    bool left = false;  // said goodbye; its end of file is no failure
+    enum class Ask { kNone, kRecover, kGrow } ask = Ask::kNone;
+    uint32_t askArg = 0;  // the recovery policy, or how many ranks to grow by
+    bool left = false;    // said goodbye; its end of file is no failure
+    bool eager = false;   // a standby that keeps connections to the members open
+    bool retired = false; // a joiner of an aborted migration: no longer a standby
+  };
+
+  // A reconfiguration being prepared (expected migration): the next view
+  // exists, members open its delta in the background, and it becomes
+  // current once every member of it has called switchover.
+  struct Pending {
+    uint32_t epoch = 0;
+    std::vector<uint64_t> next;
+    std::vector<uint64_t> joiners, leavers;
+    int leavingRank = -1;
+    std::set<uint64_t> prepared, switching;
+    std::string story;
   };
 
   UniqueIdData id;
@@ -56,6 +71,8 @@ struct Coordinator::State {
   std::vector<uint64_t> view;     // rank -> member; empty until formed
   std::vector<uint64_t> failed;   // members of `view` failed in this epoch
   std::string lastFailure;
+  std::optional<Pending> pending;
+  std::string lastAbort;
 
   std::string label(uint64_t member) const {
     auto it = std::find(view.begin(), view.end(), member);
@@ -113,6 +130,38 @@ struct Coordinator::State {
     for (uint64_t m : view) sendView(m, "formed");
     for (auto& [mid, m] : members)
       if (m.role == Role::kStandby) sendView(mid, "formed");
+    sendStandbys();
+  }
+
+  bool idleStandby(const Member& m) const { return m.role == Role::kStandby && m.channel && !m.retired; }
+
+  std::vector<uint64_t> idleStandbys() const {
+    std::vector<uint64_t> out;
+    for (auto& [mid, m] : members)
+      if (idleStandby(m)) out.push_back(mid);
+    std::sort(out.begin(), out.end(),
+              [&](uint64_t a, uint64_t b) { return members.at(a).joinOrder < members.at(b).joinOrder; });
+    return out;
+  }
+
+  // Members keep connections to eager standbys open, so promoting one opens
+  // nothing; standbys learn every new view for the same reason.
+  void sendStandbys() {
+    if (view.empty()) return;
+    CoordMessage list;
+    list.kind = CoordKind::kStandbys;
+    list.epoch = epoch;
+    for (uint64_t mid : idleStandbys())
+      if (members.at(mid).eager) list.entries.push_back({mid, members.at(mid).address});
+    for (uint64_t m : view) {
+      auto it = members.find(m);
+      if (it != members.end() && !isFailed(m)) send(it->second, list);
+    }
+  }
+
+  void announceViewToStandbys() {
+    for (uint64_t mid : idleStandbys()) sendView(mid, "current view");
+    sendStandbys();
   }
   std::map<uint64_t, int64_t> rankOf;  // requested ranks before formation
 
@@ -121,6 +170,11 @@ struct Coordinator::State {
       CoordMessage s;
       s.kind = CoordKind::kStatus;
       s.text = statusText();
+      if (msg.kind == CoordKind::kMigrate) {
+        std::string refused = startMigration(msg.rank, fmt::format("a tool at {}", ch->peer()));
+        if (!refused.empty()) s.kind = CoordKind::kError, s.text = refused;
+        else s.text = fmt::format("migration of rank {} prepared\n{}", msg.rank, statusText());
+      }
       trySend(*ch, s, 1000);
       return;
     }
@@ -150,6 +204,7 @@ struct Coordinator::State {
     m.role = msg.role;
     m.address = msg.address;
     m.pid = msg.pid;
+    m.eager = msg.role == Role::kStandby && msg.policy == 1;
     m.joinOrder = joins++;
     m.lastHeard = Clock::now();
     ch->setPeer(fmt::format("member {:016x} ({})", msg.member, ch->peer()));
@@ -157,8 +212,10 @@ struct Coordinator::State {
     uint64_t mid = msg.member;
     members[mid] = std::move(m);
     if (msg.role == Role::kStandby) {
-      log::info("coordinator: standby member {:016x} registered at {}", mid, msg.address);
+      log::info("coordinator: standby member {:016x} registered at {}{}", mid, msg.address,
+                members.at(mid).eager ? " (eager)" : "");
       sendView(mid, "registered as a standby");
+      if (members.at(mid).eager) sendStandbys();
     } else if (rankOf.size() == nranks) {
       form();
     }
@@ -169,10 +226,16 @@ struct Coordinator::State {
     auto it = members.find(member);
     if (it == members.end()) return;
     std::string who = label(member);
+    bool wasEager = it->second.eager && idleStandby(it->second);
+    if (pending && (inView(member) || isJoiner(member)))
+      abortPending(fmt::format("{} {} during the reconfiguration: {}", who, isJoiner(member) ? "(the joiner) died" : "failed",
+                               reason));
+    it = members.find(member);
     if (it->second.role == Role::kStandby || !inView(member)) {
       log::warn("coordinator: {} is gone: {}", who, reason);
       if (view.empty()) rankOf.erase(member);
       members.erase(it);
+      if (wasEager) sendStandbys();
       return;
     }
     log::warn("coordinator: {} failed: {}", who, reason);
@@ -207,41 +270,196 @@ struct Coordinator::State {
       return;
     }
     Member& m = members.at(from);
-    m.wantsRecover = true;
-    m.policy = msg.policy;
+    m.ask = Member::Ask::kRecover;
+    m.askArg = msg.policy;
     tryRecover();
   }
 
-  void tryRecover() {
-    if (failed.empty()) return;
+  // The members of the view still alive if every one of them has asked for
+  // `ask`; nothing if someone has not yet.
+  std::optional<std::vector<uint64_t>> everyoneAsked(Member::Ask ask) {
     std::vector<uint64_t> waiting;
     for (uint64_t m : view) {
       if (isFailed(m)) continue;
       auto it = members.find(m);
-      if (it == members.end() || !it->second.wantsRecover) return;  // someone has not asked yet
+      if (it == members.end() || it->second.ask != ask) return std::nullopt;
       waiting.push_back(m);
     }
-    if (waiting.empty()) return;
-    uint32_t policy = members.at(waiting[0]).policy;
-    auto refuseAll = [&](const std::string& why) {
-      log::warn("coordinator: recovery refused: {}", why);
-      for (uint64_t m : waiting) {
-        members.at(m).wantsRecover = false;
-        sendError(m, why);
+    if (waiting.empty()) return std::nullopt;
+    return waiting;
+  }
+
+  void refuseAll(const std::vector<uint64_t>& waiting, const std::string& what, const std::string& why) {
+    log::warn("coordinator: {} refused: {}", what, why);
+    for (uint64_t m : waiting) {
+      members.at(m).ask = Member::Ask::kNone;
+      sendError(m, why);
+    }
+  }
+
+  // The single place a new view becomes current.
+  void commitView(std::vector<uint64_t> next, const std::vector<uint64_t>& promoted, const std::string& story,
+                  const std::vector<uint64_t>& leavers) {
+    for (uint64_t m : failed) members.erase(m);
+    for (uint64_t m : promoted) members.at(m).role = Role::kRank;
+    for (auto& [mid, mm] : members) mm.ask = Member::Ask::kNone;
+    view = std::move(next);
+    failed.clear();
+    ++epoch;
+    log::info("coordinator: epoch {} with {} ranks ({})", epoch, view.size(), story);
+    for (uint64_t m : view) sendView(m, story);
+    for (uint64_t m : leavers) sendView(m, story);  // rank -1: it has left the view
+    announceViewToStandbys();
+  }
+
+  void onGrow(uint64_t from, const CoordMessage& msg) {
+    if (msg.epoch != epoch || !failed.empty() || pending) {
+      sendError(from, msg.epoch != epoch ? fmt::format("grow asked at epoch {}, the current epoch is {}", msg.epoch, epoch)
+                      : pending         ? "grow refused: a migration is being prepared; switch over first"
+                                        : "grow refused: a member has failed; recover first");
+      return;
+    }
+    Member& m = members.at(from);
+    m.ask = Member::Ask::kGrow;
+    m.askArg = msg.nranks;
+    auto waiting = everyoneAsked(Member::Ask::kGrow);
+    if (!waiting) return;
+    uint32_t count = members.at((*waiting)[0]).askArg;
+    for (uint64_t w : *waiting)
+      if (members.at(w).askArg != count) return refuseAll(*waiting, "grow", "the ranks asked to grow by different counts");
+    std::vector<uint64_t> standbys = idleStandbys();
+    if (count == 0 || standbys.size() < count)
+      return refuseAll(*waiting, "grow",
+                       fmt::format("grow by {} needs that many registered standbys; {} are idle", count, standbys.size()));
+    standbys.resize(count);
+    std::vector<uint64_t> next = view;
+    next.insert(next.end(), standbys.begin(), standbys.end());
+    commitView(next, standbys, fmt::format("grew from {} to {} ranks", view.size(), next.size()), {});
+  }
+
+  bool isJoiner(uint64_t m) const {
+    return pending && std::find(pending->joiners.begin(), pending->joiners.end(), m) != pending->joiners.end();
+  }
+
+  // Returns why the migration cannot start, or "" once it is announced.
+  std::string startMigration(int64_t rank, const std::string& asker) {
+    if (view.empty()) return "migration refused: the job has not formed yet";
+    if (!failed.empty()) return "migration refused: a member has failed; recover first";
+    if (rank < 0 || rank >= static_cast<int64_t>(view.size()))
+      return fmt::format("migration refused: rank {} is outside [0, {})", rank, view.size());
+    if (pending) {
+      if (pending->leavingRank == rank) return "";
+      return fmt::format("migration refused: rank {} is already being migrated", pending->leavingRank);
+    }
+    std::vector<uint64_t> standbys = idleStandbys();
+    if (standbys.empty()) return fmt::format("migration of rank {} refused: no idle standby is registered", rank);
+    Pending p;
+    p.epoch = epoch + 1;
+    p.next = view;
+    p.next[static_cast<size_t>(rank)] = standbys[0];
+    p.joiners = {standbys[0]};
+    p.leavers = {view[static_cast<size_t>(rank)]};
+    p.leavingRank = static_cast<int>(rank);
+    p.story = fmt::format("rank {} migrated from member {:016x} to standby {:016x}", rank, p.leavers[0], p.joiners[0]);
+    pending = std::move(p);
+    log::info("coordinator: preparing epoch {} ({}; asked by {})", pending->epoch, pending->story, asker);
+    CoordMessage m;
+    m.kind = CoordKind::kPrepare;
+    m.epoch = pending->epoch;
+    m.rank = rank;
+    m.nranks = static_cast<uint32_t>(pending->next.size());
+    m.member = pending->joiners[0];
+    m.members = pending->leavers;
+    m.address = members.at(pending->leavers[0]).address;
+    for (uint64_t id : pending->next) m.entries.push_back({id, members.at(id).address});
+    m.text = pending->story;
+    for (uint64_t id : view) send(members.at(id), m);
+    for (uint64_t id : pending->joiners) send(members.at(id), m);
+    return "";
+  }
+
+  std::vector<uint64_t> pendingParticipants() const {
+    std::vector<uint64_t> all = pending->next;
+    all.insert(all.end(), pending->leavers.begin(), pending->leavers.end());
+    return all;
+  }
+
+  void abortPending(const std::string& why) {
+    if (!pending) return;
+    Pending p = std::move(*pending);
+    pending.reset();
+    lastAbort = fmt::format("the reconfiguration to epoch {} ({}) was aborted: {}", p.epoch, p.story, why);
+    log::warn("coordinator: {}", lastAbort);
+    for (uint64_t j : p.joiners)
+      if (members.count(j)) members.at(j).retired = true;
+    std::vector<uint64_t> all = p.next;
+    all.insert(all.end(), p.leavers.begin(), p.leavers.end());
+    for (uint64_t id : all) {
+      auto it = members.find(id);
+      if (it == members.end()) continue;
+      if (p.switching.count(id)) {
+        sendError(id, lastAbort);
+      } else {
+        CoordMessage f;
+        f.kind = CoordKind::kPrepareFailed;
+        f.epoch = p.epoch;
+        f.text = lastAbort;
+        send(it->second, f);
       }
-    };
-    for (uint64_t m : waiting)
-      if (members.at(m).policy != policy) return refuseAll("the surviving ranks asked for different recovery policies");
+    }
+  }
+
+  void onPrepared(uint64_t from, const CoordMessage& msg) {
+    if (!pending || msg.epoch != pending->epoch) return;  // an aborted preparation finishing late
+    pending->prepared.insert(from);
+    for (uint64_t id : pending->next)
+      if (!pending->prepared.count(id)) return;
+    log::info("coordinator: every member of epoch {} is prepared", pending->epoch);
+    CoordMessage r;
+    r.kind = CoordKind::kPrepareReady;
+    r.epoch = pending->epoch;
+    for (uint64_t id : pendingParticipants())
+      if (members.count(id)) send(members.at(id), r);
+    trySwitch();
+  }
+
+  void onSwitchover(uint64_t from, const CoordMessage& msg) {
+    if (!pending || msg.epoch != pending->epoch) {
+      sendError(from, fmt::format("switchover to epoch {} refused: no such reconfiguration is prepared{}{}", msg.epoch,
+                                  lastAbort.empty() ? "" : "; ", lastAbort));
+      return;
+    }
+    pending->switching.insert(from);
+    trySwitch();
+  }
+
+  void trySwitch() {
+    for (uint64_t id : pending->next)
+      if (!pending->prepared.count(id) || !pending->switching.count(id)) return;
+    Pending p = std::move(*pending);
+    pending.reset();
+    lastAbort.clear();
+    std::vector<uint64_t> leavers;
+    for (uint64_t l : p.leavers)
+      if (members.count(l) && members.at(l).channel && p.switching.count(l)) leavers.push_back(l);
+    commitView(p.next, p.joiners, p.story, leavers);
+  }
+
+  void tryRecover() {
+    if (failed.empty()) return;
+    auto waiting = everyoneAsked(Member::Ask::kRecover);
+    if (!waiting) return;
+    uint32_t policy = members.at((*waiting)[0]).askArg;
+    for (uint64_t m : *waiting)
+      if (members.at(m).askArg != policy)
+        return refuseAll(*waiting, "recovery", "the surviving ranks asked for different recovery policies");
     if (policy > static_cast<uint32_t>(RecoverPolicy::kReplaceOrShrink))
-      return refuseAll(fmt::format("unknown recovery policy {}", policy));
-    std::vector<uint64_t> standbys;
-    for (auto& [mid, mm] : members)
-      if (mm.role == Role::kStandby && mm.channel) standbys.push_back(mid);
-    std::sort(standbys.begin(), standbys.end(),
-              [&](uint64_t a, uint64_t b) { return members.at(a).joinOrder < members.at(b).joinOrder; });
+      return refuseAll(*waiting, "recovery", fmt::format("unknown recovery policy {}", policy));
+    std::vector<uint64_t> standbys = idleStandbys();
     auto p = static_cast<RecoverPolicy>(policy);
     if (p == RecoverPolicy::kReplace && standbys.size() < failed.size())
-      return refuseAll(fmt::format("REPLACE needs {} standby(s) for the failed rank(s), {} registered; "
+      return refuseAll(*waiting, "recovery",
+                       fmt::format("REPLACE needs {} standby(s) for the failed rank(s), {} registered; "
                                    "use SHRINK or REPLACE_OR_SHRINK",
                                    failed.size(), standbys.size()));
     std::vector<uint64_t> next;
@@ -259,14 +477,7 @@ struct Coordinator::State {
         story += fmt::format("{}rank {} dropped", story.empty() ? "" : ", ", r);
       }
     }
-    for (uint64_t m : failed) members.erase(m);
-    for (uint64_t m : promoted) members.at(m).role = Role::kRank;
-    for (auto& [mid, mm] : members) mm.wantsRecover = false;
-    view = next;
-    failed.clear();
-    ++epoch;
-    log::info("coordinator: epoch {} with {} ranks ({})", epoch, view.size(), story);
-    for (uint64_t m : view) sendView(m, story);
+    commitView(next, promoted, story, {});
   }
 
   void onMessage(uint64_t from, const CoordMessage& msg) {
@@ -277,12 +488,29 @@ struct Coordinator::State {
       case CoordKind::kHeartbeat:
         return;
       case CoordKind::kReport:
+        if (!inView(from) && !isJoiner(from)) return;  // a leaver's view of a world it left
         for (uint64_t m : msg.members)
-          if (m != from && members.count(m) && inView(m) && !isFailed(m))
+          if (m != from && members.count(m) && ((inView(m) && !isFailed(m)) || isJoiner(m)))
             declareFailed(m, fmt::format("reported by {}: {}", label(from), msg.text));
         return;
       case CoordKind::kRecover:
         return onRecover(from, msg);
+      case CoordKind::kGrow:
+        return onGrow(from, msg);
+      case CoordKind::kPrepared:
+        return onPrepared(from, msg);
+      case CoordKind::kSwitchover:
+        return onSwitchover(from, msg);
+      case CoordKind::kMigrate: {
+        std::string refused = startMigration(msg.rank, label(from));
+        if (!refused.empty()) {
+          CoordMessage f;
+          f.kind = CoordKind::kPrepareFailed;
+          f.text = refused;
+          send(it->second, f);
+        }
+        return;
+      }
       case CoordKind::kLeave:
         it->second.left = true;
         return;
@@ -317,7 +545,12 @@ struct Coordinator::State {
     }
     for (auto& [mid, m] : members)
       if (m.role == Role::kStandby)
-        s += fmt::format("  standby: member {:016x} at {} pid {}\n", mid, m.address, m.pid);
+        s += fmt::format("  standby: member {:016x} at {} pid {}{}{}\n", mid, m.address, m.pid,
+                         m.eager ? " (eager)" : "", m.retired ? " (retired: its migration was aborted)" : "");
+    if (pending)
+      s += fmt::format("  preparing epoch {}: {} ({} of {} prepared, {} switching)\n", pending->epoch, pending->story,
+                       pending->prepared.size(), pending->next.size(), pending->switching.size());
+    if (!lastAbort.empty()) s += fmt::format("  last aborted reconfiguration: {}\n", lastAbort);
     if (!lastFailure.empty()) s += fmt::format("  last failure: {}\n", lastFailure);
     return s;
   }
@@ -379,6 +612,11 @@ void Coordinator::run() {
         s.declareFailed(mid, error);
       } else if (!open) {
         if (it->second.left) {
+          bool needed = s.pending && !std::count(s.pending->leavers.begin(), s.pending->leavers.end(), mid) &&
+                        (s.isJoiner(mid) ||
+                         std::count(s.pending->next.begin(), s.pending->next.end(), mid));
+          if (needed) s.abortPending(fmt::format("{} left the job during the reconfiguration", s.label(mid)));
+          it = s.members.find(mid);
           if (s.view.empty()) s.rankOf.erase(mid);
           s.members.erase(it);
         } else {
@@ -397,9 +635,9 @@ void Coordinator::run() {
           authenticateAsServer(fd.get(), s.id.secret, s.id.jobId, hs, what, &key);
           auto ch = std::make_unique<SealedChannel>(std::move(fd), key, true, from.str());
           CoordMessage join = ch->receive(hs);
-          if (join.kind != CoordKind::kJoin && join.kind != CoordKind::kStatusQuery)
+          if (join.kind != CoordKind::kJoin && join.kind != CoordKind::kStatusQuery && join.kind != CoordKind::kMigrate)
             fail(ecclRemoteError, "{}: first message is {}, expected join", what, coordKindName(join.kind));
-          if (join.kind == CoordKind::kStatusQuery) join.role = Role::kTool;
+          if (join.kind != CoordKind::kJoin) join.role = Role::kTool;
           s.onJoin(std::move(ch), join);
         } catch (const Error& e) {
           log::warn("coordinator rejected {}", e.what());
@@ -464,20 +702,35 @@ CoordinatorOptions coordinatorOptionsFromEnv() {
   return o;
 }
 
-std::string queryCoordinatorStatus(const UniqueIdData& id, Deadline deadline) {
-  std::string what = fmt::format("status query to the coordinator at {}", id.root.str());
+namespace {
+
+std::string toolRequest(const UniqueIdData& id, CoordMessage q, Deadline deadline, const std::string& what) {
   Fd fd = connectTo(id.root, deadline, what);
   Hello hello{Purpose::kBootstrap, id.jobId, 0, 0, 0};
   Secret key;
   authenticateAsClient(fd.get(), id.secret, hello, deadline, what, &key);
   SealedChannel ch(std::move(fd), key, false, "the coordinator");
-  CoordMessage q;
-  q.kind = CoordKind::kStatusQuery;
   q.role = Role::kTool;
   ch.send(q, deadline);
   CoordMessage answer = ch.receive(deadline);
+  if (answer.kind == CoordKind::kError) fail(ecclInvalidUsage, "{}: refused: {}", what, answer.text);
   if (answer.kind != CoordKind::kStatus) fail(ecclRemoteError, "{}: answered with {}", what, coordKindName(answer.kind));
   return answer.text;
+}
+
+}  // namespace
+
+std::string queryCoordinatorStatus(const UniqueIdData& id, Deadline deadline) {
+  CoordMessage q;
+  q.kind = CoordKind::kStatusQuery;
+  return toolRequest(id, q, deadline, fmt::format("status query to the coordinator at {}", id.root.str()));
+}
+
+std::string requestMigration(const UniqueIdData& id, int rank, Deadline deadline) {
+  CoordMessage q;
+  q.kind = CoordKind::kMigrate;
+  q.rank = rank;
+  return toolRequest(id, q, deadline, fmt::format("migration of rank {} via the coordinator at {}", rank, id.root.str()));
 }
 
 }  // namespace eccl::bootstrap

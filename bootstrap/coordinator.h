@@ -59,5 +59,8 @@ CoordinatorOptions coordinatorOptionsFromEnv();
 
 // A status query from a tool (ecclcoord status): the view, standbys, health.
 std::string queryCoordinatorStatus(const UniqueIdData& id, Deadline deadline);
+// ecclcoord migrate: asks for an expected migration of `rank` to a standby;
+// returns the coordinator's status once it is announced, throws its refusal.
+std::string requestMigration(const UniqueIdData& id, int rank, Deadline deadline);
 
 }  // namespace eccl::bootstrap

@@ -109,6 +109,8 @@ int main(int argc, char** argv) {
   app.add_option("-n,--np", np, "number of ranks (-np N also works)")->required()->check(CLI::Range(1, 4096));
   app.add_option("--host-list", hostList, "comma-separated hosts (this release launches on localhost only)");
   app.add_option("--timeout", timeoutSeconds, "kill every rank after this many seconds (0: never)");
+  std::string idFile;
+  app.add_option("--id-file", idFile, "write the job id here (for ecclcoord status/migrate)");
   app.add_option("--standby", standbys, "also start this many standbys (ECCL_ROLE=standby)")->check(CLI::Range(0, 4096));
   app.add_option("--kill", kills, "fault injection: SIGKILL rank R after S seconds (R@S, repeatable)")->allow_extra_args(false);
   app.add_option("--stop", stops, "fault injection: SIGSTOP rank R after S seconds (R@S, repeatable)")->allow_extra_args(false);
@@ -159,6 +161,12 @@ int main(int argc, char** argv) {
     ecclUniqueId id;
     coordinator = eccl::bootstrap::createJob(&id);
     idText = eccl::bootstrap::uniqueIdToText(id);
+    if (!idFile.empty()) {
+      std::string tmp = idFile + ".tmp";
+      FILE* f = fopen(tmp.c_str(), "w");
+      if (!f || fprintf(f, "%s\n", idText.c_str()) < 0 || fclose(f) != 0 || rename(tmp.c_str(), idFile.c_str()) != 0)
+        throw eccl::Error(ecclSystemError, fmt::format("cannot write the job id to {}: {}", idFile, strerror(errno)));
+    }
   } catch (const eccl::Error& e) {
     fprintf(stderr, "eccl-run: %s\n", e.what());
     return 2;

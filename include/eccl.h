@@ -104,6 +104,40 @@ ecclResult_t ecclCommInitStandby(ecclComm_t* comm, ecclUniqueId commId, const ec
  * new view is active; the handle stays valid. */
 ecclResult_t ecclCommRecover(ecclComm_t comm, ecclRecoverPolicy_t policy);
 
+/* Expected migration (the leaving rank is alive). Any member asks the
+ * coordinator to move `rank` to a registered standby (ecclcoord migrate
+ * --rank R does the same from outside). Returns at once: every member, the
+ * leaver and the joiner open the connections the next view needs in the
+ * background while collectives keep running on the current view. Asking
+ * again for the same rank while it is prepared is a no-op. */
+ecclResult_t ecclCommPrepare(ecclComm_t comm, int rank);
+typedef enum {
+  ecclPrepareNone = 0,      /* nothing is being prepared */
+  ecclPreparePreparing = 1, /* the next view's connections are being opened */
+  ecclPrepareReady = 2,     /* every member of the next view is prepared */
+  ecclPrepareFailed = 3,    /* refused or aborted; ecclGetLastError says why; the current view stays */
+  ecclPrepareStateRangeMax = 0x7fffffff
+} ecclPrepareState_t;
+/* leavingRank (may be NULL) receives the rank being migrated, -1 if none:
+ * the leaver compares it with its own rank to know it should stream its
+ * state; a joiner sees its own future rank. */
+ecclResult_t ecclCommPrepareStatus(ecclComm_t comm, ecclPrepareState_t* state, int* leavingRank);
+/* At a collective boundary, called by every member of the current view and
+ * by the joiner: waits for the preparation, agrees with the coordinator that
+ * every member of the next view is ready, swaps only the delta connections
+ * and bumps the epoch. The joiner takes the leaver's rank; the leaver's
+ * communicator is left (its ops return ecclInvalidUsage; destroy it). */
+ecclResult_t ecclCommSwitchover(ecclComm_t comm);
+/* The leaver-to-joiner channel of a migration being prepared: the leaver
+ * streams its state while the others keep training. Blocking, in order. */
+ecclResult_t ecclMigrationSend(const void* sendbuff, size_t count, ecclDataType_t datatype,
+                               ecclComm_t comm, ecclStream_t stream);
+ecclResult_t ecclMigrationRecv(void* recvbuff, size_t count, ecclDataType_t datatype,
+                               ecclComm_t comm, ecclStream_t stream);
+/* Collective over the current view: admits `count` registered standbys as
+ * new ranks appended at the end. Returns when the new view is active. */
+ecclResult_t ecclCommGrow(ecclComm_t comm, int count);
+
 typedef struct {
   size_t size;                   /* set to sizeof(ecclCommStats_t) */
   uint32_t epoch;                /* the current view */
@@ -116,9 +150,11 @@ typedef struct {
   uint64_t connectionsOpened;    /* while switching (ring neighbours) */
   uint64_t connectionsClosed;    /* to members that left */
   uint64_t connectionsInherited; /* open before and kept untouched */
-  double agreeMs;                /* recover request until the new view arrived */
+  double agreeMs;                /* recover/switchover request until the new view arrived */
   double applyMs;                /* switching connections to the new view */
   double totalMs;
+  uint64_t connectionsPrepared;  /* opened in the background before a switchover */
+  double prepareMs;              /* announcement until this member was prepared */
 } ecclCommStats_t;
 ecclResult_t ecclCommGetStats(ecclComm_t comm, ecclCommStats_t* stats);
 

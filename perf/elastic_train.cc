@@ -86,8 +86,44 @@ void printRecovery(ecclComm_t comm, double detectMs, double recoverMs) {
          s.connectionsClosed, s.connectionsInherited);
 }
 
-// Trains until `steps`; with `elastic`, survives failures by recovering.
-void train(ecclComm_t comm, Model& m, int64_t steps, int stepMs, bool elastic, bool verbose) {
+// Expected migration (ecclcoord migrate --rank R): at each step boundary
+// the ranks agree whether the preparation is READY everywhere; if so the
+// leaver streams the model to its joiner and every rank switches over.
+// Returns true on the leaver, which is then out of the job.
+bool maybeSwitchOver(ecclComm_t comm, const Model& m, int rank) {
+  ecclPrepareState_t state;
+  int leaving = -1;
+  ecclResult_t r = ecclCommPrepareStatus(comm, &state, &leaving);
+  if (r != ecclSuccess) die("ecclCommPrepareStatus", r, comm);
+  int32_t ready = state == ecclPrepareReady;
+  r = ecclAllReduce(&ready, &ready, 1, ecclInt32, ecclMin, comm, nullptr);
+  if (r != ecclSuccess || !ready) return false;  // a failure surfaces at the next step
+  auto t = Clock::now();
+  if (leaving == rank) {
+    if ((r = ecclMigrationSend(&m.step, 1, ecclInt64, comm, nullptr)) != ecclSuccess ||
+        (r = ecclMigrationSend(m.params.data(), m.params.size(), ecclFloat32, comm, nullptr)) != ecclSuccess)
+      die("streaming the model to the joiner", r, comm);
+  }
+  r = ecclCommSwitchover(comm);
+  if (r != ecclSuccess) die("ecclCommSwitchover", r, comm);
+  ecclCommStats_t s{};
+  s.size = sizeof(s);
+  ecclCommGetStats(comm, &s);
+  if (leaving == rank) {
+    printf("rank %d migrated to a standby at step %" PRId64 " (state streamed, switched in %.1f ms); leaving\n", rank,
+           m.step, msSince(t));
+    return true;
+  }
+  printf("switched over at step %" PRId64 " to epoch %u in %.1f ms (agree %.1f ms, switch %.1f ms); connections "
+         "prepared %" PRIu64 " in %.1f ms, opened at the switch %" PRIu64 ", closed %" PRIu64 ", inherited %" PRIu64 "\n",
+         m.step, s.epoch, msSince(t), s.agreeMs, s.applyMs, s.connectionsPrepared, s.prepareMs, s.connectionsOpened,
+         s.connectionsClosed, s.connectionsInherited);
+  return false;
+}
+
+// Trains until `steps`; with `elastic`, survives failures by recovering and
+// follows expected migrations. Returns false if this rank migrated away.
+bool train(ecclComm_t comm, Model& m, int64_t steps, int stepMs, bool elastic, bool verbose) {
   int rank, n;
   ecclCommUserRank(comm, &rank);
   ecclCommCount(comm, &n);
@@ -117,8 +153,10 @@ void train(ecclComm_t comm, Model& m, int64_t steps, int stepMs, bool elastic, b
       printf("step %" PRId64 "/%" PRId64 " on %d ranks: checksum %016" PRIx64 " (%.1f ms)\n", m.step, steps, n,
              checksum(m.params), msSince(start));
     fflush(stdout);
+    if (elastic && maybeSwitchOver(comm, m, rank)) return false;
     if (stepMs > 0) std::this_thread::sleep_for(std::chrono::milliseconds(stepMs));
   }
+  return true;
 }
 
 }  // namespace
@@ -141,14 +179,30 @@ int main(int argc, char** argv) {
   s.size = sizeof(s);
   ecclCommGetStats(comm, &s);
   Model model = initialModel(size);
-  if (s.joinedEpoch > 1) {
+  ecclPrepareState_t prepState;
+  int leaving = -1;
+  ecclCommPrepareStatus(comm, &prepState, &leaving);
+  if (prepState == ecclPreparePreparing || prepState == ecclPrepareReady) {
+    // A joiner: the leaver streams the model at the boundary, then we switch.
+    printf("standby chosen to take rank %d; waiting for its state\n", leaving);
+    auto t = Clock::now();
+    if ((r = ecclMigrationRecv(&model.step, 1, ecclInt64, comm, nullptr)) != ecclSuccess ||
+        (r = ecclMigrationRecv(model.params.data(), model.params.size(), ecclFloat32, comm, nullptr)) != ecclSuccess)
+      die("receiving the model from the leaver", r, comm);
+    if ((r = ecclCommSwitchover(comm)) != ecclSuccess) die("ecclCommSwitchover", r, comm);
+    printf("joined as rank %d at step %" PRId64 " (%.1f ms after the preparation was announced)\n", leaving,
+           model.step, msSince(t));
+  } else if (s.joinedEpoch > 1) {
     printf("standby promoted to rank %d at epoch %u after %.1f ms on standby\n", s.rank, s.epoch, msSince(t0));
     auto t = Clock::now();
     r = syncState(comm, model, false);
     if (r != ecclSuccess) die("receiving the model", r, comm);
     printf("received the model at step %" PRId64 " in %.1f ms\n", model.step, msSince(t));
   }
-  train(comm, model, steps, stepMs, true, true);
+  if (!train(comm, model, steps, stepMs, true, true)) {
+    ecclCommDestroy(comm);
+    return 0;
+  }
 
   // The check: the same training from scratch with no fault, same view size.
   Model reference = initialModel(size);

@@ -153,6 +153,52 @@ ecclResult_t ecclCommRecover(ecclComm_t comm, ecclRecoverPolicy_t policy) {
   return guarded(comm, "ecclCommRecover", [&] { impl(comm, "ecclCommRecover").recover(policy); });
 }
 
+ecclResult_t ecclCommPrepare(ecclComm_t comm, int rank) {
+  return guarded(comm, "ecclCommPrepare", [&] { impl(comm, "ecclCommPrepare").prepareMigration(rank); });
+}
+
+ecclResult_t ecclCommPrepareStatus(ecclComm_t comm, ecclPrepareState_t* state, int* leavingRank) {
+  return guarded(comm, "ecclCommPrepareStatus", [&] {
+    Communicator& c = impl(comm, "ecclCommPrepareStatus");
+    if (!state) fail(ecclInvalidArgument, "ecclCommPrepareStatus: state is NULL");
+    std::string why;
+    int leaving = -1;
+    *state = c.prepareStatus(&why, &leaving);
+    if (leavingRank) *leavingRank = leaving;
+    if (*state == ecclPrepareFailed) c.setLastError(why);
+  });
+}
+
+ecclResult_t ecclCommSwitchover(ecclComm_t comm) {
+  return guarded(comm, "ecclCommSwitchover", [&] { impl(comm, "ecclCommSwitchover").switchover(); });
+}
+
+ecclResult_t ecclCommGrow(ecclComm_t comm, int count) {
+  return guarded(comm, "ecclCommGrow", [&] { impl(comm, "ecclCommGrow").grow(count); });
+}
+
+ecclResult_t ecclMigrationSend(const void* sendbuff, size_t count, ecclDataType_t datatype, ecclComm_t comm,
+                               ecclStream_t stream) {
+  return guarded(comm, "ecclMigrationSend", [&] {
+    Communicator& c = impl(comm, "ecclMigrationSend");
+    checkStream(stream, "ecclMigrationSend");
+    size_t bytes = Communicator::checkedBytes(count, datatype, 1, "ecclMigrationSend");
+    Communicator::checkBuffer(sendbuff, count, "ecclMigrationSend sendbuff");
+    c.migrationSend(sendbuff, bytes);
+  });
+}
+
+ecclResult_t ecclMigrationRecv(void* recvbuff, size_t count, ecclDataType_t datatype, ecclComm_t comm,
+                               ecclStream_t stream) {
+  return guarded(comm, "ecclMigrationRecv", [&] {
+    Communicator& c = impl(comm, "ecclMigrationRecv");
+    checkStream(stream, "ecclMigrationRecv");
+    size_t bytes = Communicator::checkedBytes(count, datatype, 1, "ecclMigrationRecv");
+    Communicator::checkBuffer(recvbuff, count, "ecclMigrationRecv recvbuff");
+    c.migrationRecv(recvbuff, bytes);
+  });
+}
+
 ecclResult_t ecclCommGetStats(ecclComm_t comm, ecclCommStats_t* stats) {
   return guarded(comm, "ecclCommGetStats", [&] {
     Communicator& c = impl(comm, "ecclCommGetStats");

@@ -35,6 +35,9 @@ const std::vector<Param>& all() {
        "that stops hearing the coordinator for this long reports it)."},
       {"ECCL_STANDBY_TIMEOUT_MS", "int", "3600000",
        "How long ecclCommInitStandby waits for promotion before it gives up."},
+      {"ECCL_PREPARE", "string", "lazy",
+       "Standbys: eager keeps idle data connections to every member open, so promoting one opens "
+       "none; lazy opens them when it is promoted."},
       {"ECCL_ROLE", "string", "rank", "rank or standby: which init a launched process should call (set by eccl-run)."},
       {"ECCL_RANK", "int", "-1", "Rank of this process (set by eccl-run)."},
       {"ECCL_NRANKS", "int", "-1", "Number of ranks (set by eccl-run)."},
@@ -73,6 +76,11 @@ int64_t heartbeatMs() { return getInt("ECCL_HEARTBEAT_MS"); }
 int64_t heartbeatTimeoutMs() { return getInt("ECCL_HEARTBEAT_TIMEOUT_MS"); }
 int64_t standbyTimeoutMs() { return getInt("ECCL_STANDBY_TIMEOUT_MS"); }
 std::string envRole() { return getString("ECCL_ROLE"); }
+bool prepareEager() {
+  std::string v = getString("ECCL_PREPARE");
+  if (v != "eager" && v != "lazy") fail(ecclInvalidArgument, "ECCL_PREPARE='{}' must be eager or lazy", v);
+  return v == "eager";
+}
 int socketsPerPeer() { return static_cast<int>(getInt("ECCL_NSOCKS_PERPEER")); }
 std::string socketIfname() { return getString("ECCL_SOCKET_IFNAME"); }
 std::string debugLevel() { return getString("ECCL_DEBUG"); }

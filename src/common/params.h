@@ -24,6 +24,7 @@ int64_t heartbeatMs();
 int64_t heartbeatTimeoutMs();
 int64_t standbyTimeoutMs();
 std::string envRole();
+bool prepareEager();
 int socketsPerPeer();
 std::string socketIfname();
 std::string debugLevel();

@@ -69,14 +69,22 @@ Communicator::Communicator(int nranks, const ecclUniqueId& id, int rank, const C
 
 Communicator::Communicator(const ecclUniqueId& id, const CommOptions& o, int64_t promotionTimeoutMs)
     : timeoutMs_(o.timeoutMs > 0 ? o.timeoutMs : params::timeoutMs()) {
+  eager_ = params::prepareEager();
   join(id, bootstrap::Role::kStandby, -1, 0, o);
   Deadline until = deadlineAfterMs(promotionTimeoutMs > 0 ? promotionTimeoutMs : params::standbyTimeoutMs());
   for (;;) {
     bootstrap::ViewUpdate v = client_->awaitView(until, "standby waiting for promotion");
+    if (v.joining) {
+      becomeJoiner(v);
+      joinedEpoch_ = v.epoch;
+      log::info("standby chosen to take rank {} at epoch {} ({})", rank_, v.epoch, v.why);
+      return;
+    }
     if (v.rank >= 0) {
       applyView(v);
       break;
     }
+    if (eager_) worker_->post([this, entries = v.entries] { connectStandbys(entries); });
   }
   joinedEpoch_ = view_.epoch;
   log::info("standby promoted to rank {} of {} at epoch {} ({})", rank_, size(), view_.epoch, lastWhy_);
@@ -101,7 +109,8 @@ void Communicator::join(const ecclUniqueId& id, bootstrap::Role role, int rank, 
   device_->onPeerFailure = [this](transport::MemberId m, ecclResult_t code, const std::string& reason) {
     onPeerFailure(m, code, reason);
   };
-  bootstrap::JoinRequest req{role, rank, nranks, self_, device_->address()};
+  worker_ = std::make_unique<BackgroundWorker>();
+  bootstrap::JoinRequest req{role, rank, nranks, self_, device_->address(), eager_};
   client_ = std::make_unique<bootstrap::CoordClient>(idData, req, params::heartbeatMs(), params::heartbeatTimeoutMs(),
                                                      deadlineAfterMs(timeoutMs_));
   {
@@ -121,6 +130,7 @@ void Communicator::join(const ecclUniqueId& id, bootstrap::Role role, int rank, 
         }
         device_->abort(fmt::format("evicted: {}", reason));
       },
+      [this](const bootstrap::CoordMessage& m) { onReconfiguration(m); },
   });
 }
 
@@ -181,11 +191,13 @@ void Communicator::recover(ecclRecoverPolicy_t policy) {
   auto agreed = Clock::now();
   uint32_t oldEpoch = view_.epoch;
   applyView(v);
-  reconfig_.agreeMs = std::chrono::duration<double, std::milli>(agreed - start).count();
-  reconfig_.totalMs = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-  if (v.epoch != oldEpoch) reconfigurations_++;
-  log::info("rank {} recovered into epoch {} with {} ranks in {:.1f} ms ({})", rank_, view_.epoch, size(),
-            reconfig_.totalMs, v.why);
+  {
+    MutexLock lock(prepMu_);
+    prep_ = Preparation{};  // a preparation the failure aborted is over
+  }
+  reconfig_.connectionsPrepared = 0;
+  reconfig_.prepareMs = 0;
+  finishReconfiguration(start, agreed, oldEpoch, "recovered");
 }
 
 void Communicator::fillStats(ecclCommStats_t* out) const {
@@ -202,6 +214,8 @@ void Communicator::fillStats(ecclCommStats_t* out) const {
   s.agreeMs = reconfig_.agreeMs;
   s.applyMs = reconfig_.applyMs;
   s.totalMs = reconfig_.totalMs;
+  s.connectionsPrepared = reconfig_.connectionsPrepared;
+  s.prepareMs = reconfig_.prepareMs;
   transport::DeviceStats d = device_->stats();
   s.openConnections = d.openConnections;
   s.staleFramesDropped = d.staleFramesDropped;
@@ -217,6 +231,7 @@ Communicator::~Communicator() {
     reporter_ = nullptr;
   }
   client_.reset();
+  worker_.reset();
   device_.reset();
 }
 
@@ -237,6 +252,9 @@ ecclResult_t Communicator::asyncError() const {
 }
 
 void Communicator::checkUsable() const {
+  if (joining_)
+    fail(ecclInvalidUsage, "rank {} is joining at epoch {}: call ecclCommSwitchover before any collective", rank_,
+         view_.epoch + 1);
   MutexLock lock(errorMu_);
   if (asyncError_ != ecclSuccess) throw Error(asyncError_, asyncMessage_);
 }

@@ -12,6 +12,7 @@
 
 #include "bootstrap/coord_client.h"
 #include "common/mutex.h"
+#include "core/background.h"
 #include "eccl.h"
 #include "transport/transport.h"
 
@@ -65,6 +66,14 @@ class Communicator {
   void recover(ecclRecoverPolicy_t policy);
   void fillStats(ecclCommStats_t* out) const;
 
+  // Two-phase reconfiguration and grow (reconfigure.cc).
+  void prepareMigration(int rank);
+  ecclPrepareState_t prepareStatus(std::string* why, int* leavingRank) const;
+  void switchover();
+  void grow(int count);
+  void migrationSend(const void* buf, size_t bytes);
+  void migrationRecv(void* buf, size_t bytes);
+
   // Sends to self only make sense inside a group: they are matched in order.
   void pushSelfSend(const void* buf, size_t bytes);
   void popSelfRecv(void* buf, size_t bytes);
@@ -85,10 +94,34 @@ class Communicator {
   void onPeerFailure(transport::MemberId member, ecclResult_t code, const std::string& reason);
   void join(const ecclUniqueId& id, bootstrap::Role role, int rank, int nranks, const CommOptions& o);
   void applyView(const bootstrap::ViewUpdate& v);
+  // Reconfiguration news from the coordinator (client thread: must not block).
+  void onReconfiguration(const bootstrap::CoordMessage& m);
+  void prepareDelta(uint32_t nextEpoch);  // background job
+  void addPreparedPeersLocked() ECCL_REQUIRES(prepMu_);
+  void connectStandbys(std::vector<bootstrap::ViewEntry> standbys);  // background job
+  void becomeJoiner(const bootstrap::ViewUpdate& v);
+  void finishReconfiguration(Clock::time_point start, Clock::time_point agreed, uint32_t oldEpoch, const char* what);
 
+  // A view being prepared. Written by the client and worker threads.
+  struct Preparation {
+    ecclPrepareState_t state = ecclPrepareNone;
+    uint32_t epoch = 0;  // the epoch it will become; 0 while only asked for
+    std::vector<bootstrap::ViewEntry> next;
+    int leavingRank = -1;
+    transport::MemberId joiner = 0;
+    std::vector<transport::MemberId> leavers;
+    std::string leaverAddress;
+    bool locallyPrepared = false, everyonePrepared = false;
+    std::string why;
+    Clock::time_point announced;
+    double prepareMs = 0;
+    uint64_t connectionsOpened = 0;
+  };
   struct Reconfiguration {
     uint64_t connectionsOpened = 0, connectionsClosed = 0, connectionsInherited = 0;
     double agreeMs = 0, applyMs = 0, totalMs = 0;
+    uint64_t connectionsPrepared = 0;
+    double prepareMs = 0;
   };
 
   int rank_ = -1;
@@ -104,6 +137,14 @@ class Communicator {
   std::unique_ptr<bootstrap::CoordClient> client_;
   Mutex reporterMu_;
   bootstrap::CoordClient* reporter_ ECCL_GUARDED_BY(reporterMu_) = nullptr;
+  bool eager_ = false;          // a standby keeping connections to the members open
+  bool joining_ = false;        // a joiner before its switchover
+  std::string leftView_;        // why this member is no longer in the view (migrated away)
+  uint64_t migrationSendSeq_ = 0, migrationRecvSeq_ = 0;
+  mutable Mutex prepMu_;
+  CondVar prepCv_;
+  Preparation prep_ ECCL_GUARDED_BY(prepMu_);
+  std::unique_ptr<BackgroundWorker> worker_;
   uint64_t collSeq_ = 0;
   std::vector<uint64_t> sendSeq_, recvSeq_;
 

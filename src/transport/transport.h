@@ -61,8 +61,15 @@ class Device {
   virtual std::string address() const = 0;  // where peers connect ("ip:port")
 
   // Adds a member to the address book; `label` names it in error messages
-  // ("rank 2 (10.0.0.3:4711)").
-  virtual void addPeer(MemberId member, const std::string& address, const std::string& label) = 0;
+  // ("rank 2 (10.0.0.3:4711)"). A candidate (a standby or a joiner being
+  // prepared) is not in the view yet: its failure fails only its own ops and
+  // never revokes the communicator. Adding a known peer again updates its
+  // label and role and keeps its connections.
+  enum class PeerRole { kViewMember, kCandidate };
+  virtual void addPeer(MemberId member, const std::string& address, const std::string& label,
+                       PeerRole role = PeerRole::kViewMember) = 0;
+  virtual bool hasPeer(MemberId member) const = 0;
+  virtual uint32_t lanesUp(MemberId member) const = 0;  // connections open to it now
   // Frames stamped with an older epoch than this are dropped and counted.
   virtual void setEpoch(uint32_t epoch) = 0;
 

@@ -81,6 +81,7 @@ struct Peer {
   MemberId id = 0;
   SockAddr address;
   std::string label;
+  Device::PeerRole role = Device::PeerRole::kViewMember;
   State state = State::kIdle;
   ecclResult_t failCode = ecclSuccess;
   std::string failReason;
@@ -96,7 +97,20 @@ class TcpDevice final : public Device {
 
   MemberId self() const override { return opt_.self; }
   std::string address() const override { return listenAddress_.str(); }
-  void addPeer(MemberId member, const std::string& address, const std::string& label) override;
+  void addPeer(MemberId member, const std::string& address, const std::string& label, PeerRole role) override;
+  uint32_t lanesUp(MemberId member) const override {
+    MutexLock lock(mu_);
+    auto it = peers_.find(member);
+    if (it == peers_.end()) return 0;
+    uint32_t up = 0;
+    for (auto& lane : it->second.lanes) up += bool(lane->fd);
+    return up;
+  }
+  bool hasPeer(MemberId member) const override {
+    MutexLock lock(mu_);
+    auto it = peers_.find(member);
+    return it != peers_.end() && it->second.state != Peer::State::kFailed && it->second.state != Peer::State::kLeft;
+  }
   void setEpoch(uint32_t epoch) override {
     MutexLock lock(mu_);
     epoch_ = epoch;
@@ -212,13 +226,16 @@ void TcpDevice::wakeLoop() {
   [[maybe_unused]] ssize_t rc = ::write(eventFd_.get(), &one, sizeof(one));
 }
 
-void TcpDevice::addPeer(MemberId member, const std::string& address, const std::string& label) {
+void TcpDevice::addPeer(MemberId member, const std::string& address, const std::string& label, PeerRole role) {
   SockAddr addr = SockAddr::parse(address);
   MutexLock lock(mu_);
   Peer& p = peers_[member];
   p.id = member;
   p.address = addr;
   p.label = label;
+  // A view member never becomes a candidate again: a late standby list must
+  // not soften the failure of a member promoted meanwhile.
+  if (role == PeerRole::kViewMember || p.lanes.empty()) p.role = role;
   if (p.lanes.empty()) {
     for (int i = 0; i < opt_.lanes; ++i) {
       auto lane = std::make_unique<Lane>();
@@ -542,6 +559,10 @@ void TcpDevice::removePeer(MemberId member) {
   for (auto& lane : p.lanes) {
     for (auto& item : lane->sendQueue)
       if (item.request) completeLocked(item.request, ecclRemoteError, reason);
+    // A goodbye first, so the leaver sees an orderly close and tells
+    // nobody we failed.
+    std::erase_if(lane->sendQueue, [](const SendItem& item) { return item.done == 0; });
+    if (lane->fd && lane->sendQueue.empty()) queueControlLocked(*lane, FrameType::kGoodbye, {});
     closeLaneLocked(*lane);
   }
   for (auto box = inbox_.begin(); box != inbox_.end();) {
@@ -613,13 +634,19 @@ void TcpDevice::failPeerLocked(MemberId member, ecclResult_t code, const std::st
     box = inbox_.erase(box);
   }
   if (wasLeft || closing_) return;  // an orderly leaver is nobody's failure, nor is a peer of one
+  if (p.role == PeerRole::kCandidate) {
+    cv_.notifyAll();
+    return;  // not in the view: the coordinator decides what its loss means
+  }
   if (onPeerFailure) onPeerFailure(member, code, reason);
   revokeLocked(code == ecclTimeout ? ecclTimeout : ecclRemoteError, reason);
   if (!flood) return;
   // Tell everyone we are connected to, so ranks that wait on a live
   // neighbour of the failed member learn its name at once.
   for (auto& [id, other] : peers_) {
-    if (id == member || other.state == Peer::State::kFailed || other.lanes.empty()) continue;
+    if (id == member || other.state == Peer::State::kFailed || other.lanes.empty() ||
+        other.role == PeerRole::kCandidate)
+      continue;
     Lane& lane = *other.lanes[0];
     if (!lane.fd) continue;
     std::vector<uint8_t> payload(8 + reason.size());
@@ -701,7 +728,8 @@ void TcpDevice::close(Deadline deadline) {
     // incoming bytes sends a reset that can destroy data the peer has not
     // read yet.
     for (auto& [id, p] : peers_) {
-      if (p.state == Peer::State::kFailed || p.state == Peer::State::kLeft) continue;
+      // Candidates (standbys) exchange no data; their goodbye is not awaited.
+      if (p.state == Peer::State::kFailed || p.state == Peer::State::kLeft || p.role == PeerRole::kCandidate) continue;
       bool partlyConnected = std::any_of(p.lanes.begin(), p.lanes.end(), [](auto& l) { return l->opened; });
       for (auto& lane : p.lanes)
         pending = pending || (lane->fd && (!lane->sendQueue.empty() || !lane->saidGoodbye)) ||

@@ -1,0 +1,95 @@
+// ecclcoord: the membership coordinator as a daemon, and its tool.
+//   ecclcoord serve [--id-file F]        run a coordinator; print the job's id
+//   ecclcoord status [--id ID | --id-file F]
+//   ecclcoord migrate --rank R [--id ID | --id-file F]
+// The id defaults to $ECCL_UNIQUE_ID. eccl-run --id-file F writes the id of
+// its embedded coordinator, so the tool works against either.
+#include <CLI/CLI.hpp>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <thread>
+
+#include "bootstrap/coordinator.h"
+#include "bootstrap/unique_id.h"
+#include "common/error.h"
+#include "common/params.h"
+
+namespace {
+
+volatile sig_atomic_t stopRequested = 0;
+void onStop(int) { stopRequested = 1; }
+
+std::string readId(const std::string& id, const std::string& idFile) {
+  if (!id.empty()) return id;
+  if (!idFile.empty()) {
+    std::ifstream in(idFile);
+    std::string text;
+    if (!(in >> text)) throw std::runtime_error("cannot read a job id from " + idFile);
+    return text;
+  }
+  std::string env = eccl::params::envUniqueId();
+  if (env.empty()) throw std::runtime_error("no job id: pass --id, --id-file, or set ECCL_UNIQUE_ID");
+  return env;
+}
+
+int serve(const std::string& idFile) {
+  ecclUniqueId id;
+  auto coordinator = eccl::bootstrap::createJob(&id);
+  std::string text = eccl::bootstrap::uniqueIdToText(id);
+  if (!idFile.empty()) {
+    std::string tmp = idFile + ".tmp";
+    {
+      std::ofstream out(tmp);
+      out << text << "\n";
+      if (!out) throw std::runtime_error("cannot write " + tmp);
+    }
+    if (rename(tmp.c_str(), idFile.c_str()) != 0) throw std::runtime_error("cannot rename " + tmp + " to " + idFile);
+  }
+  printf("ECCL_UNIQUE_ID=%s\n", text.c_str());
+  fflush(stdout);
+  struct sigaction sa {};
+  sa.sa_handler = onStop;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  while (!stopRequested) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  fprintf(stderr, "ecclcoord: stopping\n");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"ecclcoord: eccl's membership coordinator and its tool"};
+  app.require_subcommand(1);
+  std::string id, idFile;
+  int rank = -1;
+  int64_t timeoutMs = 5000;
+  auto* serveCmd = app.add_subcommand("serve", "run a coordinator until SIGINT/SIGTERM and print the job id");
+  serveCmd->add_option("--id-file", idFile, "also write the id to this file");
+  auto* statusCmd = app.add_subcommand("status", "print the view, standbys and health");
+  auto* migrateCmd = app.add_subcommand("migrate", "move a rank to a registered standby (expected migration)");
+  migrateCmd->add_option("--rank", rank, "the rank to move")->required()->check(CLI::NonNegativeNumber);
+  for (auto* cmd : {statusCmd, migrateCmd}) {
+    cmd->add_option("--id", id, "the job's unique id (default: $ECCL_UNIQUE_ID)");
+    cmd->add_option("--id-file", idFile, "read the job's unique id from this file");
+    cmd->add_option("--timeout-ms", timeoutMs, "deadline for the coordinator's answer");
+  }
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (serveCmd->parsed()) return serve(idFile);
+    ecclUniqueId uid = eccl::bootstrap::uniqueIdFromText(readId(id, idFile));
+    auto data = eccl::bootstrap::decodeUniqueId(uid);
+    auto deadline = eccl::deadlineAfterMs(timeoutMs);
+    std::string text = statusCmd->parsed() ? eccl::bootstrap::queryCoordinatorStatus(data, deadline)
+                                           : eccl::bootstrap::requestMigration(data, rank, deadline);
+    fputs(text.c_str(), stdout);
+    return 0;
+  } catch (const std::exception& e) {
+    fprintf(stderr, "ecclcoord: %s\n", e.what());
+    return 1;
+  }
+}

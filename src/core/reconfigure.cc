@@ -1,0 +1,329 @@
+// Two-phase reconfiguration: an expected migration is prepared in the
+// background (the next view's missing connections open while collectives
+// keep running on the current one) and becomes current at a switchover
+// that every member calls at a collective boundary. Grow appends standbys.
+#include <algorithm>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "common/params.h"
+#include "core/communicator.h"
+#include "transport/frame.h"
+
+namespace eccl {
+
+namespace {
+
+// Sequence numbers of the leaver-to-joiner channel: their own space, apart
+// from collectives and send/recv of the view.
+constexpr uint64_t kMigrationBit = 1ull << 62;
+
+double msSince(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
+
+int rankIn(const std::vector<bootstrap::ViewEntry>& view, transport::MemberId m) {
+  for (size_t r = 0; r < view.size(); ++r)
+    if (view[r].member == m) return static_cast<int>(r);
+  return -1;
+}
+
+}  // namespace
+
+void Communicator::onReconfiguration(const bootstrap::CoordMessage& m) {
+  using bootstrap::CoordKind;
+  if (m.kind == CoordKind::kStandbys) {
+    worker_->post([this, list = m.entries] { connectStandbys(list); });
+    return;
+  }
+  MutexLock lock(prepMu_);
+  switch (m.kind) {
+    case CoordKind::kPrepare:
+      prep_ = Preparation{};
+      prep_.state = ecclPreparePreparing;
+      prep_.epoch = m.epoch;
+      prep_.next = m.entries;
+      prep_.leavingRank = static_cast<int>(m.rank);
+      prep_.joiner = m.member;
+      prep_.leavers = m.members;
+      prep_.leaverAddress = m.address;
+      prep_.why = m.text;
+      prep_.announced = Clock::now();
+      addPreparedPeersLocked();
+      worker_->post([this, epoch = m.epoch] { prepareDelta(epoch); });
+      break;
+    case CoordKind::kPrepareReady:
+      if (m.epoch != prep_.epoch || prep_.state == ecclPrepareFailed) break;
+      prep_.everyonePrepared = true;
+      prep_.state = ecclPrepareReady;
+      break;
+    case CoordKind::kPrepareFailed:
+      // Epoch 0 answers a migration request the coordinator refused.
+      if (m.epoch != prep_.epoch && m.epoch != 0) break;
+      prep_.state = ecclPrepareFailed;
+      prep_.why = m.text;
+      log::warn("rank {}: {}", rank_, m.text);
+      // Wake a state stream waiting on the other end of the migration.
+      if (m.epoch != 0) {
+        if (prep_.joiner != self_ && prep_.joiner != 0) device_->failPeer(prep_.joiner, ecclRemoteError, m.text);
+        if (prep_.joiner == self_)
+          for (transport::MemberId l : prep_.leavers) device_->failPeer(l, ecclRemoteError, m.text);
+      }
+      break;
+    default:
+      break;
+  }
+  prepCv_.notifyAll();
+}
+
+// Everyone in the next view, plus the leaver-joiner pair, must be known to
+// the device before the other side dials (it accepts known members only)
+// and before the state stream is posted.
+void Communicator::addPreparedPeersLocked() {
+  const auto& next = prep_.next;
+  for (size_t r = 0; r < next.size(); ++r)
+    if (next[r].member != self_ && !device_->hasPeer(next[r].member))
+      device_->addPeer(next[r].member, next[r].address,
+                       fmt::format("rank {} of epoch {} ({})", r, prep_.epoch, next[r].address),
+                       transport::Device::PeerRole::kCandidate);
+  if (prep_.joiner == self_)
+    for (transport::MemberId l : prep_.leavers)
+      if (!device_->hasPeer(l))
+        device_->addPeer(l, prep_.leaverAddress, fmt::format("the leaving member {:016x} ({})", l, prep_.leaverAddress),
+                         transport::Device::PeerRole::kCandidate);
+}
+
+// Opens what this member needs of the next view that it does not have: its
+// ring neighbours there and, for the leaver and the joiner, each other.
+// Dials first, then waits for the connections others dial to us.
+void Communicator::prepareDelta(uint32_t nextEpoch) {
+  std::vector<bootstrap::ViewEntry> next;
+  transport::MemberId joiner;
+  std::vector<transport::MemberId> leavers;
+  {
+    MutexLock lock(prepMu_);
+    if (prep_.epoch != nextEpoch || prep_.state == ecclPrepareFailed) return;
+    next = prep_.next;
+    joiner = prep_.joiner;
+    leavers = prep_.leavers;
+  }
+  std::vector<transport::MemberId> needed;
+  int me = rankIn(next, self_);
+  const int n = static_cast<int>(next.size());
+  if (me >= 0 && n > 1) {
+    needed.push_back(next[(me + 1) % n].member);
+    needed.push_back(next[(me + n - 1) % n].member);
+  }
+  bool isLeaver = std::count(leavers.begin(), leavers.end(), self_) > 0;
+  if (isLeaver) needed.push_back(joiner);
+  if (self_ == joiner) needed.insert(needed.end(), leavers.begin(), leavers.end());
+  std::string failure;
+  Deadline deadline = deadlineAfterMs(timeoutMs_);
+  std::sort(needed.begin(), needed.end(), [this](auto a, auto b) { return (a > self_) > (b > self_); });
+  needed.erase(std::unique(needed.begin(), needed.end()), needed.end());
+  uint64_t opened = 0;
+  for (transport::MemberId m : needed) {
+    if (m == self_) continue;
+    try {
+      uint32_t before = device_->lanesUp(m);
+      device_->connectNow(m, deadline);
+      opened += device_->lanesUp(m) - before;
+    } catch (const Error& e) {
+      failure = e.what();
+      {
+        MutexLock lock(reporterMu_);
+        if (reporter_) reporter_->report(m, fmt::format("preparing epoch {}: {}", nextEpoch, e.what()));
+      }
+      break;
+    }
+  }
+  MutexLock lock(prepMu_);
+  if (prep_.epoch != nextEpoch) return;
+  if (!failure.empty()) {
+    if (prep_.state != ecclPrepareFailed) prep_.state = ecclPrepareFailed, prep_.why = failure;
+  } else {
+    prep_.locallyPrepared = true;
+    prep_.prepareMs = msSince(prep_.announced);
+    prep_.connectionsOpened = opened;
+    MutexLock rlock(reporterMu_);
+    if (reporter_) reporter_->prepared(nextEpoch);
+  }
+  prepCv_.notifyAll();
+}
+
+// An eager standby and the members keep idle connections between them; the
+// lower member id dials, the other only has to know the peer.
+void Communicator::connectStandbys(std::vector<bootstrap::ViewEntry> peers) {
+  Deadline deadline = deadlineAfterMs(std::min<int64_t>(timeoutMs_, params::handshakeTimeoutMs()));
+  for (const auto& e : peers) {
+    if (e.member == self_) continue;
+    if (!device_->hasPeer(e.member))
+      device_->addPeer(e.member, e.address, fmt::format("member {:016x} ({})", e.member, e.address),
+                       transport::Device::PeerRole::kCandidate);
+  }
+  for (const auto& e : peers) {
+    if (e.member < self_) continue;  // it dials us
+    try {
+      device_->connectNow(e.member, deadline);
+    } catch (const Error& err) {
+      log::info("eager connection to {:016x} not opened: {}", e.member, err.what());
+    }
+  }
+}
+
+void Communicator::prepareMigration(int rank) {
+  checkUsable();
+  checkRank(rank, "ecclCommPrepare");
+  {
+    MutexLock lock(prepMu_);
+    if (prep_.state == ecclPreparePreparing || prep_.state == ecclPrepareReady) {
+      if (prep_.leavingRank == rank || prep_.epoch == 0) return;
+      fail(ecclInvalidUsage, "ecclCommPrepare: rank {} is already being migrated", prep_.leavingRank);
+    }
+    prep_ = Preparation{};
+    prep_.state = ecclPreparePreparing;
+    prep_.leavingRank = rank;
+  }
+  client_->requestMigration(rank);
+}
+
+ecclPrepareState_t Communicator::prepareStatus(std::string* why, int* leavingRank) const {
+  MutexLock lock(prepMu_);
+  *why = prep_.why;
+  *leavingRank = prep_.state == ecclPreparePreparing || prep_.state == ecclPrepareReady ? prep_.leavingRank : -1;
+  return prep_.state;
+}
+
+void Communicator::becomeJoiner(const bootstrap::ViewUpdate& v) {
+  joining_ = true;
+  rank_ = v.rank;
+  view_.epoch = v.epoch - 1;
+  view_.rankToMember.clear();
+  for (const auto& e : v.entries) view_.rankToMember.push_back(e.member);
+  // The leaver streams its state in the current epoch.
+  device_->setEpoch(v.epoch - 1);
+  currentEpoch_ = v.epoch - 1;
+}
+
+void Communicator::switchover() {
+  if (!leftView_.empty()) fail(ecclInvalidUsage, "ecclCommSwitchover: {}", leftView_);
+  if (!joining_) checkUsable();
+  auto start = Clock::now();
+  uint32_t nextEpoch;
+  std::vector<transport::MemberId> leavers;
+  {
+    MutexLock lock(prepMu_);
+    Deadline deadline = deadlineAfterMs(timeoutMs_);
+    if (prep_.state == ecclPrepareNone)
+      fail(ecclInvalidUsage, "ecclCommSwitchover (rank {}): no reconfiguration is being prepared", rank_);
+    while (prep_.state != ecclPrepareFailed && !(prep_.epoch != 0 && prep_.locallyPrepared)) {
+      if (!prepCv_.waitUntil(prepMu_, deadline) && Clock::now() >= deadline)
+        fail(ecclTimeout, "ecclCommSwitchover (rank {}): this member's preparation did not finish before the deadline",
+             rank_);
+    }
+    if (prep_.state == ecclPrepareFailed)
+      fail(ecclRemoteError, "ecclCommSwitchover (rank {}): the preparation failed: {}", rank_, prep_.why);
+    nextEpoch = prep_.epoch;
+    leavers = prep_.leavers;
+    reconfig_.connectionsPrepared = prep_.connectionsOpened;
+    reconfig_.prepareMs = prep_.prepareMs;
+  }
+  client_->requestSwitchover(nextEpoch);
+  bootstrap::ViewUpdate v;
+  try {
+    v = client_->awaitView(deadlineAfterMs(timeoutMs_), fmt::format("ecclCommSwitchover (rank {})", rank_));
+  } catch (const Error& e) {
+    MutexLock lock(prepMu_);
+    prep_.state = ecclPrepareFailed;
+    prep_.why = e.what();
+    throw;
+  }
+  auto agreed = Clock::now();
+  {
+    MutexLock lock(prepMu_);
+    prep_ = Preparation{};
+  }
+  uint32_t oldEpoch = view_.epoch;
+  if (v.rank < 0) {
+    // This member was the leaver: the others went on without it and close
+    // their links to it; those closings are nobody's failure.
+    {
+      MutexLock lock(reporterMu_);
+      reporter_ = nullptr;
+    }
+    leftView_ = fmt::format("rank {} left the view at epoch {} ({}); destroy this communicator", rank_, v.epoch, v.why);
+    {
+      MutexLock lock(errorMu_);
+      asyncError_ = ecclInvalidUsage;
+      asyncMessage_ = leftView_;
+    }
+    log::info("{}", leftView_);
+    return;
+  }
+  joining_ = false;
+  applyView(v);
+  // The joiner knew the leaver only for the state stream.
+  transport::DeviceStats beforeClose = device_->stats();
+  for (transport::MemberId l : leavers)
+    if (l != self_ && std::find(view_.rankToMember.begin(), view_.rankToMember.end(), l) == view_.rankToMember.end())
+      device_->removePeer(l);
+  reconfig_.connectionsClosed += device_->stats().connectionsClosed - beforeClose.connectionsClosed;
+  finishReconfiguration(start, agreed, oldEpoch, "switched over");
+}
+
+void Communicator::grow(int count) {
+  checkUsable();
+  ECCL_CHECK_ARG(count >= 1, "ecclCommGrow: count={} must be at least 1", count);
+  auto start = Clock::now();
+  client_->requestGrow(view_.epoch, static_cast<uint32_t>(count));
+  bootstrap::ViewUpdate v = client_->awaitView(deadlineAfterMs(timeoutMs_), fmt::format("ecclCommGrow (rank {})", rank_));
+  auto agreed = Clock::now();
+  uint32_t oldEpoch = view_.epoch;
+  applyView(v);
+  reconfig_.connectionsPrepared = 0;
+  reconfig_.prepareMs = 0;
+  finishReconfiguration(start, agreed, oldEpoch, "grew");
+}
+
+void Communicator::finishReconfiguration(Clock::time_point start, Clock::time_point agreed, uint32_t oldEpoch,
+                                         const char* what) {
+  reconfig_.agreeMs = std::chrono::duration<double, std::milli>(agreed - start).count();
+  reconfig_.totalMs = msSince(start);
+  if (view_.epoch != oldEpoch) reconfigurations_++;
+  log::info("rank {} {} into epoch {} with {} ranks in {:.1f} ms ({})", rank_, what, view_.epoch, size(),
+            reconfig_.totalMs, lastWhy_);
+}
+
+void Communicator::migrationSend(const void* buf, size_t bytes) {
+  transport::MemberId joiner;
+  {
+    MutexLock lock(prepMu_);
+    // Asked for but not announced yet: the coordinator answers promptly.
+    Deadline deadline = deadlineAfterMs(timeoutMs_);
+    while (prep_.state == ecclPreparePreparing && prep_.epoch == 0)
+      if (!prepCv_.waitUntil(prepMu_, deadline) && Clock::now() >= deadline)
+        fail(ecclTimeout, "ecclMigrationSend (rank {}): the migration was not announced before the deadline", rank_);
+    bool leaver = std::count(prep_.leavers.begin(), prep_.leavers.end(), self_) > 0;
+    if (prep_.epoch == 0 || prep_.state == ecclPrepareFailed || !leaver)
+      fail(ecclInvalidUsage, "ecclMigrationSend (rank {}): this member is not the leaver of a migration being prepared{}{}",
+           rank_, prep_.state == ecclPrepareFailed ? ": " : "", prep_.state == ecclPrepareFailed ? prep_.why : "");
+    joiner = prep_.joiner;
+  }
+  uint64_t seq = transport::FrameHeader::kP2pBit | kMigrationBit | ++migrationSendSeq_;
+  auto r = device_->isend(joiner, seq, 0, buf, bytes);
+  device_->wait(r, deadlineAfterMs(timeoutMs_), fmt::format("ecclMigrationSend (rank {} to its joiner)", rank_));
+}
+
+void Communicator::migrationRecv(void* buf, size_t bytes) {
+  transport::MemberId leaver;
+  {
+    MutexLock lock(prepMu_);
+    if (prep_.epoch == 0 || prep_.state == ecclPrepareFailed || prep_.joiner != self_ || prep_.leavers.empty())
+      fail(ecclInvalidUsage, "ecclMigrationRecv: this member is not the joiner of a migration being prepared{}{}",
+           prep_.state == ecclPrepareFailed ? ": " : "", prep_.state == ecclPrepareFailed ? prep_.why : "");
+    leaver = prep_.leavers[0];
+  }
+  uint64_t seq = transport::FrameHeader::kP2pBit | kMigrationBit | ++migrationRecvSeq_;
+  auto r = device_->irecv(leaver, seq, 0, buf, bytes);
+  device_->wait(r, deadlineAfterMs(timeoutMs_), fmt::format("ecclMigrationRecv (joiner of rank {})", rank_));
+}
+
+}  // namespace eccl

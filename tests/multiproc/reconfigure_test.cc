@@ -1,0 +1,290 @@
+// Level 2 two-phase reconfiguration: expected migration with a state stream
+// (prepare in the background while allreduces run, switch at a boundary,
+// only the delta moves), grow, eager standbys, and failures while a
+// reconfiguration is prepared or switched.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "tests/support/multiproc.h"
+
+namespace eccl::test {
+namespace {
+
+constexpr int kLanes = 2;
+
+class Reconfigure : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    setenv("ECCL_SOCKET_IFNAME", "lo", 1);
+    setenv("ECCL_TIMEOUT_MS", "15000", 1);
+    setenv("ECCL_HEARTBEAT_MS", "100", 1);
+    setenv("ECCL_HEARTBEAT_TIMEOUT_MS", "1000", 1);
+    setenv("ECCL_NSOCKS_PERPEER", std::to_string(kLanes).c_str(), 1);
+  }
+  void TearDown() override {
+    for (const char* v : {"ECCL_TIMEOUT_MS", "ECCL_HEARTBEAT_MS", "ECCL_HEARTBEAT_TIMEOUT_MS", "ECCL_NSOCKS_PERPEER"})
+      unsetenv(v);
+  }
+};
+
+ecclCommStats_t statsOf(ecclComm_t comm) {
+  ecclCommStats_t s{};
+  s.size = sizeof(s);
+  RANK_OK(ecclCommGetStats(comm, &s), comm);
+  return s;
+}
+
+// Every rank contributes rank+1 (+ salt); checks the exact sum.
+void checkAllreduce(ecclComm_t comm, int64_t salt = 0) {
+  int n, rank;
+  RANK_OK(ecclCommCount(comm, &n), comm);
+  RANK_OK(ecclCommUserRank(comm, &rank), comm);
+  std::vector<int64_t> v(50000, rank + 1 + salt);
+  RANK_OK(ecclAllReduce(v.data(), v.data(), v.size(), ecclInt64, ecclSum, comm, nullptr), comm);
+  int64_t want = int64_t(n) * (n + 1) / 2 + salt * n;
+  for (int64_t x : v) RANK_CHECK(x == want, "allreduce gave " + std::to_string(x) + ", want " + std::to_string(want));
+}
+
+// True on every rank once every rank of the view saw the preparation READY.
+bool everyoneReady(ecclComm_t comm) {
+  ecclPrepareState_t state;
+  RANK_OK(ecclCommPrepareStatus(comm, &state, nullptr), comm);
+  RANK_CHECK(state != ecclPrepareFailed, std::string("preparation failed: ") + ecclGetLastError(comm));
+  int32_t ready = state == ecclPrepareReady;
+  RANK_OK(ecclAllReduce(&ready, &ready, 1, ecclInt32, ecclMin, comm, nullptr), comm);
+  return ready == 1;
+}
+
+std::vector<uint32_t> stateOf(int seed) {
+  std::vector<uint32_t> s(1 << 18);
+  for (size_t i = 0; i < s.size(); ++i) s[i] = static_cast<uint32_t>(i * 2654435761u + seed);
+  return s;
+}
+
+[[noreturn]] void dieSoon() {
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  raise(SIGKILL);
+  _exit(9);
+}
+
+void expectOutcomes(const std::vector<RankOutcome>& outcomes, const std::set<int>& victims) {
+  for (size_t r = 0; r < outcomes.size(); ++r) {
+    if (victims.count(static_cast<int>(r)))
+      EXPECT_TRUE(!outcomes[r].exited && outcomes[r].signal == SIGKILL) << describe(outcomes);
+    else
+      EXPECT_TRUE(outcomes[r].exited && outcomes[r].exitCode == 0) << describe(outcomes);
+  }
+}
+
+TEST_F(Reconfigure, ExpectedMigrationStreamsStateAndSwitchesOnlyTheDelta) {
+  constexpr int n = 5, leaver = 2;
+  ProcessGroup group(n + 1, [&](int index, int, const ecclUniqueId& id) {
+    ecclComm_t comm;
+    if (index == n) {  // the joiner
+      RANK_OK(ecclCommInitStandby(&comm, id, nullptr), nullptr);
+      int rank;
+      RANK_OK(ecclCommUserRank(comm, &rank), comm);
+      RANK_CHECK(rank == leaver, "joiner is to take rank " + std::to_string(rank));
+      std::vector<float> x(4);
+      RANK_CHECK(ecclAllReduce(x.data(), x.data(), 4, ecclFloat32, ecclSum, comm, nullptr) == ecclInvalidUsage,
+                 "a joiner ran a collective before its switchover");
+      std::vector<uint32_t> state(stateOf(0).size());
+      RANK_OK(ecclMigrationRecv(state.data(), state.size(), ecclUint32, comm, nullptr), comm);
+      RANK_CHECK(state == stateOf(77), "the streamed state differs");
+      RANK_OK(ecclCommSwitchover(comm), comm);
+      ecclCommStats_t s = statsOf(comm);
+      RANK_CHECK(s.rank == leaver && s.epoch == 2 && s.joinedEpoch == 2, "joiner stats");
+      RANK_CHECK(s.connectionsOpened == 0, "joiner opened " + std::to_string(s.connectionsOpened) + " at switchover");
+      checkAllreduce(comm, 5);
+      RANK_OK(ecclCommDestroy(comm), comm);
+      return;
+    }
+    RANK_OK(ecclCommInitRank(&comm, n, id, index), nullptr);
+    checkAllreduce(comm);
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the standby registered
+    if (index == 0 || index == leaver) RANK_OK(ecclCommPrepare(comm, leaver), comm);
+    if (index == leaver) {
+      std::vector<uint32_t> state = stateOf(77);
+      RANK_OK(ecclMigrationSend(state.data(), state.size(), ecclUint32, comm, nullptr), comm);
+    }
+    int steps = 0;
+    for (; !everyoneReady(comm); ++steps) {
+      RANK_CHECK(steps < 2000, "the preparation never became ready");
+      checkAllreduce(comm, steps);  // collectives keep running on the old view
+    }
+    ecclCommStats_t before = statsOf(comm);
+    RANK_OK(ecclCommSwitchover(comm), comm);
+    ecclCommStats_t s = statsOf(comm);
+    if (index == leaver) {
+      std::vector<float> x(4);
+      RANK_CHECK(ecclAllReduce(x.data(), x.data(), 4, ecclFloat32, ecclSum, comm, nullptr) == ecclInvalidUsage,
+                 "the leaver still runs collectives");
+      RANK_CHECK(std::string(ecclGetLastError(comm)).find("left the view") != std::string::npos, ecclGetLastError(comm));
+      RANK_OK(ecclCommDestroy(comm), comm);
+      return;
+    }
+    int rank;
+    RANK_OK(ecclCommUserRank(comm, &rank), comm);
+    RANK_CHECK(rank == index && s.epoch == 2 && s.reconfigurations == 1, "stayer renumbered or epoch wrong");
+    // The delta: the joiner's ring neighbours opened their lanes to it while
+    // preparing; nobody opened anything at the switchover.
+    bool neighbour = index == leaver - 1 || index == leaver + 1;
+    RANK_CHECK(s.connectionsPrepared == (neighbour ? kLanes : 0u), "prepared " + std::to_string(s.connectionsPrepared));
+    RANK_CHECK(s.connectionsOpened == 0, "opened " + std::to_string(s.connectionsOpened) + " at switchover");
+    RANK_CHECK(s.connectionsClosed <= kLanes, "closed " + std::to_string(s.connectionsClosed));
+    RANK_CHECK(s.connectionsInherited + s.connectionsClosed == before.openConnections,
+               "inherited " + std::to_string(s.connectionsInherited));
+    checkAllreduce(comm, 5);
+    RANK_OK(ecclCommDestroy(comm), comm);
+  });
+  auto outcomes = group.wait(std::chrono::seconds(60));
+  expectOutcomes(outcomes, {});
+}
+
+TEST_F(Reconfigure, GrowAppendsStandbysAsNewRanks) {
+  constexpr int n = 3, added = 2;
+  ProcessGroup group(n + added, [&](int index, int, const ecclUniqueId& id) {
+    ecclComm_t comm;
+    if (index >= n) {
+      RANK_OK(ecclCommInitStandby(&comm, id, nullptr), nullptr);
+      ecclCommStats_t s = statsOf(comm);
+      RANK_CHECK(s.rank >= n && s.nranks == n + added && s.epoch == 2, "grown standby is rank " + std::to_string(s.rank));
+    } else {
+      RANK_OK(ecclCommInitRank(&comm, n, id, index), nullptr);
+      checkAllreduce(comm);
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));  // both standbys registered
+      RANK_CHECK(ecclCommGrow(comm, 5) != ecclSuccess, "grow past the standbys succeeded");
+      RANK_CHECK(std::string(ecclGetLastError(comm)).find("standbys") != std::string::npos, ecclGetLastError(comm));
+      RANK_OK(ecclCommGrow(comm, added), comm);
+      int rank, count;
+      RANK_OK(ecclCommUserRank(comm, &rank), comm);
+      RANK_OK(ecclCommCount(comm, &count), comm);
+      RANK_CHECK(rank == index && count == n + added, "after grow: rank " + std::to_string(rank));
+    }
+    checkAllreduce(comm);
+    for (int root = 0; root < n + added; ++root) {
+      std::vector<int32_t> b(1000, 0);
+      int rank;
+      RANK_OK(ecclCommUserRank(comm, &rank), comm);
+      if (rank == root) std::fill(b.begin(), b.end(), root * 7 + 1);
+      RANK_OK(ecclBroadcast(b.data(), b.data(), b.size(), ecclInt32, root, comm, nullptr), comm);
+      for (int32_t x : b) RANK_CHECK(x == root * 7 + 1, "broadcast from " + std::to_string(root));
+    }
+    RANK_OK(ecclCommDestroy(comm), comm);
+  });
+  auto outcomes = group.wait(std::chrono::seconds(60));
+  expectOutcomes(outcomes, {});
+}
+
+TEST_F(Reconfigure, EagerStandbyIsPromotedWithoutOpeningAConnection) {
+  constexpr int n = 4, victim = 1;
+  ProcessGroup group(n + 1, [&](int index, int, const ecclUniqueId& id) {
+    ecclComm_t comm;
+    if (index == n) {
+      setenv("ECCL_PREPARE", "eager", 1);
+      RANK_OK(ecclCommInitStandby(&comm, id, nullptr), nullptr);
+      ecclCommStats_t s = statsOf(comm);
+      RANK_CHECK(s.rank == victim && s.connectionsOpened == 0,
+                 "eager standby opened " + std::to_string(s.connectionsOpened) + " when promoted");
+      checkAllreduce(comm);
+      RANK_OK(ecclCommDestroy(comm), comm);
+      return;
+    }
+    RANK_OK(ecclCommInitRank(&comm, n, id, index), nullptr);
+    checkAllreduce(comm);
+    // Until the standby's idle lanes are up (members dial it or it dials them).
+    for (int i = 0; i < 200 && statsOf(comm).openConnections < 3u * kLanes; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (index == victim) dieSoon();
+    std::vector<float> v(4096, 1.0f);
+    while (ecclAllReduce(v.data(), v.data(), v.size(), ecclFloat32, ecclSum, comm, nullptr) == ecclSuccess) {
+    }
+    RANK_OK(ecclCommRecover(comm, ecclRecoverReplace), comm);
+    ecclCommStats_t s = statsOf(comm);
+    RANK_CHECK(s.connectionsOpened == 0, "opened " + std::to_string(s.connectionsOpened) + " with an eager standby");
+    checkAllreduce(comm);
+    RANK_OK(ecclCommDestroy(comm), comm);
+  });
+  auto outcomes = group.wait(std::chrono::seconds(60));
+  expectOutcomes(outcomes, {victim});
+}
+
+TEST_F(Reconfigure, AJoinerDyingWhilePreparingFailsThePreparationOnly) {
+  constexpr int n = 3;
+  ProcessGroup group(n + 1, [&](int index, int, const ecclUniqueId& id) {
+    ecclComm_t comm;
+    if (index == n) {
+      RANK_OK(ecclCommInitStandby(&comm, id, nullptr), nullptr);
+      raise(SIGKILL);  // chosen as the joiner; dies before switching
+    }
+    RANK_OK(ecclCommInitRank(&comm, n, id, index), nullptr);
+    checkAllreduce(comm);
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the standby registered
+    if (index == 0) RANK_OK(ecclCommPrepare(comm, 1), comm);
+    ecclPrepareState_t state = ecclPrepareNone;
+    for (int i = 0; i < 3000 && state != ecclPrepareFailed; ++i) {
+      checkAllreduce(comm, i);  // the old view keeps working throughout
+      RANK_OK(ecclCommPrepareStatus(comm, &state, nullptr), comm);
+      if (state != ecclPrepareFailed) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    RANK_CHECK(state == ecclPrepareFailed, "the preparation did not fail");
+    std::string why = ecclGetLastError(comm);
+    RANK_CHECK(why.find("joiner") != std::string::npos, "reason does not name the joiner: " + why);
+    RANK_CHECK(ecclCommSwitchover(comm) != ecclSuccess, "switched over to a dead joiner");
+    RANK_OK(ecclBarrier(comm), comm);
+    checkAllreduce(comm);
+    RANK_CHECK(statsOf(comm).epoch == 1, "the view changed");
+    RANK_OK(ecclCommDestroy(comm), comm);
+  });
+  auto outcomes = group.wait(std::chrono::seconds(60));
+  expectOutcomes(outcomes, {n});
+}
+
+TEST_F(Reconfigure, AMemberDyingDuringSwitchoverAbortsItAndRecoveryRetries) {
+  constexpr int n = 4, leaver = 1, victim = 3;
+  ProcessGroup group(n + 2, [&](int index, int, const ecclUniqueId& id) {
+    ecclComm_t comm;
+    if (index >= n) {
+      // The first standby becomes the joiner; the second replaces the victim.
+      if (index == n + 1) std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      RANK_OK(ecclCommInitStandby(&comm, id, nullptr), nullptr);
+      ecclCommStats_t s = statsOf(comm);
+      if (index == n) {
+        RANK_CHECK(ecclCommSwitchover(comm) != ecclSuccess, "the joiner switched over into an aborted view");
+        ecclCommDestroy(comm);
+        return;
+      }
+      RANK_CHECK(s.rank == victim && s.epoch == 2, "spare standby became rank " + std::to_string(s.rank));
+      checkAllreduce(comm);
+      RANK_OK(ecclCommDestroy(comm), comm);
+      return;
+    }
+    RANK_OK(ecclCommInitRank(&comm, n, id, index), nullptr);
+    checkAllreduce(comm);
+    std::this_thread::sleep_for(std::chrono::milliseconds(800));  // both standbys registered
+    if (index == 0) RANK_OK(ecclCommPrepare(comm, leaver), comm);
+    for (int steps = 0; !everyoneReady(comm); ++steps) RANK_CHECK(steps < 2000, "never ready");
+    if (index == victim) dieSoon();
+    ecclResult_t r = ecclCommSwitchover(comm);
+    std::string why = ecclGetLastError(comm);
+    RANK_CHECK(r != ecclSuccess && why.find("rank 3") != std::string::npos, "switchover did not abort naming rank 3: " + why);
+    RANK_OK(ecclCommRecover(comm, ecclRecoverReplaceOrShrink), comm);
+    int rank, count;
+    RANK_OK(ecclCommUserRank(comm, &rank), comm);
+    RANK_OK(ecclCommCount(comm, &count), comm);
+    RANK_CHECK(rank == index && count == n, "after the retry: rank " + std::to_string(rank) + " of " + std::to_string(count));
+    checkAllreduce(comm);
+    RANK_OK(ecclCommDestroy(comm), comm);
+  });
+  auto outcomes = group.wait(std::chrono::seconds(60));
+  expectOutcomes(outcomes, {victim});
+}
+
+}  // namespace
+}  // namespace eccl::test
