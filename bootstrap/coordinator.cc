@@ -436,6 +436,12 @@ struct Coordinator::State {
   void trySwitch() {
     for (uint64_t id : pending->next)
       if (!pending->prepared.count(id) || !pending->switching.count(id)) return;
+    // A leaver still connected switches at the same boundary; one that
+    // already left (its state streamed) is not waited for.
+    for (uint64_t l : pending->leavers) {
+      auto it = members.find(l);
+      if (it != members.end() && it->second.channel && !it->second.left && !pending->switching.count(l)) return;
+    }
     Pending p = std::move(*pending);
     pending.reset();
     lastAbort.clear();
@@ -513,6 +519,7 @@ struct Coordinator::State {
       }
       case CoordKind::kLeave:
         it->second.left = true;
+        if (pending) trySwitch();  // it may be the leaver everyone waits for
         return;
       default:
         log::warn("coordinator: unexpected {} message from {}", coordKindName(msg.kind), label(from));
@@ -619,6 +626,7 @@ void Coordinator::run() {
           it = s.members.find(mid);
           if (s.view.empty()) s.rankOf.erase(mid);
           s.members.erase(it);
+          if (s.pending) s.trySwitch();
         } else {
           s.declareFailed(mid, "its connection to the coordinator closed (process exited or was killed)");
         }

@@ -123,9 +123,9 @@ void Communicator::prepareDelta(uint32_t nextEpoch) {
   for (transport::MemberId m : needed) {
     if (m == self_) continue;
     try {
-      uint32_t before = device_->lanesUp(m);
       device_->connectNow(m, deadline);
-      opened += device_->lanesUp(m) - before;
+      // Lanes to a member new to us are the delta, whichever side dialed.
+      if (self_ == joiner || m == joiner) opened += device_->lanesUp(m);
     } catch (const Error& e) {
       failure = e.what();
       {
