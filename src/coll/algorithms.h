@@ -43,4 +43,9 @@ void allToAllvPairwise(Links& links, const void* in, const size_t* sendBytes, co
                        void* out, const size_t* recvBytes, const size_t* recvOffsets);
 void barrierDissemination(Links& links);
 
+// The ranks that rank r exchanges with in the ring, chain, recursive
+// doubling and dissemination algorithms of an n-rank view: O(log n). A view
+// change connects exactly these (all-to-all and send/recv pairs open lazily).
+std::vector<int> latencyPeers(int r, int n);
+
 }  // namespace eccl::coll

@@ -136,8 +136,8 @@ void Communicator::join(const ecclUniqueId& id, bootstrap::Role role, int rank, 
 
 // Makes `v` the current view: leavers' connections close, joiners are added,
 // ops of the old epoch die, and everything else is inherited untouched. The
-// ring neighbours are connected before returning so the first collective
-// pays no connection setup.
+// peers of the ring and latency algorithms are connected before returning
+// so the first collective pays no connection setup.
 void Communicator::applyView(const bootstrap::ViewUpdate& v) {
   auto start = Clock::now();
   transport::DeviceStats before = device_->stats();
@@ -165,17 +165,22 @@ void Communicator::applyView(const bootstrap::ViewUpdate& v) {
     MutexLock lock(errorMu_);
     if (asyncError_ != ecclEvicted) asyncError_ = ecclSuccess, asyncMessage_.clear();
   }
-  const int n = size();
-  Deadline deadline = deadlineAfterMs(timeoutMs_);
-  if (n > 1) {
-    device_->connectNow(next[(rank_ + 1) % n], deadline);
-    device_->connectNow(next[(rank_ + n - 1) % n], deadline);
-  }
+  std::vector<transport::MemberId> needed;
+  for (int peer : coll::latencyPeers(rank_, size())) needed.push_back(next[peer]);
+  connectPeers(needed, deadlineAfterMs(timeoutMs_));
   transport::DeviceStats after = device_->stats();
   reconfig_.connectionsClosed = afterClose.connectionsClosed - before.connectionsClosed;
   reconfig_.connectionsOpened = after.connectionsOpened - afterClose.connectionsOpened;
   reconfig_.connectionsInherited = afterClose.openConnections;
   reconfig_.applyMs = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+}
+
+// The lower member id dials, so dial everything we dial first, then wait
+// for the connections the others open to us.
+void Communicator::connectPeers(std::vector<transport::MemberId> peers, Deadline deadline) {
+  std::stable_partition(peers.begin(), peers.end(), [this](transport::MemberId m) { return self_ < m; });
+  for (transport::MemberId m : peers)
+    if (m != self_) device_->connectNow(m, deadline);
 }
 
 void Communicator::recover(ecclRecoverPolicy_t policy) {

@@ -4,6 +4,7 @@
 // that every member calls at a collective boundary. Grow appends standbys.
 #include <algorithm>
 
+#include "coll/algorithms.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "common/params.h"
@@ -107,33 +108,25 @@ void Communicator::prepareDelta(uint32_t nextEpoch) {
   }
   std::vector<transport::MemberId> needed;
   int me = rankIn(next, self_);
-  const int n = static_cast<int>(next.size());
-  if (me >= 0 && n > 1) {
-    needed.push_back(next[(me + 1) % n].member);
-    needed.push_back(next[(me + n - 1) % n].member);
-  }
+  if (me >= 0)
+    for (int peer : coll::latencyPeers(me, static_cast<int>(next.size()))) needed.push_back(next[peer].member);
   bool isLeaver = std::count(leavers.begin(), leavers.end(), self_) > 0;
   if (isLeaver) needed.push_back(joiner);
   if (self_ == joiner) needed.insert(needed.end(), leavers.begin(), leavers.end());
   std::string failure;
-  Deadline deadline = deadlineAfterMs(timeoutMs_);
-  std::sort(needed.begin(), needed.end(), [this](auto a, auto b) { return (a > self_) > (b > self_); });
+  std::sort(needed.begin(), needed.end());
   needed.erase(std::unique(needed.begin(), needed.end()), needed.end());
   uint64_t opened = 0;
-  for (transport::MemberId m : needed) {
-    if (m == self_) continue;
-    try {
-      device_->connectNow(m, deadline);
-      // Lanes to a member new to us are the delta, whichever side dialed.
-      if (self_ == joiner || m == joiner) opened += device_->lanesUp(m);
-    } catch (const Error& e) {
-      failure = e.what();
-      {
-        MutexLock lock(reporterMu_);
-        if (reporter_) reporter_->report(m, fmt::format("preparing epoch {}: {}", nextEpoch, e.what()));
-      }
-      break;
-    }
+  try {
+    connectPeers(needed, deadlineAfterMs(timeoutMs_));
+    // Lanes to a member new to us are the delta, whichever side dialed.
+    for (transport::MemberId m : needed)
+      if (m != self_ && (self_ == joiner || m == joiner)) opened += device_->lanesUp(m);
+  } catch (const Error& e) {
+    failure = e.what();
+    MutexLock lock(reporterMu_);
+    if (reporter_) reporter_->report(self_ == joiner ? leavers.front() : joiner,
+                                     fmt::format("preparing epoch {}: {}", nextEpoch, e.what()));
   }
   MutexLock lock(prepMu_);
   if (prep_.epoch != nextEpoch) return;

@@ -1,0 +1,368 @@
+// reconfig_perf: what a membership change costs, for N in --sizes.
+//
+// The driver starts, per N, `eccl-run -np N --standby 2 reconfig_perf
+// --worker` and reads one RESULT line from rank 0. Each worker job measures,
+// in order:
+//   full_init_ms      a fresh N-rank communicator (new id, init, first
+//                     allreduce): the stop-and-recreate baseline
+//   gloo_init_ms      Gloo's full-mesh context creation at the same N (what
+//                     a torchft-style process-group rebuild pays)
+//   prepare_interference_pct
+//                     1 MiB allreduce time while a migration is prepared in
+//                     the background, against the same loop without one
+//   migrate_downtime_ms
+//                     ecclCommSwitchover call to the first completed
+//                     allreduce on the new view (max over ranks)
+//   conns_opened/closed/inherited
+//                     the migration's delta, counted at the stayers' ends
+//   failure_detect_ms / failure_recover_ms
+//                     SIGKILL of a rank to the survivors' failed op, and
+//                     from there through ecclCommRecover(REPLACE) to the
+//                     first completed allreduce with the standby
+#include <CLI/CLI.hpp>
+#include <signal.h>
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "eccl.h"
+
+#ifdef ECCL_RECONFIG_WITH_GLOO
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/file_store.h>
+#include <gloo/rendezvous/prefix_store.h>
+#include <gloo/transport/tcp/device.h>
+#endif
+
+extern char** environ;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr int kLeaver = 1;
+constexpr size_t kBigCount = 1 << 18;  // 1 MiB of float32
+
+double msSince(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
+int64_t nowNs() { return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count(); }
+
+[[noreturn]] void die(const char* what, ecclResult_t r, ecclComm_t comm) {
+  fprintf(stderr, "reconfig_perf: %s: %s: %s\n", what, ecclGetErrorString(r), ecclGetLastError(comm));
+  exit(1);
+}
+#define CHECK(call, comm)                     \
+  do {                                        \
+    ecclResult_t r_ = (call);                 \
+    if (r_ != ecclSuccess) die(#call, r_, comm); \
+  } while (0)
+
+void smallAllreduce(ecclComm_t comm) {
+  float v[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+  CHECK(ecclAllReduce(v, v, 8, ecclFloat32, ecclSum, comm, nullptr), comm);
+}
+
+template <typename T>
+T reduceMax(ecclComm_t comm, T v, ecclDataType_t type) {
+  CHECK(ecclAllReduce(&v, &v, 1, type, ecclMax, comm, nullptr), comm);
+  return v;
+}
+
+bool everyoneReady(ecclComm_t comm) {
+  ecclPrepareState_t state;
+  CHECK(ecclCommPrepareStatus(comm, &state, nullptr), comm);
+  if (state == ecclPrepareFailed) die("preparation", ecclRemoteError, comm);
+  int32_t ready = state == ecclPrepareReady;
+  CHECK(ecclAllReduce(&ready, &ready, 1, ecclInt32, ecclMin, comm, nullptr), comm);
+  return ready == 1;
+}
+
+// The context is returned so it outlives every rank's connection setup
+// (a rank that drops its context early resets its peers' pairs).
+double glooInitMs(int rank, int n, const std::string& dir, std::shared_ptr<void>* keep) {
+#ifdef ECCL_RECONFIG_WITH_GLOO
+  auto t = Clock::now();
+  gloo::transport::tcp::attr attr;
+  attr.hostname = "127.0.0.1";
+  auto device = gloo::transport::tcp::CreateDevice(attr);
+  gloo::rendezvous::FileStore store(dir);
+  auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, n);
+  ctx->connectFullMesh(store, device);
+  *keep = ctx;
+  return msSince(t);
+#else
+  (void)rank, (void)n, (void)dir, (void)keep;
+  return -1;
+#endif
+}
+
+struct Results {
+  double fullInitMs = 0, glooInitMs = -1, interferencePct = 0, migrateMs = 0, detectMs = 0, recoverMs = 0;
+  double agreeMs = 0, applyMs = 0;  // the switchover's phases (max over stayers)
+  double smallAllreduceMs = 0;      // median 8-float allreduce: the floor under any downtime
+  int64_t opened = 0, closed = 0, inherited = 0;
+};
+
+// Stayers, the joiner and (after the failure) the replacement share these
+// collectives; a member that did not measure something contributes zero.
+void failurePhase(ecclComm_t comm, int rank, int n, Results& out) {
+  int64_t killAt = rank == 0 ? nowNs() + 100'000'000 : 0;
+  CHECK(ecclBroadcast(&killAt, &killAt, 1, ecclInt64, 0, comm, nullptr), comm);
+  if (rank == n - 1) {
+    std::this_thread::sleep_for(std::chrono::nanoseconds(killAt - nowNs()));
+    raise(SIGKILL);
+  }
+  double detect = 0;
+  auto deadline = Clock::now() + std::chrono::seconds(60);
+  for (;;) {
+    float v[8] = {};
+    if (ecclAllReduce(v, v, 8, ecclFloat32, ecclSum, comm, nullptr) != ecclSuccess) {
+      detect = (nowNs() - killAt) / 1e6;
+      break;
+    }
+    if (Clock::now() > deadline) die("waiting for the killed rank to be detected", ecclTimeout, comm);
+  }
+  auto failedAt = Clock::now();
+  CHECK(ecclCommRecover(comm, ecclRecoverReplace), comm);
+  smallAllreduce(comm);
+  double recover = msSince(failedAt);
+  out.detectMs = reduceMax(comm, detect, ecclFloat64);
+  out.recoverMs = reduceMax(comm, recover, ecclFloat64);
+}
+
+void migrationResults(ecclComm_t comm, double downtime, bool stayer, Results& out) {
+  ecclCommStats_t s{};
+  s.size = sizeof(s);
+  CHECK(ecclCommGetStats(comm, &s), comm);
+  int64_t delta[3] = {0, 0, 0};
+  if (stayer) {
+    delta[0] = static_cast<int64_t>(s.connectionsPrepared + s.connectionsOpened);
+    delta[1] = static_cast<int64_t>(s.connectionsClosed);
+    delta[2] = static_cast<int64_t>(s.connectionsInherited);
+  }
+  CHECK(ecclAllReduce(delta, delta, 3, ecclInt64, ecclSum, comm, nullptr), comm);
+  out.opened = delta[0], out.closed = delta[1], out.inherited = delta[2];
+  out.migrateMs = reduceMax(comm, stayer ? downtime : 0.0, ecclFloat64);
+  out.agreeMs = reduceMax(comm, stayer ? s.agreeMs : 0.0, ecclFloat64);
+  out.applyMs = reduceMax(comm, stayer ? s.applyMs : 0.0, ecclFloat64);
+}
+
+int worker(const std::string& glooDir, int iterations) {
+  ecclComm_t comm;
+  CHECK(ecclCommInitFromEnv(&comm), nullptr);
+  int rank, n;
+  CHECK(ecclCommUserRank(comm, &rank), comm);
+  CHECK(ecclCommCount(comm, &n), comm);
+  ecclCommStats_t s{};
+  s.size = sizeof(s);
+  CHECK(ecclCommGetStats(comm, &s), comm);
+  ecclPrepareState_t prep;
+  CHECK(ecclCommPrepareStatus(comm, &prep, nullptr), comm);
+  Results res;
+  if (prep == ecclPreparePreparing || prep == ecclPrepareReady) {
+    // The joiner: switch in, then take part as a survivor of the failure.
+    CHECK(ecclCommSwitchover(comm), comm);
+    smallAllreduce(comm);
+    migrationResults(comm, 0, false, res);
+    failurePhase(comm, rank, n, res);
+  } else if (s.joinedEpoch > 1) {
+    // The replacement of the killed rank.
+    smallAllreduce(comm);
+    res.detectMs = reduceMax(comm, 0.0, ecclFloat64);
+    res.recoverMs = reduceMax(comm, 0.0, ecclFloat64);
+  } else {
+    // Full re-initialisation baseline: a new id, a new N-rank communicator.
+    ecclUniqueId id;
+    if (rank == 0) CHECK(ecclGetUniqueId(&id), nullptr);
+    CHECK(ecclBroadcast(&id, &id, sizeof(id), ecclUint8, 0, comm, nullptr), comm);
+    CHECK(ecclBarrier(comm), comm);
+    auto t = Clock::now();
+    ecclComm_t fresh;
+    CHECK(ecclCommInitRank(&fresh, n, id, rank), nullptr);
+    smallAllreduce(fresh);
+    double full = msSince(t);
+    CHECK(ecclCommDestroy(fresh), nullptr);
+    res.fullInitMs = reduceMax(comm, full, ecclFloat64);
+    CHECK(ecclBarrier(comm), comm);
+    std::shared_ptr<void> glooContext;
+    res.glooInitMs = reduceMax(comm, glooDir.empty() ? -1.0 : glooInitMs(rank, n, glooDir, &glooContext), ecclFloat64);
+    CHECK(ecclBarrier(comm), comm);
+    glooContext.reset();
+
+    std::vector<double> small;
+    for (int i = 0; i < 21; ++i) {
+      auto t1 = Clock::now();
+      smallAllreduce(comm);
+      small.push_back(msSince(t1));
+    }
+    std::nth_element(small.begin(), small.begin() + 10, small.end());
+    res.smallAllreduceMs = reduceMax(comm, small[10], ecclFloat64);
+    std::vector<float> big(kBigCount, 1.0f);
+    auto step = [&] {
+      auto t0 = Clock::now();
+      CHECK(ecclAllReduce(big.data(), big.data(), big.size(), ecclFloat32, ecclSum, comm, nullptr), comm);
+      return msSince(t0);
+    };
+    double base = 0;
+    for (int i = 0; i < iterations; ++i) {
+      base += step();
+      everyoneReady(comm);  // the same bookkeeping as the loop below
+    }
+    base /= iterations;
+    if (rank == 0) CHECK(ecclCommPrepare(comm, kLeaver), comm);
+    double during = 0;
+    int steps = 0;
+    do {
+      during += step();
+      ++steps;
+      if (steps > 100000) die("the preparation never became ready", ecclTimeout, comm);
+    } while (!everyoneReady(comm));
+    during /= steps;
+    res.interferencePct = reduceMax(comm, (during / base - 1) * 100, ecclFloat64);
+
+    auto t0 = Clock::now();
+    CHECK(ecclCommSwitchover(comm), comm);
+    if (rank == kLeaver) {
+      CHECK(ecclCommDestroy(comm), nullptr);
+      return 0;
+    }
+    smallAllreduce(comm);
+    migrationResults(comm, msSince(t0), true, res);
+    failurePhase(comm, rank, n, res);
+  }
+  CHECK(ecclCommUserRank(comm, &rank), comm);
+  if (rank == 0) {
+    nlohmann::json j{{"n", n},
+                     {"full_init_ms", res.fullInitMs},
+                     {"migrate_downtime_ms", res.migrateMs},
+                     {"migrate_agree_ms", res.agreeMs},
+                     {"migrate_apply_ms", res.applyMs},
+                     {"small_allreduce_ms", res.smallAllreduceMs},
+                     {"failure_detect_ms", res.detectMs},
+                     {"failure_recover_ms", res.recoverMs},
+                     {"conns_opened", res.opened},
+                     {"conns_closed", res.closed},
+                     {"conns_inherited", res.inherited},
+                     {"prepare_interference_pct", res.interferencePct},
+                     {"gloo_init_ms", res.glooInitMs < 0 ? nlohmann::json(nullptr) : nlohmann::json(res.glooInitMs)}};
+    printf("RESULT %s\n", j.dump().c_str());
+    fflush(stdout);
+  }
+  CHECK(ecclCommDestroy(comm), nullptr);
+  return 0;
+}
+
+// Runs one eccl-run job and returns rank 0's RESULT object (null if none).
+nlohmann::json runJob(const std::string& launcher, const std::string& self, int n, int iterations, bool verbose) {
+  std::string glooDir;
+#ifdef ECCL_RECONFIG_WITH_GLOO
+  char tmpl[] = "/tmp/eccl-reconfig-gloo-XXXXXX";
+  if (mkdtemp(tmpl)) glooDir = tmpl;
+#endif
+  std::string out = std::filesystem::temp_directory_path() / ("eccl-reconfig-" + std::to_string(getpid()) + ".out");
+  std::vector<std::string> args{launcher, "-np", std::to_string(n), "--standby", "2", "--timeout", "300",
+                                self, "--worker", "--iterations", std::to_string(iterations)};
+  if (!glooDir.empty()) args.insert(args.end(), {"--gloo-dir", glooDir});
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  pid_t pid;
+  if (posix_spawn(&pid, launcher.c_str(), &fa, nullptr, argv.data(), environ) != 0) {
+    fprintf(stderr, "reconfig_perf: cannot run %s\n", launcher.c_str());
+    exit(2);
+  }
+  posix_spawn_file_actions_destroy(&fa);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  nlohmann::json result;
+  FILE* f = fopen(out.c_str(), "r");
+  std::string log;
+  char line[8192];
+  while (f && fgets(line, sizeof(line), f)) {
+    log += line;
+    const char* r = strstr(line, "RESULT ");
+    if (r && strncmp(line, "[0] ", 4) == 0) result = nlohmann::json::parse(r + 7, nullptr, false);
+  }
+  if (f) fclose(f);
+  unlink(out.c_str());
+  if (!glooDir.empty()) std::filesystem::remove_all(glooDir);
+  if (result.is_null() || result.is_discarded() || verbose)
+    fprintf(stderr, "reconfig_perf: N=%d job output:\n%s", n, log.c_str());
+  if (result.is_discarded()) result = nullptr;
+  return result;
+}
+
+std::string defaultLauncher() {
+  std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe");
+  for (auto candidate : {self.parent_path() / "eccl-run", self.parent_path().parent_path() / "bootstrap" / "eccl-run"})
+    if (access(candidate.c_str(), X_OK) == 0) return candidate;
+  return "eccl-run";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"reconfig_perf: the cost of membership changes against full re-initialisation"};
+  std::vector<int> sizes{4, 8, 16, 32};
+  bool json = false, isWorker = false, verbose = false;
+  int iterations = 20;
+  std::string glooDir, launcher = defaultLauncher();
+  app.add_option("--sizes", sizes, "values of N")->delimiter(',')->check(CLI::Range(3, 1024));
+  app.add_flag("--json", json, "one JSON object per N instead of the table");
+  app.add_option("--iterations", iterations, "1 MiB allreduces in the interference baseline")->check(CLI::Range(1, 100000));
+  app.add_option("--launcher", launcher, "eccl-run to use");
+  app.add_flag("-v,--verbose", verbose, "print each job's output");
+  app.add_flag("--worker", isWorker, "(internal) one rank of a measurement job");
+  app.add_option("--gloo-dir", glooDir, "(internal) Gloo FileStore directory");
+  CLI11_PARSE(app, argc, argv);
+  if (isWorker) return worker(glooDir, iterations);
+
+  signal(SIGPIPE, SIG_IGN);
+  std::string self = std::filesystem::read_symlink("/proc/self/exe");
+  if (!json) {
+    printf("# reconfig_perf: 1 MiB float32 allreduce; migrate = switchover to first allreduce; failure = SIGKILL\n");
+    printf("# %5s %10s %10s %9s %9s %9s %8s %8s %7s %7s %9s %11s %9s\n", "N", "full_init", "gloo_init", "migrate",
+           "(agree)", "allred8", "detect", "recover", "opened", "closed", "inherited", "interfere%", "full/mig");
+    printf("# %5s %10s %10s %9s %9s %9s %8s %8s %7s %7s %9s %11s %9s\n", "", "(ms)", "(ms)", "(ms)", "(ms)", "(ms)",
+           "(ms)", "(ms)", "", "", "", "", "");
+  }
+  int failures = 0;
+  for (int n : sizes) {
+    nlohmann::json r = runJob(launcher, self, n, iterations, verbose);
+    if (r.is_null()) {
+      fprintf(stderr, "reconfig_perf: the N=%d job produced no result\n", n);
+      ++failures;
+      continue;
+    }
+    if (json) {
+      printf("%s\n", r.dump().c_str());
+    } else {
+      double gloo = r["gloo_init_ms"].is_null() ? -1 : r["gloo_init_ms"].get<double>();
+      printf("  %5d %10.2f %10.2f %9.3f %9.3f %9.3f %8.2f %8.2f %7" PRId64 " %7" PRId64 " %9" PRId64 " %11.1f %9.1f\n",
+             n, r["full_init_ms"].get<double>(), gloo, r["migrate_downtime_ms"].get<double>(),
+             r["migrate_agree_ms"].get<double>(), r["small_allreduce_ms"].get<double>(),
+             r["failure_detect_ms"].get<double>(), r["failure_recover_ms"].get<double>(),
+             r["conns_opened"].get<int64_t>(), r["conns_closed"].get<int64_t>(), r["conns_inherited"].get<int64_t>(),
+             r["prepare_interference_pct"].get<double>(),
+             r["full_init_ms"].get<double>() / std::max(1e-9, r["migrate_downtime_ms"].get<double>()));
+    }
+    fflush(stdout);
+  }
+  return failures ? 1 : 0;
+}
