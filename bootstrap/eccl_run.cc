@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,8 @@ struct Child {
   std::string outLine, errLine;
   bool exited = false;
   int status = 0;
+  eccl::Clock::time_point spawned;
+  bool seenIdle = false;  // registered as an idle standby at some point
 };
 
 // Writes complete lines with a "[rank] " prefix; keeps partial lines.
@@ -112,6 +115,14 @@ int main(int argc, char** argv) {
   std::string idFile;
   app.add_option("--id-file", idFile, "write the job id here (for ecclcoord status/migrate)");
   app.add_option("--standby", standbys, "also start this many standbys (ECCL_ROLE=standby)")->check(CLI::Range(0, 4096));
+  bool refill = false;
+  int chaosMs = 0, chaosMax = 1000000;
+  unsigned seed = 1;
+  app.add_flag("--refill", refill, "start a new standby whenever one is promoted (keeps --standby K idle)");
+  app.add_option("--chaos", chaosMs, "fault injection: SIGKILL a random rank every MS milliseconds on average")
+      ->check(CLI::Range(10, 3600000));
+  app.add_option("--chaos-max", chaosMax, "stop the chaos after this many kills")->check(CLI::Range(1, 100000000));
+  app.add_option("--seed", seed, "seed of the chaos schedule");
   app.add_option("--kill", kills, "fault injection: SIGKILL rank R after S seconds (R@S, repeatable)")->allow_extra_args(false);
   app.add_option("--stop", stops, "fault injection: SIGSTOP rank R after S seconds (R@S, repeatable)")->allow_extra_args(false);
   // Everything from the program name on belongs to the program.
@@ -178,18 +189,18 @@ int main(int argc, char** argv) {
   sigaction(SIGTERM, &sa, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  const int total = np + standbys;
-  std::vector<Child> children(total);
-  for (int r = 0; r < total; ++r) {
-    const bool standby = r >= np;
+  std::vector<Child> children;
+  int standbysStarted = 0;
+  // Everything a child needs is built before fork: the coordinator thread is
+  // running, so between fork and exec only async-signal-safe calls happen.
+  auto spawn = [&](bool standby) -> bool {
+    int index = static_cast<int>(children.size());
     int out[2], err[2];
     if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) {
       perror("eccl-run: pipe");
-      return 2;
+      return false;
     }
-    // Everything the child needs is built before fork: the root thread is
-    // running, so between fork and exec only async-signal-safe calls happen.
-    std::vector<std::string> env = rankEnvironment(standby ? -1 : r, np, idText, standby);
+    std::vector<std::string> env = rankEnvironment(standby ? -1 : index, np, idText, standby);
     std::vector<char*> envp, args;
     for (auto& e : env) envp.push_back(e.data());
     envp.push_back(nullptr);
@@ -207,13 +218,27 @@ int main(int argc, char** argv) {
     }
     close(out[1]);
     close(err[1]);
-    children[r] = Child{r, standby ? fmt::format("s{}", r - np) : std::to_string(r), standby, false, pid,
-                        out[0], err[0], {}, {}, false, 0};
-  }
+    Child c;
+    c.rank = index;
+    c.label = standby ? fmt::format("s{}", standbysStarted++) : std::to_string(index);
+    c.standby = standby;
+    c.pid = pid;
+    c.outFd = out[0];
+    c.errFd = err[0];
+    c.spawned = eccl::Clock::now();
+    children.push_back(std::move(c));
+    return true;
+  };
+  for (int r = 0; r < np + standbys; ++r)
+    if (!spawn(r >= np)) return 2;
   const auto started = eccl::Clock::now();
 
   auto deadline = eccl::deadlineAfterMs(static_cast<int64_t>(timeoutSeconds * 1000));
-  int running = total;
+  int running = static_cast<int>(children.size());
+  std::mt19937 chaosRng(seed);
+  int chaosKills = 0;
+  bool jobEnding = false;  // a rank finished on its own: no more chaos or refills
+  auto nextChaos = started + std::chrono::milliseconds(chaosMs);
   bool timedOut = false;
   bool standbysReleased = false;
   while (running > 0) {
@@ -228,9 +253,38 @@ int main(int argc, char** argv) {
       c.injected = f.signal == SIGKILL;
       kill(c.pid, f.signal);
     }
+    auto idle = coordinator->idleStandbyPids();
+    for (auto& c : children)
+      if (idle.count(static_cast<uint64_t>(c.pid))) c.seenIdle = true;
+    // A standby is available while it is starting or idle; a promoted one
+    // is a rank (fair game for the chaos, and replaced by a refill).
+    auto available = [&](const Child& c) {
+      bool starting = !c.seenIdle && eccl::Clock::now() - c.spawned < std::chrono::seconds(10);
+      return c.standby && !c.exited && (idle.count(static_cast<uint64_t>(c.pid)) || starting);
+    };
+    if (refill && !jobEnding && !timedOut) {
+      int pool = 0;
+      for (auto& c : children) pool += available(c);
+      for (; pool < standbys; ++pool)
+        if (spawn(true)) ++running;
+    }
+    if (chaosMs > 0 && !jobEnding && !timedOut && chaosKills < chaosMax && eccl::Clock::now() >= nextChaos) {
+      std::vector<Child*> ranks;
+      for (auto& c : children)
+        if (!c.exited && !c.injected && !available(c)) ranks.push_back(&c);
+      if (!ranks.empty()) {
+        Child* victim = ranks[std::uniform_int_distribution<size_t>(0, ranks.size() - 1)(chaosRng)];
+        victim->injected = true;
+        kill(victim->pid, SIGKILL);
+        ++chaosKills;
+        fprintf(stderr, "eccl-run: chaos kill %d: %s %s (pid %d) at %.2f s\n", chaosKills,
+                victim->standby ? "promoted standby" : "rank", victim->label.c_str(), victim->pid, elapsed);
+      }
+      nextChaos = eccl::Clock::now() +
+                  std::chrono::milliseconds(std::uniform_int_distribution<int>(chaosMs / 2, chaosMs * 3 / 2)(chaosRng));
+    }
     // When no rank is left, standbys that were never promoted are released.
     if (!standbysReleased && standbys > 0) {
-      auto idle = coordinator->idleStandbyPids();
       bool onlyIdle = true;
       for (auto& c : children)
         if (!c.exited && !idle.count(static_cast<uint64_t>(c.pid))) onlyIdle = false;
@@ -285,6 +339,7 @@ int main(int argc, char** argv) {
         c.exited = true;
         c.status = status;
         --running;
+        if (!c.injected && WIFEXITED(status) && WEXITSTATUS(status) == 0) jobEnding = true;
         const char* what = c.standby ? "standby" : "rank";
         if (c.injected)
           ;  // expected: the launcher did it
@@ -312,6 +367,7 @@ int main(int argc, char** argv) {
   int failed = 0;
   for (auto& c : children)
     if (!c.injected && (!WIFEXITED(c.status) || WEXITSTATUS(c.status) != 0)) ++failed;
-  if (failed) fprintf(stderr, "eccl-run: %d of %d processes failed\n", failed, total);
+  if (chaosMs > 0) fprintf(stderr, "eccl-run: chaos killed %d processes; %d standbys started\n", chaosKills, standbysStarted);
+  if (failed) fprintf(stderr, "eccl-run: %d of %zu processes failed\n", failed, children.size());
   return failed ? 1 : 0;
 }
