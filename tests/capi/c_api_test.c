@@ -42,6 +42,24 @@ int main(void) {
   if (strstr(ecclGetLastError(comm), "stream") == NULL) return 1;
   CHECK(ecclCommGetAsyncError(comm, &async));
   if (async != ecclSuccess) return 1;
+  /* The reconfiguration calls from C: nothing prepared, no standby. */
+  {
+    ecclPrepareState_t state = ecclPrepareReady;
+    int leaving = 7;
+    ecclCommStats_t stats;
+    CHECK(ecclCommPrepareStatus(comm, &state, &leaving));
+    if (state != ecclPrepareNone || leaving != -1) return 1;
+    if (ecclCommPrepareStatus(comm, NULL, NULL) != ecclInvalidArgument) return 1;
+    if (ecclCommSwitchover(comm) != ecclInvalidUsage) return 1;
+    if (strstr(ecclGetLastError(comm), "no reconfiguration") == NULL) return 1;
+    if (ecclCommPrepare(comm, 3) != ecclInvalidArgument) return 1;
+    if (ecclCommGrow(comm, 0) != ecclInvalidArgument) return 1;
+    if (ecclMigrationSend(in, 5, ecclFloat32, comm, NULL) != ecclInvalidUsage) return 1;
+    memset(&stats, 0, sizeof(stats));
+    stats.size = sizeof(stats);
+    CHECK(ecclCommGetStats(comm, &stats));
+    if (stats.epoch != 1 || stats.nranks != 1 || stats.connectionsPrepared != 0) return 1;
+  }
   CHECK(ecclCommDestroy(comm));
   printf("c api ok\n");
   return 0;

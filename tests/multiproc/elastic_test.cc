@@ -176,6 +176,38 @@ TEST_F(Elastic, TwoFailuresWithTwoStandbysRecoverInOneStep) {
   expectOnlyVictimsDied(outcomes, victims);
 }
 
+TEST_F(Elastic, ReplaceOrShrinkReplacesWhileStandbysLastThenShrinks) {
+  constexpr int n = 5;
+  const std::set<int> victims{1, 3};
+  ProcessGroup group(n + 1, [&](int index, int, const ecclUniqueId& id) {
+    ecclComm_t comm;
+    if (index == n) {
+      RANK_OK(ecclCommInitStandby(&comm, id, nullptr), nullptr);
+      ecclCommStats_t s = statsOf(comm);
+      RANK_CHECK(s.rank == 1 && s.nranks == n - 1, "the standby took rank " + std::to_string(s.rank));
+      checkAllreduce(comm);
+      RANK_OK(ecclCommDestroy(comm), comm);
+      return;
+    }
+    RANK_OK(ecclCommInitRank(&comm, n, id, index), nullptr);
+    checkAllreduce(comm);
+    if (victims.count(index)) dieSoon();
+    allreduceUntilFailure(comm);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // both failures declared
+    RANK_OK(ecclCommRecover(comm, ecclRecoverReplaceOrShrink), comm);
+    int rank, count;
+    RANK_OK(ecclCommUserRank(comm, &rank), comm);
+    RANK_OK(ecclCommCount(comm, &count), comm);
+    // Rank 1 is replaced by the one standby; rank 3 is dropped and rank 4
+    // becomes rank 3.
+    RANK_CHECK(count == n - 1 && rank == (index == 4 ? 3 : index), "rank " + std::to_string(rank));
+    checkAllreduce(comm);
+    RANK_OK(ecclCommDestroy(comm), comm);
+  });
+  auto outcomes = group.wait(std::chrono::seconds(60));
+  expectOnlyVictimsDied(outcomes, victims);
+}
+
 TEST_F(Elastic, AStoppedMemberIsFencedAndNeverSilentlyReadmitted) {
   constexpr int n = 3, victim = 2;
   ProcessGroup group(n, [&](int index, int, const ecclUniqueId& id) {
