@@ -189,6 +189,32 @@ ecclResult_t ecclRecv(void* recvbuff, size_t count, ecclDataType_t datatype, int
                       ecclComm_t comm, ecclStream_t stream);
 ecclResult_t ecclBarrier(ecclComm_t comm);
 
+/* Mixture-of-Experts dispatch with uneven expert replicas (collective).
+ * x: numTokens rows of `hidden` elements; topkIds: numTokens x topk expert
+ * ids (-1: no expert); replicas: numExperts x nranks replica counts, equal
+ * on every rank (an expert may have several replicas on one rank). Each
+ * expert's tokens are split over its replicas in quotas differing by at
+ * most one, local replicas first, and exchanged without padding. The plan
+ * holds the received rows, expert-major, until ecclMoeCombine. Host
+ * buffers in this release (stream must be NULL). */
+typedef struct ecclMoePlan* ecclMoePlan_t;
+ecclResult_t ecclMoeDispatch(const void* x, const int32_t* topkIds, int64_t numTokens, int topk,
+                             int64_t hidden, ecclDataType_t datatype, const int32_t* replicas,
+                             int numExperts, ecclMoePlan_t* plan, ecclComm_t comm,
+                             ecclStream_t stream);
+/* The rows this rank's experts process: local expert q (localExperts[q])
+ * owns rows [expertOffsets[q], expertOffsets[q] + expertRows[q]) of `rows`.
+ * The arrays live as long as the plan. */
+ecclResult_t ecclMoeExpertInput(ecclMoePlan_t plan, void** rows, int* numLocalExperts,
+                                const int32_t** localExperts, const int64_t** expertRows,
+                                const int64_t** expertOffsets);
+/* expertOutput: the experts' results in the same layout (may be the rows
+ * of ecclMoeExpertInput); out[t] = sum_k weights[t][k] * result of choice
+ * k, accumulated in float32 (float32, float16, bfloat16 data). */
+ecclResult_t ecclMoeCombine(ecclMoePlan_t plan, const void* expertOutput, const float* weights,
+                            void* out, ecclComm_t comm, ecclStream_t stream);
+ecclResult_t ecclMoePlanDestroy(ecclMoePlan_t plan);
+
 /* Operations between GroupStart and GroupEnd are posted together at
  * GroupEnd and progress together (a ring of send/recv cannot deadlock). */
 ecclResult_t ecclGroupStart(void);

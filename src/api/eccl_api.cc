@@ -8,6 +8,7 @@
 #include "coll/reduce.h"
 #include "common/params.h"
 #include "core/group.h"
+#include "moe/dispatcher.h"
 
 using eccl::Communicator;
 using eccl::fail;
@@ -197,6 +198,53 @@ ecclResult_t ecclMigrationRecv(void* recvbuff, size_t count, ecclDataType_t data
     Communicator::checkBuffer(recvbuff, count, "ecclMigrationRecv recvbuff");
     c.migrationRecv(recvbuff, bytes);
   });
+}
+
+ecclResult_t ecclMoeDispatch(const void* x, const int32_t* topkIds, int64_t numTokens, int topk, int64_t hidden,
+                             ecclDataType_t datatype, const int32_t* replicas, int numExperts, ecclMoePlan_t* plan,
+                             ecclComm_t comm, ecclStream_t stream) {
+  return guarded(comm, "ecclMoeDispatch", [&] {
+    Communicator& c = impl(comm, "ecclMoeDispatch");
+    checkStream(stream, "ecclMoeDispatch");
+    if (!plan) fail(ecclInvalidArgument, "ecclMoeDispatch: plan is NULL");
+    *plan = nullptr;
+    c.checkUsable();
+    auto p = std::make_unique<ecclMoePlan>();
+    p->comm = &c;
+    p->impl = std::make_unique<eccl::moe::DispatchPlan>(c, x, topkIds, numTokens, topk, hidden, datatype, replicas,
+                                                        numExperts);
+    *plan = p.release();
+  });
+}
+
+ecclResult_t ecclMoeExpertInput(ecclMoePlan_t plan, void** rows, int* numLocalExperts, const int32_t** localExperts,
+                                const int64_t** expertRows, const int64_t** expertOffsets) {
+  return guarded(nullptr, "ecclMoeExpertInput", [&] {
+    if (!plan || !rows || !numLocalExperts || !localExperts || !expertRows || !expertOffsets)
+      fail(ecclInvalidArgument, "ecclMoeExpertInput: NULL argument");
+    auto& d = *plan->impl;
+    *rows = d.expertInput();
+    *numLocalExperts = static_cast<int>(d.localExperts().size());
+    *localExperts = d.localExperts().data();
+    *expertRows = d.expertRows().data();
+    *expertOffsets = d.expertOffsets().data();
+  });
+}
+
+ecclResult_t ecclMoeCombine(ecclMoePlan_t plan, const void* expertOutput, const float* weights, void* out,
+                            ecclComm_t comm, ecclStream_t stream) {
+  return guarded(comm, "ecclMoeCombine", [&] {
+    Communicator& c = impl(comm, "ecclMoeCombine");
+    checkStream(stream, "ecclMoeCombine");
+    if (!plan) fail(ecclInvalidArgument, "ecclMoeCombine: plan is NULL");
+    if (plan->comm != &c) fail(ecclInvalidArgument, "ecclMoeCombine: the plan belongs to another communicator");
+    c.checkUsable();
+    plan->impl->combine(c, expertOutput, weights, out);
+  });
+}
+
+ecclResult_t ecclMoePlanDestroy(ecclMoePlan_t plan) {
+  return guarded(nullptr, "ecclMoePlanDestroy", [&] { delete plan; });
 }
 
 ecclResult_t ecclCommGetStats(ecclComm_t comm, ecclCommStats_t* stats) {

@@ -3,6 +3,8 @@
 // catches everything, records the message and returns a result code.
 #pragma once
 
+#include <memory>
+
 #include <exception>
 #include <new>
 #include <string>
@@ -13,6 +15,14 @@
 
 struct ecclComm {
   eccl::Communicator* impl = nullptr;
+};
+
+namespace eccl::moe {
+class DispatchPlan;
+}
+struct ecclMoePlan {
+  eccl::Communicator* comm = nullptr;
+  std::unique_ptr<eccl::moe::DispatchPlan> impl;
 };
 
 namespace eccl::api {

@@ -1,0 +1,42 @@
+// The MoE dispatch on a communicator (host buffers): all-gather the token
+// counts, compute the schedule (kernels/moe_schedule.h), permute, exchange
+// with an all-to-all-v without padding, regroup expert-major; combine runs
+// it all backwards. A plan holds one dispatch's layout for its combine.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/communicator.h"
+#include "kernels/moe_permute.h"
+
+namespace eccl::moe {
+
+class DispatchPlan {
+ public:
+  // Collective over `comm`; replicas[e * nranks + j] must be the same on every rank.
+  DispatchPlan(Communicator& comm, const void* x, const int32_t* topk, int64_t tokens, int k, int64_t hidden,
+               ecclDataType_t type, const int32_t* replicas, int nexperts);
+  // Expert outputs in the expert-major layout of expertInput(); collective.
+  void combine(Communicator& comm, const void* expertOutput, const float* weights, void* out);
+
+  void* expertInput() { return grouped_.data(); }
+  const std::vector<int32_t>& localExperts() const { return schedule_.localExperts; }
+  const std::vector<int64_t>& expertRows() const { return layout_.expertRows; }
+  const std::vector<int64_t>& expertOffsets() const { return layout_.expertOffset; }
+  int64_t rowsSent() const { return permute_.sendRows; }
+  int64_t rowsReceived() const { return layout_.recvRows; }
+
+ private:
+  int64_t tokens_, hidden_;
+  int k_;
+  ecclDataType_t type_;
+  size_t rowBytes_;
+  int epoch_;
+  RankSchedule schedule_;
+  PermutePlan permute_;
+  ReceiveLayout layout_;
+  std::vector<uint8_t> grouped_;
+};
+
+}  // namespace eccl::moe
