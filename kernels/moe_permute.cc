@@ -102,9 +102,11 @@ void combineRows(const void* y, const float* weights, int64_t tokens, int k, int
   if (type != ecclFloat32 && type != ecclFloat16 && type != ecclBfloat16)
     throw std::invalid_argument("moe combine: data must be float32, float16 or bfloat16");
   const size_t es = coll::typeSize(type);
-  std::vector<float> acc(static_cast<size_t>(hidden)), row(static_cast<size_t>(hidden));
+  std::vector<float> acc(type == ecclFloat32 ? 0 : static_cast<size_t>(hidden)), row(acc.size());
   for (int64_t t = 0; t < tokens; ++t) {
-    std::fill(acc.begin(), acc.end(), 0.0f);
+    // float32 accumulates straight into the output row (it stays in cache).
+    float* a = type == ecclFloat32 ? static_cast<float*>(out) + t * hidden : acc.data();
+    std::fill(a, a + hidden, 0.0f);
     for (int s = 0; s < k; ++s) {
       int64_t r = plan.rowOf[t * k + s];
       if (r < 0) continue;
@@ -115,13 +117,9 @@ void combineRows(const void* y, const float* weights, int64_t tokens, int k, int
       // A rounded product, then a rounded sum (this file is built with
       // -ffp-contract=off; the CUDA kernel uses __fmul_rn/__fadd_rn): the
       // same bits on both.
-      for (int64_t h = 0; h < hidden; ++h) acc[h] += w * v[h];
+      for (int64_t h = 0; h < hidden; ++h) a[h] += w * v[h];
     }
-    void* dst = static_cast<uint8_t*>(out) + t * hidden * es;
-    if (type == ecclFloat32)
-      std::memcpy(dst, acc.data(), hidden * sizeof(float));
-    else
-      coll::narrowFromFloat(acc.data(), dst, hidden, type);
+    if (type != ecclFloat32) coll::narrowFromFloat(acc.data(), static_cast<uint8_t*>(out) + t * hidden * es, hidden, type);
   }
 }
 

@@ -46,6 +46,9 @@ struct RankSchedule {
 // Throws std::invalid_argument naming the offending entry: negative counts,
 // an expert with tokens but no replica, a rank out of range.
 RankSchedule computeSchedule(const ScheduleInput& in, int rank);
+// The same into an existing schedule, reusing its storage (a training loop
+// computes one every step).
+void computeSchedule(const ScheduleInput& in, int rank, RankSchedule* out);
 
 // The whole N x N x E answer, for tests: sendAll[(i * E + e) * N + j].
 std::vector<int64_t> computeGlobalSchedule(const ScheduleInput& in);

@@ -21,10 +21,7 @@
 //                     first completed allreduce with the standby
 #include <CLI/CLI.hpp>
 #include <signal.h>
-#include <fcntl.h>
-#include <spawn.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -40,6 +37,7 @@
 #include <vector>
 
 #include "eccl.h"
+#include "perf/common/launch.h"
 
 #ifdef ECCL_RECONFIG_WITH_GLOO
 #include <gloo/rendezvous/context.h>
@@ -48,7 +46,6 @@
 #include <gloo/transport/tcp/device.h>
 #endif
 
-extern char** environ;
 
 namespace {
 
@@ -271,48 +268,16 @@ nlohmann::json runJob(const std::string& launcher, const std::string& self, int 
   char tmpl[] = "/tmp/eccl-reconfig-gloo-XXXXXX";
   if (mkdtemp(tmpl)) glooDir = tmpl;
 #endif
-  std::string out = std::filesystem::temp_directory_path() / ("eccl-reconfig-" + std::to_string(getpid()) + ".out");
   std::vector<std::string> args{launcher, "-np", std::to_string(n), "--standby", "2", "--timeout", "300",
                                 self, "--worker", "--iterations", std::to_string(iterations)};
   if (!glooDir.empty()) args.insert(args.end(), {"--gloo-dir", glooDir});
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-  posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  pid_t pid;
-  if (posix_spawn(&pid, launcher.c_str(), &fa, nullptr, argv.data(), environ) != 0) {
-    fprintf(stderr, "reconfig_perf: cannot run %s\n", launcher.c_str());
-    exit(2);
-  }
-  posix_spawn_file_actions_destroy(&fa);
   int status = 0;
-  waitpid(pid, &status, 0);
-  nlohmann::json result;
-  FILE* f = fopen(out.c_str(), "r");
-  std::string log;
-  char line[8192];
-  while (f && fgets(line, sizeof(line), f)) {
-    log += line;
-    const char* r = strstr(line, "RESULT ");
-    if (r && strncmp(line, "[0] ", 4) == 0) result = nlohmann::json::parse(r + 7, nullptr, false);
-  }
-  if (f) fclose(f);
-  unlink(out.c_str());
+  std::string log = eccl::perf::runAndCapture(args, &status);
   if (!glooDir.empty()) std::filesystem::remove_all(glooDir);
-  if (result.is_null() || result.is_discarded() || verbose)
-    fprintf(stderr, "reconfig_perf: N=%d job output:\n%s", n, log.c_str());
+  nlohmann::json result = nlohmann::json::parse(eccl::perf::rankZeroResult(log), nullptr, false);
+  if (result.is_discarded() || verbose) fprintf(stderr, "reconfig_perf: N=%d job output:\n%s", n, log.c_str());
   if (result.is_discarded()) result = nullptr;
   return result;
-}
-
-std::string defaultLauncher() {
-  std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe");
-  for (auto candidate : {self.parent_path() / "eccl-run", self.parent_path().parent_path() / "bootstrap" / "eccl-run"})
-    if (access(candidate.c_str(), X_OK) == 0) return candidate;
-  return "eccl-run";
 }
 
 }  // namespace
@@ -322,7 +287,7 @@ int main(int argc, char** argv) {
   std::vector<int> sizes{4, 8, 16, 32};
   bool json = false, isWorker = false, verbose = false;
   int iterations = 20;
-  std::string glooDir, launcher = defaultLauncher();
+  std::string glooDir, launcher = eccl::perf::defaultLauncher();
   app.add_option("--sizes", sizes, "values of N")->delimiter(',')->check(CLI::Range(3, 1024));
   app.add_flag("--json", json, "one JSON object per N instead of the table");
   app.add_option("--iterations", iterations, "1 MiB allreduces in the interference baseline")->check(CLI::Range(1, 100000));
@@ -334,7 +299,7 @@ int main(int argc, char** argv) {
   if (isWorker) return worker(glooDir, iterations);
 
   signal(SIGPIPE, SIG_IGN);
-  std::string self = std::filesystem::read_symlink("/proc/self/exe");
+  std::string self = eccl::perf::selfPath();
   if (!json) {
     printf("# reconfig_perf: 1 MiB float32 allreduce; migrate = switchover to first allreduce; failure = SIGKILL\n");
     printf("# %5s %10s %10s %9s %9s %9s %8s %8s %7s %7s %9s %11s %9s\n", "N", "full_init", "gloo_init", "migrate",

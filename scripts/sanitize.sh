@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export ECCL_SOCKET_IFNAME=${ECCL_SOCKET_IFNAME:-lo}
-scripts/build.sh build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DECCL_SANITIZE=address -DECCL_WITH_FUZZ=OFF
+scripts/build.sh build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DECCL_SANITIZE=address -DECCL_WITH_FUZZ=OFF -DECCL_WITH_CUDA=OFF
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 ctest -j1 --output-on-failure --timeout 900 -LE mpi)
-scripts/build.sh build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DECCL_SANITIZE=thread -DECCL_WITH_FUZZ=OFF
+scripts/build.sh build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DECCL_SANITIZE=thread -DECCL_WITH_FUZZ=OFF -DECCL_WITH_CUDA=OFF
 (cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest -j1 --output-on-failure --timeout 900 -L 'threads|unit')
