@@ -29,7 +29,10 @@ typedef enum {
   ecclInternalError = 7,
   /* This member was declared failed and fenced: it can never rejoin the job. */
   ecclEvicted = 8,
-  ecclNumResults = 9
+  /* A logged send found the boundary-send log full (policy error, or block
+   * past the deadline); nothing was sent or recorded. */
+  ecclLogFull = 9,
+  ecclNumResults = 10
 } ecclResult_t;
 
 typedef enum {

@@ -73,6 +73,7 @@ const char* ecclGetErrorString(ecclResult_t r) {
     case ecclSystemError: return "system call or library failed";
     case ecclInternalError: return "internal error in eccl";
     case ecclEvicted: return "this member was declared failed and evicted from the job";
+    case ecclLogFull: return "the boundary-send log is full";
     default: return "unknown result code";
   }
 }

@@ -66,7 +66,7 @@ class Communicator {
   void recover(ecclRecoverPolicy_t policy);
   void fillStats(ecclCommStats_t* out) const;
 
-  // Two-phase reconfiguration and grow (reconfigure.cc).
+  // Two-phase reconfiguration and grow (src/elastic/reconfigure.cc).
   void prepareMigration(int rank);
   ecclPrepareState_t prepareStatus(std::string* why, int* leavingRank) const;
   void switchover();
