@@ -1,18 +1,10 @@
 #include "log/log_store.h"
 
-#include <isa-l/crc.h>
-
 #include <algorithm>
 
 #include "common/error.h"
 
 namespace eccl::log {
-
-uint32_t crc32c(const void* data, size_t bytes, uint32_t seed) {
-  // ISA-L's iSCSI polynomial without the final inversion: invert on the way
-  // in and out for the standard CRC32C ("123456789" -> e3069283).
-  return ~crc32_iscsi(static_cast<unsigned char*>(const_cast<void*>(data)), static_cast<int>(bytes), ~seed);
-}
 
 LogStore::LogStore(size_t capacityBytes, FullPolicy policy) : arena_(capacityBytes), policy_(policy) {
   ECCL_CHECK_ARG(capacityBytes > 0, "log capacity must be positive");

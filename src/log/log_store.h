@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "common/crypto.h"
 #include "common/mutex.h"
 #include "eccl.h"
 
@@ -44,8 +45,6 @@ struct StoreStats {
   uint64_t evictions = 0;  // records dropped by the evict policy
   uint64_t gaps = 0;       // peers whose log has an evicted hole
 };
-
-uint32_t crc32c(const void* data, size_t bytes, uint32_t seed = 0);
 
 class LogStore {
  public:

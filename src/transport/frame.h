@@ -26,8 +26,12 @@ struct FrameHeader {
   static constexpr uint32_t kMaxPayload = 1u << 30;
   static constexpr uint32_t kMaxControlPayload = 4096;
 
+  // flags: kPayloadChecksum means payloadCrc is the CRC32C of the whole
+  // message (every chunk carries it); the receiver verifies it.
+  static constexpr uint8_t kPayloadChecksum = 1;
   FrameType type = FrameType::kData;
   uint8_t flags = 0;
+  uint32_t payloadCrc = 0;
   uint32_t epoch = 0;
   uint64_t commId = 0;
   uint64_t seq = 0;    // op sequence number (kP2pBit set for send/recv)

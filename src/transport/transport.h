@@ -73,7 +73,10 @@ class Device {
   // Frames stamped with an older epoch than this are dropped and counted.
   virtual void setEpoch(uint32_t epoch) = 0;
 
-  virtual RequestPtr isend(MemberId peer, uint64_t seq, uint32_t tag, const void* buf, size_t len) = 0;
+  // With `payloadCrc`, every frame carries the CRC32C of the whole message
+  // and the receiver fails the receive if the data it got does not match.
+  virtual RequestPtr isend(MemberId peer, uint64_t seq, uint32_t tag, const void* buf, size_t len,
+                           const uint32_t* payloadCrc = nullptr) = 0;
   virtual RequestPtr irecv(MemberId peer, uint64_t seq, uint32_t tag, void* buf, size_t len) = 0;
   // Blocks until the request completes. On failure or at the deadline throws
   // eccl::Error whose message starts with `opName` and names the peer; a

@@ -35,6 +35,23 @@ TEST(Frame, RoundTripsEveryField) {
   EXPECT_EQ(h->total, 1u << 20);
 }
 
+TEST(Frame, PayloadChecksumTravelsOnlyWithItsFlag) {
+  uint8_t buf[FrameHeader::kSize];
+  FrameHeader h = sample();
+  h.flags = FrameHeader::kPayloadChecksum;
+  h.payloadCrc = 0xdeadbeef;
+  encodeFrame(h, buf);
+  std::string why;
+  auto back = decodeFrame(buf, &why);
+  ASSERT_TRUE(back) << why;
+  EXPECT_EQ(back->payloadCrc, 0xdeadbeefu);
+  EXPECT_EQ(back->flags, FrameHeader::kPayloadChecksum);
+  h.flags = 0x80;  // an unknown flag
+  encodeFrame(h, buf);
+  EXPECT_FALSE(decodeFrame(buf, &why));
+  EXPECT_NE(why.find("flags"), std::string::npos) << why;
+}
+
 TEST(Frame, AnySingleBitFlipIsRejected) {
   uint8_t good[FrameHeader::kSize];
   encodeFrame(sample(), good);

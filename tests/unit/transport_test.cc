@@ -9,6 +9,7 @@
 #include "bootstrap/handshake.h"
 #include "common/error.h"
 #include "common/socket.h"
+#include "common/crypto.h"
 #include "transport/frame.h"
 #include "transport/tcp/device.h"
 
@@ -59,6 +60,37 @@ TEST(TcpDevice, StripedMessageArrivesIntactInBothOrders) {
   p.b->wait(r, deadlineAfterMs(10000), "recv");
   EXPECT_EQ(got, big);
   EXPECT_GE(p.a->stats().connectionsOpened, 3u);
+}
+
+TEST(TcpDevice, ChecksummedMessagesAreVerifiedByTheReceiver) {
+  Pair p(2);
+  std::vector<uint8_t> msg(100000), got(msg.size());
+  for (size_t i = 0; i < msg.size(); ++i) msg[i] = static_cast<uint8_t>(i * 7);
+  uint32_t good = crc32c(msg.data(), msg.size()), bad = good ^ 1;
+  auto r = p.b->irecv(0, 1, 0, got.data(), got.size());
+  p.a->wait(p.a->isend(1, 1, 0, msg.data(), msg.size(), &good), deadlineAfterMs(5000), "send");
+  p.b->wait(r, deadlineAfterMs(5000), "recv");
+  EXPECT_EQ(got, msg);
+  // A wrong checksum (a corrupted record) fails that receive only, posted
+  // before or after the data arrived.
+  for (uint64_t seq : {2, 3}) {
+    transport::RequestPtr late;
+    if (seq == 2) late = p.b->irecv(0, seq, 0, got.data(), got.size());
+    p.a->wait(p.a->isend(1, seq, 0, msg.data(), msg.size(), &bad), deadlineAfterMs(5000), "send");
+    if (seq == 3) std::this_thread::sleep_for(std::chrono::milliseconds(50)), late = p.b->irecv(0, seq, 0, got.data(), got.size());
+    try {
+      p.b->wait(late, deadlineAfterMs(5000), "recv");
+      ADD_FAILURE() << "a corrupted message was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("failed its checksum"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("rank 0"), std::string::npos) << e.what();
+    }
+  }
+  int32_t v = 5, w = 0;
+  auto r2 = p.b->irecv(0, 4, 0, &w, 4);
+  p.a->wait(p.a->isend(1, 4, 0, &v, 4), deadlineAfterMs(5000), "send");
+  p.b->wait(r2, deadlineAfterMs(5000), "recv");  // the connection is still good
+  EXPECT_EQ(w, 5);
 }
 
 TEST(TcpDevice, SizeMismatchIsAUsageErrorAndKeepsTheConnection) {

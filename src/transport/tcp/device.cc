@@ -45,6 +45,8 @@ struct Inbox {
   bool unexpected = false;
   size_t total = 0;
   size_t received = 0;
+  bool checksummed = false;  // the sender sent the message's CRC32C
+  uint32_t crc = 0;
   uint8_t* base() { return unexpected ? staged.data() : userBuffer; }
 };
 
@@ -115,7 +117,8 @@ class TcpDevice final : public Device {
     MutexLock lock(mu_);
     epoch_ = epoch;
   }
-  RequestPtr isend(MemberId peer, uint64_t seq, uint32_t tag, const void* buf, size_t len) override;
+  RequestPtr isend(MemberId peer, uint64_t seq, uint32_t tag, const void* buf, size_t len,
+                   const uint32_t* payloadCrc) override;
   RequestPtr irecv(MemberId peer, uint64_t seq, uint32_t tag, void* buf, size_t len) override;
   void wait(const RequestPtr& request, Deadline deadline, const std::string& opName) override;
   bool test(const RequestPtr& request, const std::string& opName) override;
@@ -157,6 +160,7 @@ class TcpDevice final : public Device {
   void readLocked(Lane& lane) ECCL_REQUIRES(mu_);
   bool onHeaderLocked(Lane& lane) ECCL_REQUIRES(mu_);
   void onPayloadDoneLocked(Lane& lane) ECCL_REQUIRES(mu_);
+  bool checksumHoldsLocked(Inbox& box, const std::string& peerLabel) ECCL_REQUIRES(mu_);
   void onControlLocked(Lane& lane) ECCL_REQUIRES(mu_);
   void wakeLoop();
 
@@ -373,7 +377,8 @@ void TcpDevice::flushLocked(Lane& lane) {
   setWantOutLocked(lane, !lane.sendQueue.empty());
 }
 
-RequestPtr TcpDevice::isend(MemberId member, uint64_t seq, uint32_t tag, const void* buf, size_t len) {
+RequestPtr TcpDevice::isend(MemberId member, uint64_t seq, uint32_t tag, const void* buf, size_t len,
+                            const uint32_t* payloadCrc) {
   connectPeer(member);
   auto r = std::make_shared<Request>();
   r->peer = member;
@@ -413,6 +418,7 @@ RequestPtr TcpDevice::isend(MemberId member, uint64_t seq, uint32_t tag, const v
     h.length = static_cast<uint32_t>(n);
     h.offset = offset;
     h.total = len;
+    if (payloadCrc) h.flags = FrameHeader::kPayloadChecksum, h.payloadCrc = *payloadCrc;
     encodeFrame(h, item.header);
     item.data = data + offset;
     item.length = n;
@@ -454,6 +460,10 @@ RequestPtr TcpDevice::irecv(MemberId member, uint64_t seq, uint32_t tag, void* b
     box.request = r;
     box.userBuffer = static_cast<uint8_t*>(buf);
     if (box.received == box.total) {
+      if (!checksumHoldsLocked(box, p.label)) {
+        inbox_.erase(it);
+        return r;
+      }
       if (len) std::memcpy(buf, box.staged.data(), len);
       completeLocked(r, ecclSuccess, {});
       inbox_.erase(it);
@@ -881,10 +891,24 @@ bool TcpDevice::onHeaderLocked(Lane& lane) {
     inbox_.erase(it);
     return true;
   }
+  if (h->flags & FrameHeader::kPayloadChecksum) box.checksummed = true, box.crc = h->payloadCrc;
   lane.inboxKey = key;
   lane.target = box.base() + h->offset;
   lane.discarding = false;
   return true;
+}
+
+// A message whose sender attached a CRC32C is verified once whole; a
+// mismatch fails that receive only (the connection and the view stay).
+bool TcpDevice::checksumHoldsLocked(Inbox& box, const std::string& peerLabel) {
+  if (!box.checksummed) return true;
+  uint32_t got = crc32c(box.base(), box.total);
+  if (got == box.crc) return true;
+  completeLocked(box.request, ecclRemoteError,
+                 fmt::format("the {}-byte message from peer {} failed its checksum (CRC32C {:08x} expected, the data "
+                             "has {:08x}): a corrupted record",
+                             box.total, peerLabel, box.crc, got));
+  return false;
 }
 
 void TcpDevice::onPayloadDoneLocked(Lane& lane) {
@@ -894,6 +918,10 @@ void TcpDevice::onPayloadDoneLocked(Lane& lane) {
   Inbox& box = it->second;
   box.received += lane.frame.length;
   if (box.received < box.total || !box.request) return;
+  if (!checksumHoldsLocked(box, labelLocked(lane.key.remote))) {
+    inbox_.erase(it);
+    return;
+  }
   if (box.unexpected && box.total) std::memcpy(box.userBuffer, box.staged.data(), box.total);
   completeLocked(box.request, ecclSuccess, {});
   inbox_.erase(it);
