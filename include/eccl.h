@@ -192,6 +192,59 @@ ecclResult_t ecclRecv(void* recvbuff, size_t count, ecclDataType_t datatype, int
                       ecclComm_t comm, ecclStream_t stream);
 ecclResult_t ecclBarrier(ecclComm_t comm);
 
+/* Boundary-send logs: sends to chosen peers are teed into a host-memory log
+ * (one arena allocated at configure time), tagged by iteration and
+ * micro-batch, so a replacement for a failed peer can be fed again. */
+typedef enum {
+  ecclLogOnFullError = 0, /* the send fails with ecclLogFull; nothing is sent or recorded */
+  ecclLogOnFullBlock = 1, /* wait for ecclLogTruncate, up to the timeout */
+  ecclLogOnFullEvict = 2, /* drop the oldest records; replaying across the gap is an error */
+  ecclLogOnFullRangeMax = 0x7fffffff
+} ecclLogFullPolicy_t;
+typedef struct {
+  size_t size;                  /* set to sizeof(ecclLogConfig_t) */
+  size_t capacityBytes;         /* the log's arena; 0 turns logging off */
+  ecclLogFullPolicy_t whenFull; /* default (zeroed struct): error */
+  const int* peers;             /* ranks whose sends are logged; NULL: every peer */
+  int numPeers;
+} ecclLogConfig_t;
+ecclResult_t ecclLogConfigure(ecclComm_t comm, const ecclLogConfig_t* config);
+/* The tag of the following sends. */
+ecclResult_t ecclLogSetTag(ecclComm_t comm, int64_t iteration, int32_t microbatch);
+/* Frees every record older than `iteration` (call when a checkpoint taken
+ * at `iteration` is durable); time proportional to what it frees. */
+ecclResult_t ecclLogTruncate(ecclComm_t comm, int64_t iteration);
+typedef struct {
+  size_t size;                  /* set to sizeof(ecclLogStats_t) */
+  uint64_t records, bytes, capacityBytes;
+  int64_t oldestIteration, newestIteration; /* -1 when empty */
+  int32_t oldestMicrobatch, newestMicrobatch;
+  uint64_t evictions;           /* records dropped by the evict policy */
+  uint64_t gaps;                /* peers whose log has an evicted hole */
+} ecclLogStats_t;
+ecclResult_t ecclLogStats(ecclComm_t comm, ecclLogStats_t* stats);
+/* Re-sends, in their original order, the logged records for `peer` with
+ * iterations in [fromIteration, toIteration]: the peer receives them with
+ * the ecclRecv calls it would have made, and verifies each one's CRC32C.
+ * A truncated or evicted part of the range, or a peer that is not logged,
+ * is an error (nothing is sent). */
+ecclResult_t ecclLogReplay(ecclComm_t comm, int peer, int64_t fromIteration, int64_t toIteration);
+typedef struct {
+  size_t size;                  /* set to sizeof(ecclLogRecord_t) */
+  uint32_t epoch;
+  int peer;
+  int64_t iteration;
+  int32_t microbatch;
+  uint64_t seq;                 /* per peer, in send order */
+  ecclDataType_t datatype;
+  size_t count;
+  uint32_t crc32c;
+} ecclLogRecord_t;
+/* Record `index` among those logged for `peer` (oldest first); its payload
+ * is copied to buffer when bufferBytes is large enough (buffer may be NULL). */
+ecclResult_t ecclLogRead(ecclComm_t comm, int peer, size_t index, ecclLogRecord_t* record, void* buffer,
+                         size_t bufferBytes);
+
 /* Mixture-of-Experts dispatch with uneven expert replicas (collective).
  * x: numTokens rows of `hidden` elements; topkIds: numTokens x topk expert
  * ids (-1: no expert); replicas: numExperts x nranks replica counts, equal

@@ -1,5 +1,6 @@
 // One thin shim per entry point: check arguments, call the core, and let
 // guarded() turn any error into a result code.
+#include <algorithm>
 #include <cstring>
 
 #include "api/guard.h"
@@ -198,6 +199,51 @@ ecclResult_t ecclMigrationRecv(void* recvbuff, size_t count, ecclDataType_t data
     size_t bytes = Communicator::checkedBytes(count, datatype, 1, "ecclMigrationRecv");
     Communicator::checkBuffer(recvbuff, count, "ecclMigrationRecv recvbuff");
     c.migrationRecv(recvbuff, bytes);
+  });
+}
+
+ecclResult_t ecclLogConfigure(ecclComm_t comm, const ecclLogConfig_t* config) {
+  return guarded(comm, "ecclLogConfigure", [&] {
+    Communicator& c = impl(comm, "ecclLogConfigure");
+    ecclLogConfig_t off{};
+    off.size = sizeof(off);
+    if (config && (config->size < sizeof(size_t) || config->size > (1u << 16)))
+      fail(ecclInvalidArgument, "ecclLogConfigure: config->size={} is not a valid struct size", config->size);
+    ecclLogConfig_t cfg{};
+    if (config) std::memcpy(&cfg, config, std::min(config->size, sizeof(cfg)));
+    c.configureLog(config ? cfg : off);
+  });
+}
+
+ecclResult_t ecclLogSetTag(ecclComm_t comm, int64_t iteration, int32_t microbatch) {
+  return guarded(comm, "ecclLogSetTag", [&] { impl(comm, "ecclLogSetTag").setLogTag(iteration, microbatch); });
+}
+
+ecclResult_t ecclLogTruncate(ecclComm_t comm, int64_t iteration) {
+  return guarded(comm, "ecclLogTruncate", [&] { impl(comm, "ecclLogTruncate").truncateLog(iteration); });
+}
+
+ecclResult_t ecclLogStats(ecclComm_t comm, ecclLogStats_t* stats) {
+  return guarded(comm, "ecclLogStats", [&] {
+    Communicator& c = impl(comm, "ecclLogStats");
+    if (!stats || stats->size < sizeof(size_t) || stats->size > (1u << 16))
+      fail(ecclInvalidArgument, "ecclLogStats: stats is NULL or stats->size is not a valid struct size");
+    c.fillLogStats(stats);
+  });
+}
+
+ecclResult_t ecclLogReplay(ecclComm_t comm, int peer, int64_t fromIteration, int64_t toIteration) {
+  return guarded(comm, "ecclLogReplay",
+                 [&] { impl(comm, "ecclLogReplay").replayLog(peer, fromIteration, toIteration); });
+}
+
+ecclResult_t ecclLogRead(ecclComm_t comm, int peer, size_t index, ecclLogRecord_t* record, void* buffer,
+                         size_t bufferBytes) {
+  return guarded(comm, "ecclLogRead", [&] {
+    Communicator& c = impl(comm, "ecclLogRead");
+    if (!record || record->size < sizeof(size_t) || record->size > (1u << 16))
+      fail(ecclInvalidArgument, "ecclLogRead: record is NULL or record->size is not a valid struct size");
+    c.readLog(peer, index, record, buffer, bufferBytes);
   });
 }
 
@@ -411,12 +457,12 @@ ecclResult_t ecclSend(const void* buf, size_t count, ecclDataType_t type, int pe
       return;
     }
     if (!eccl::group::active()) {
-      c.waitP2p(c.postSend(buf, bytes, peer), peer, true);
+      c.waitP2p(c.postSend(buf, bytes, peer, type), peer, true);
       return;
     }
     auto request = std::make_shared<eccl::transport::RequestPtr>();
     eccl::group::enqueue(
-        &c, [=, &c] { *request = c.postSend(buf, bytes, peer); }, [=, &c] { c.waitP2p(*request, peer, true); });
+        &c, [=, &c] { *request = c.postSend(buf, bytes, peer, type); }, [=, &c] { c.waitP2p(*request, peer, true); });
   });
 }
 

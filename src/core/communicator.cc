@@ -444,10 +444,32 @@ void Communicator::barrier() {
   runCollective("barrier", [&](OpLinks& links) { coll::barrierDissemination(links); });
 }
 
-transport::RequestPtr Communicator::postSend(const void* buf, size_t bytes, int peer) {
+transport::RequestPtr Communicator::postSend(const void* buf, size_t bytes, int peer, ecclDataType_t type) {
   checkUsable();
+  if (!logsTo(peer)) {
+    uint64_t seq = transport::FrameHeader::kP2pBit | ++sendSeq_[peer];
+    return device_->isend(view_.rankToMember[peer], seq, 0, buf, bytes);
+  }
+  // Room in the log first: a full log (error policy) fails the send before
+  // anything leaves.
+  log::RecordInfo info;
+  info.epoch = view_.epoch;
+  info.peer = peer;
+  info.tag = logTag_;
+  info.seq = logSeq_[peer] + 1;
+  info.type = type;
+  info.count = bytes / coll::typeSize(type);
+  info.bytes = bytes;
+  auto reservation = log_->reserve(info, deadlineAfterMs(timeoutMs_),
+                                   fmt::format("send to rank {} (rank {}, epoch {}, iteration {} micro-batch {})", peer,
+                                               rank_, view_.epoch, logTag_.iteration, logTag_.microbatch));
+  logSeq_[peer]++;
   uint64_t seq = transport::FrameHeader::kP2pBit | ++sendSeq_[peer];
-  return device_->isend(view_.rankToMember[peer], seq, 0, buf, bytes);
+  auto request = device_->isend(view_.rankToMember[peer], seq, 0, buf, bytes);
+  // The copy and its checksum overlap the network send: both only read buf.
+  if (bytes) std::memcpy(reservation.data, buf, bytes);
+  pendingLogs_[request.get()] = {reservation, crc32c(reservation.data, bytes)};
+  return request;
 }
 
 transport::RequestPtr Communicator::postRecv(void* buf, size_t bytes, int peer) {
@@ -459,7 +481,14 @@ transport::RequestPtr Communicator::postRecv(void* buf, size_t bytes, int peer) 
 void Communicator::waitP2p(const transport::RequestPtr& r, int peer, bool isSend) {
   std::string label = fmt::format("{} {} rank {} (rank {}, epoch {})", isSend ? "send" : "recv",
                                   isSend ? "to" : "from", peer, rank_, view_.epoch);
-  device_->wait(r, deadlineAfterMs(timeoutMs_), label);
+  auto logged = isSend ? pendingLogs_.find(r.get()) : pendingLogs_.end();
+  try {
+    device_->wait(r, deadlineAfterMs(timeoutMs_), label);
+  } catch (...) {
+    if (logged != pendingLogs_.end()) log_->abandon(logged->second.reservation), pendingLogs_.erase(logged);
+    throw;
+  }
+  if (logged != pendingLogs_.end()) log_->commit(logged->second.reservation, logged->second.crc), pendingLogs_.erase(logged);
 }
 
 }  // namespace eccl

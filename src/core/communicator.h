@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "bootstrap/coord_client.h"
 #include "common/mutex.h"
 #include "core/background.h"
+#include "log/log_store.h"
 #include "eccl.h"
 #include "transport/transport.h"
 
@@ -53,7 +55,8 @@ class Communicator {
   void barrier();
 
   // Point-to-point, split so a group can post everything before waiting.
-  transport::RequestPtr postSend(const void* buf, size_t bytes, int peer);
+  // A send to a logged peer is teed into the boundary-send log.
+  transport::RequestPtr postSend(const void* buf, size_t bytes, int peer, ecclDataType_t type = ecclUint8);
   transport::RequestPtr postRecv(void* buf, size_t bytes, int peer);
   void waitP2p(const transport::RequestPtr& request, int peer, bool isSend);
 
@@ -73,6 +76,15 @@ class Communicator {
   void grow(int count);
   void migrationSend(const void* buf, size_t bytes);
   void migrationRecv(void* buf, size_t bytes);
+
+  // Boundary-send log (src/log/sender_log.cc).
+  void configureLog(const ecclLogConfig_t& config);
+  void setLogTag(int64_t iteration, int32_t microbatch);
+  size_t truncateLog(int64_t iteration);
+  void fillLogStats(ecclLogStats_t* out) const;
+  void replayLog(int peer, int64_t fromIteration, int64_t toIteration);
+  void readLog(int peer, size_t index, ecclLogRecord_t* record, void* buffer, size_t bufferBytes) const;
+  log::LogStore* logStoreForTesting() { return log_.get(); }
 
   // Sends to self only make sense inside a group: they are matched in order.
   void pushSelfSend(const void* buf, size_t bytes);
@@ -148,6 +160,18 @@ class Communicator {
   std::unique_ptr<BackgroundWorker> worker_;
   uint64_t collSeq_ = 0;
   std::vector<uint64_t> sendSeq_, recvSeq_;
+
+  bool logsTo(int peer) const;
+  std::unique_ptr<log::LogStore> log_;
+  bool logAllPeers_ = false;
+  std::vector<int> loggedPeers_;
+  log::Tag logTag_;
+  std::map<int, uint64_t> logSeq_;  // per peer rank, across views
+  struct PendingLog {
+    log::LogStore::Reservation reservation;
+    uint32_t crc = 0;
+  };
+  std::map<const transport::Request*, PendingLog> pendingLogs_;
 
   std::vector<std::pair<const void*, size_t>> selfSends_;
   size_t selfRecvIndex_ = 0;
