@@ -200,6 +200,7 @@ Options parseOptions(int argc, char** argv, const std::string& program) {
   app.add_option("-z,--blocking", o.blocking, "blocking collectives (host calls always block)");
   app.add_option("-r,--root", o.root, "root rank for broadcast and reduce");
   app.add_flag("--json", o.json, "print one JSON object per size instead of the table");
+  app.add_flag("--log", o.log, "eccl: log every point-to-point send (boundary-send log, truncated each iteration)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& err) {

@@ -38,6 +38,7 @@ struct Options {
   int iters = 20, warmup = 5, check = 1, blocking = 1, root = 0;
   std::string op = "sum", type = "float";
   bool json = false;
+  bool log = false;  // eccl sendrecv: tee every send into the boundary-send log
 };
 
 // Parses nccl-tests flags; exits with usage on error.

@@ -20,11 +20,18 @@ void check(ecclResult_t r, ecclComm_t comm, const char* what) {
 
 class EcclBackend final : public Backend {
  public:
-  explicit EcclBackend(ecclComm_t comm) : comm_(comm) {
+  EcclBackend(ecclComm_t comm, const Options& o) : comm_(comm), log_(o.log) {
     check(ecclCommUserRank(comm, &rank_), comm, "ecclCommUserRank");
     check(ecclCommCount(comm, &size_), comm, "ecclCommCount");
+    if (log_) {
+      // Two messages of the largest size: each iteration truncates the last.
+      ecclLogConfig_t cfg{};
+      cfg.size = sizeof(cfg);
+      cfg.capacityBytes = 2 * o.maxBytes + (1 << 20);
+      check(ecclLogConfigure(comm, &cfg), comm, "ecclLogConfigure");
+    }
   }
-  std::string name() const override { return "eccl"; }
+  std::string name() const override { return log_ ? "eccl+log" : "eccl"; }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   void run(Kind k, const void* in, void* out, size_t count, ecclDataType_t t, ecclRedOp_t op, int root) override {
@@ -37,6 +44,10 @@ class EcclBackend final : public Backend {
       case Kind::kReduce: r = ecclReduce(in, out, count, t, op, root, comm_, nullptr); break;
       case Kind::kAllToAll: r = ecclAllToAll(in, out, count, t, comm_, nullptr); break;
       case Kind::kSendRecv:
+        if (log_) {
+          check(ecclLogSetTag(comm_, ++iteration_, 0), comm_, "ecclLogSetTag");
+          check(ecclLogTruncate(comm_, iteration_), comm_, "ecclLogTruncate");
+        }
         ecclGroupStart();
         ecclSend(in, count, t, (rank_ + 1) % size_, comm_, nullptr);
         ecclRecv(out, count, t, (rank_ - 1 + size_) % size_, comm_, nullptr);
@@ -57,6 +68,8 @@ class EcclBackend final : public Backend {
   }
   ecclComm_t comm_;
   int rank_ = 0, size_ = 1;
+  bool log_ = false;
+  int64_t iteration_ = 0;
 };
 
 }  // namespace
@@ -84,7 +97,7 @@ int ecclPerfMain(int argc, char** argv, Kind kind, const char* program) {
   }
   long wrong;
   {
-    EcclBackend backend(comm);
+    EcclBackend backend(comm, o);
     wrong = runSweep(backend, kind, o);
   }
   check(ecclCommDestroy(comm), nullptr, "ecclCommDestroy");

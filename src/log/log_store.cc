@@ -6,6 +6,8 @@
 
 namespace eccl::log {
 
+const size_t LogStore::kRecordOverheadBytes = sizeof(LogStore::Record);
+
 LogStore::LogStore(size_t capacityBytes, FullPolicy policy) : arena_(capacityBytes), policy_(policy) {
   ECCL_CHECK_ARG(capacityBytes > 0, "log capacity must be positive");
 }

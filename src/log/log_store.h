@@ -79,6 +79,13 @@ class LogStore {
   size_t capacity() const { return arena_.size(); }
 
  private:
+  struct Record;
+
+ public:
+  // What the log keeps per record besides the payload.
+  static const size_t kRecordOverheadBytes;
+
+ private:
   struct Record {
     RecordInfo info;
     size_t offset = 0;
