@@ -11,6 +11,11 @@
 
 namespace eccl::coll {
 
+// Links::scratch slots: the ring's receive halves, and whole-vector
+// accumulators (reduce-scatter).
+constexpr int kRingScratchSlot = 0;
+constexpr int kAccumulatorScratchSlot = 1;
+
 // Block b of a vector split for a ring covers [offsets[b], offsets[b+1]).
 struct Blocks {
   std::vector<size_t> offsets;

@@ -23,6 +23,11 @@ class Links {
   // Throws eccl::Error naming the op and the peer on failure or deadline.
   virtual void wait(const RequestPtr& request) = 0;
   virtual size_t segmentBytes() const = 0;
+  // Uninitialised working memory of at least `bytes`, reused across ops (a
+  // fresh zeroed buffer per op costs page faults and a memset that show up
+  // as a large share of a big allreduce). Slots do not alias each other;
+  // the memory is valid until the op ends.
+  virtual uint8_t* scratch(int slot, size_t bytes) = 0;
 
   void waitAll(std::vector<RequestPtr>& requests) {
     for (auto& r : requests) wait(r);

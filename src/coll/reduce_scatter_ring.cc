@@ -1,5 +1,4 @@
 #include <cstring>
-#include <vector>
 
 #include "coll/algorithms.h"
 #include "coll/reduce.h"
@@ -12,9 +11,9 @@ void reduceScatterRing(Links& links, const void* in, void* out, size_t recvCount
   const size_t es = typeSize(type);
   Blocks blocks = Blocks::uniform(recvCount, n);
   // Partial sums of other ranks' blocks pass through here on their way round.
-  std::vector<uint8_t> acc(recvCount * n * es);
-  ringReduceScatter(links, in, acc.data(), blocks, type, op, /*phase=*/0);
-  if (recvCount) std::memmove(out, acc.data() + blocks.offsets[r] * es, recvCount * es);
+  uint8_t* acc = links.scratch(kAccumulatorScratchSlot, recvCount * n * es);
+  ringReduceScatter(links, in, acc, blocks, type, op, /*phase=*/0);
+  if (recvCount) std::memmove(out, acc + blocks.offsets[r] * es, recvCount * es);
 }
 
 }  // namespace eccl::coll

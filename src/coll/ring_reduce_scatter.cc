@@ -35,14 +35,14 @@ void ringReduceScatter(Links& links, const void* inv, void* accv, const Blocks& 
   auto segments = [&](int b) { return (blocks.size(b) + seg - 1) / seg; };
   auto segLen = [&](int b, size_t k) { return std::min(seg, blocks.size(b) - k * seg); };
 
-  std::vector<uint8_t> scratch[2] = {std::vector<uint8_t>(blocks.maxSize() * es),
-                                     std::vector<uint8_t>(blocks.maxSize() * es)};
+  uint8_t* const halves = links.scratch(kRingScratchSlot, 2 * blocks.maxSize() * es);
+  uint8_t* const scratch[2] = {halves, halves + blocks.maxSize() * es};
   std::vector<std::vector<RequestPtr>> recvs(n - 1);
   std::vector<RequestPtr> sends;
   auto postReceives = [&](int s) {
     int b = receivedAt(s);
     for (size_t k = 0; k < segments(b); ++k)
-      recvs[s].push_back(links.irecv(prev, makeTag(phase, s, k), scratch[s % 2].data() + k * seg * es,
+      recvs[s].push_back(links.irecv(prev, makeTag(phase, s, k), scratch[s % 2] + k * seg * es,
                                      segLen(b, k) * es));
   };
   postReceives(0);
@@ -57,7 +57,7 @@ void ringReduceScatter(Links& links, const void* inv, void* accv, const Blocks& 
     for (size_t k = 0; k < segments(b); ++k) {
       links.wait(recvs[s][k]);
       size_t off = (blocks.offsets[b] + k * seg) * es;
-      reduce(acc + off, in + off, scratch[s % 2].data() + k * seg * es, segLen(b, k), type, op);
+      reduce(acc + off, in + off, scratch[s % 2] + k * seg * es, segLen(b, k), type, op);
       // The block just reduced is the one sent at the next step.
       if (s + 1 < n - 1) sends.push_back(links.isend(next, makeTag(phase, s + 1, k), acc + off, segLen(b, k) * es));
     }

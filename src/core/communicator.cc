@@ -36,6 +36,7 @@ class Communicator::OpLinks final : public coll::Links {
   }
   void wait(const transport::RequestPtr& r) override { comm_.device_->wait(r, deadline_, label_); }
   size_t segmentBytes() const override { return segment_; }
+  uint8_t* scratch(int slot, size_t bytes) override { return comm_.scratch(slot, bytes); }
 
  private:
   Communicator& comm_;
@@ -272,6 +273,16 @@ void Communicator::setLastError(std::string message) {
 const char* Communicator::lastError() const {
   MutexLock lock(errorMu_);
   return lastError_.c_str();
+}
+
+uint8_t* Communicator::scratch(int slot, size_t bytes) {
+  if (slot >= static_cast<int>(scratch_.size())) scratch_.resize(slot + 1);
+  Scratch& s = scratch_[slot];
+  if (s.bytes < bytes) {
+    s.data.reset(new uint8_t[bytes]);  // uninitialised on purpose
+    s.bytes = bytes;
+  }
+  return s.data.get();
 }
 
 void Communicator::pushSelfSend(const void* buf, size_t bytes) { selfSends_.emplace_back(buf, bytes); }

@@ -173,6 +173,14 @@ class Communicator {
   };
   std::map<const transport::Request*, PendingLog> pendingLogs_;
 
+  // Working memory of the algorithms (Links::scratch), kept across ops.
+  uint8_t* scratch(int slot, size_t bytes);
+  struct Scratch {
+    std::unique_ptr<uint8_t[]> data;
+    size_t bytes = 0;
+  };
+  std::vector<Scratch> scratch_;
+
   std::vector<std::pair<const void*, size_t>> selfSends_;
   size_t selfRecvIndex_ = 0;
 

@@ -23,6 +23,12 @@ class RecordingLinks final : public Links {
   RequestPtr irecv(int peer, uint32_t, void*, size_t) override { return record(peer); }
   void wait(const RequestPtr&) override {}
   size_t segmentBytes() const override { return 64; }
+  uint8_t* scratch(int slot, size_t bytes) override {
+    if (slot >= int(scratch_.size())) scratch_.resize(slot + 1);
+    scratch_[slot].resize(bytes);
+    return scratch_[slot].data();
+  }
+  std::vector<std::vector<uint8_t>> scratch_;
   std::set<int> peers;
 
  private:

@@ -41,13 +41,16 @@ struct SendItem {
 struct Inbox {
   RequestPtr request;          // null while nobody has posted the receive
   uint8_t* userBuffer = nullptr;
-  std::vector<uint8_t> staged;  // data that arrived before the receive was posted
+  // Data that arrived before the receive was posted (uninitialised, from
+  // the device's pool of staging buffers).
+  std::unique_ptr<uint8_t[]> staged;
+  size_t stagedCapacity = 0;
   bool unexpected = false;
   size_t total = 0;
   size_t received = 0;
   bool checksummed = false;  // the sender sent the message's CRC32C
   uint32_t crc = 0;
-  uint8_t* base() { return unexpected ? staged.data() : userBuffer; }
+  uint8_t* base() { return unexpected ? staged.get() : userBuffer; }
 };
 
 struct InboxKey {
@@ -161,6 +164,8 @@ class TcpDevice final : public Device {
   bool onHeaderLocked(Lane& lane) ECCL_REQUIRES(mu_);
   void onPayloadDoneLocked(Lane& lane) ECCL_REQUIRES(mu_);
   bool checksumHoldsLocked(Inbox& box, const std::string& peerLabel) ECCL_REQUIRES(mu_);
+  void takeStagingLocked(Inbox& box, size_t bytes) ECCL_REQUIRES(mu_);
+  void recycleStagingLocked(Inbox& box) ECCL_REQUIRES(mu_);
   void onControlLocked(Lane& lane) ECCL_REQUIRES(mu_);
   void wakeLoop();
 
@@ -188,6 +193,8 @@ class TcpDevice final : public Device {
   std::map<uint64_t, Lane*> lanesByToken_ ECCL_GUARDED_BY(mu_);
   uint64_t nextToken_ ECCL_GUARDED_BY(mu_) = 1;
   std::map<InboxKey, Inbox> inbox_ ECCL_GUARDED_BY(mu_);
+  std::vector<std::pair<std::unique_ptr<uint8_t[]>, size_t>> stagingPool_ ECCL_GUARDED_BY(mu_);
+  size_t stagingPoolBytes_ ECCL_GUARDED_BY(mu_) = 0;
   DeviceStats stats_ ECCL_GUARDED_BY(mu_);
   std::vector<uint8_t> discard_ = std::vector<uint8_t>(64 << 10);
 };
@@ -464,7 +471,8 @@ RequestPtr TcpDevice::irecv(MemberId member, uint64_t seq, uint32_t tag, void* b
         inbox_.erase(it);
         return r;
       }
-      if (len) std::memcpy(buf, box.staged.data(), len);
+      if (len) std::memcpy(buf, box.staged.get(), len);
+      recycleStagingLocked(box);
       completeLocked(r, ecclSuccess, {});
       inbox_.erase(it);
     }
@@ -869,7 +877,7 @@ bool TcpDevice::onHeaderLocked(Lane& lane) {
     box.unexpected = true;
     box.total = h->total;
     try {
-      box.staged.resize(h->total);
+      takeStagingLocked(box, h->total);
     } catch (const std::bad_alloc&) {
       inbox_.erase(key);
       failPeerLocked(remote, ecclSystemError,
@@ -898,6 +906,31 @@ bool TcpDevice::onHeaderLocked(Lane& lane) {
   return true;
 }
 
+// Staging buffers are reused: a fresh one per early message would cost a
+// page fault per 4 KiB on every large op whose peer started first.
+void TcpDevice::takeStagingLocked(Inbox& box, size_t bytes) {
+  auto best = stagingPool_.end();
+  for (auto it = stagingPool_.begin(); it != stagingPool_.end(); ++it)
+    if (it->second >= bytes && (best == stagingPool_.end() || it->second < best->second)) best = it;
+  if (best != stagingPool_.end()) {
+    box.staged = std::move(best->first);
+    box.stagedCapacity = best->second;
+    stagingPoolBytes_ -= best->second;
+    stagingPool_.erase(best);
+    return;
+  }
+  box.staged.reset(new uint8_t[std::max<size_t>(bytes, 1)]);
+  box.stagedCapacity = bytes;
+}
+
+void TcpDevice::recycleStagingLocked(Inbox& box) {
+  constexpr size_t kPoolLimitBytes = size_t(256) << 20;
+  if (!box.staged || stagingPoolBytes_ + box.stagedCapacity > kPoolLimitBytes) return;
+  stagingPoolBytes_ += box.stagedCapacity;
+  stagingPool_.emplace_back(std::move(box.staged), box.stagedCapacity);
+  box.stagedCapacity = 0;
+}
+
 // A message whose sender attached a CRC32C is verified once whole; a
 // mismatch fails that receive only (the connection and the view stay).
 bool TcpDevice::checksumHoldsLocked(Inbox& box, const std::string& peerLabel) {
@@ -922,7 +955,8 @@ void TcpDevice::onPayloadDoneLocked(Lane& lane) {
     inbox_.erase(it);
     return;
   }
-  if (box.unexpected && box.total) std::memcpy(box.userBuffer, box.staged.data(), box.total);
+  if (box.unexpected && box.total) std::memcpy(box.userBuffer, box.staged.get(), box.total);
+  recycleStagingLocked(box);
   completeLocked(box.request, ecclSuccess, {});
   inbox_.erase(it);
 }
