@@ -476,7 +476,13 @@ transport::RequestPtr Communicator::postSend(const void* buf, size_t bytes, int 
                                                rank_, view_.epoch, logTag_.iteration, logTag_.microbatch));
   logSeq_[peer]++;
   uint64_t seq = transport::FrameHeader::kP2pBit | ++sendSeq_[peer];
-  auto request = device_->isend(view_.rankToMember[peer], seq, 0, buf, bytes);
+  transport::RequestPtr request;
+  try {
+    request = device_->isend(view_.rankToMember[peer], seq, 0, buf, bytes);
+  } catch (...) {
+    log_->abandon(reservation);
+    throw;
+  }
   // The copy and its checksum overlap the network send (both only read
   // buf); the checksum reads each chunk while it is still in cache.
   constexpr size_t kChunk = 64 << 10;

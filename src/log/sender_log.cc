@@ -96,7 +96,9 @@ void Communicator::readLog(int peer, size_t index, ecclLogRecord_t* record, void
 
 // Re-sends the records in order, each carrying its CRC32C so the receiver
 // verifies it; posted together and waited in order. Replayed records are
-// not logged again.
+// not logged again. The payloads are sent from the arena, so nothing on
+// this communicator may send (and evict) or truncate meanwhile: like every
+// call on a communicator, replay is not to be overlapped from another thread.
 void Communicator::replayLog(int peer, int64_t fromIteration, int64_t toIteration) {
   checkUsable();
   checkRank(peer, "ecclLogReplay peer");
