@@ -4,10 +4,14 @@
 // combined output checked against a direct computation on every rank;
 // bytes exchanged are exactly the routed rows (no padding).
 #include <gtest/gtest.h>
+#include <signal.h>
+
+#include <thread>
 
 #include <random>
 #include <vector>
 
+#include "kernels/moe_placement.h"
 #include "tests/support/multiproc.h"
 
 namespace eccl::test {
@@ -38,6 +42,90 @@ std::vector<int32_t> routing(int rank) {
 }
 
 float expertFn(int e, float v) { return v * float(e + 2) - 1.0f; }
+
+// One dispatch + per-expert map + combine, checked element by element
+// against the direct computation; returns the rows this rank received.
+int64_t dispatchAndCheck(ecclComm_t comm, const std::vector<int32_t>& replicas, int rank) {
+  auto topk = routing(rank);
+  std::vector<float> x(kTokens * kHidden);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = float(rank * 10000 + int(i)) * 0.25f;
+  ecclMoePlan_t plan;
+  RANK_OK(ecclMoeDispatch(x.data(), topk.data(), kTokens, kTopk, kHidden, ecclFloat32, replicas.data(), kExperts,
+                          &plan, comm, nullptr),
+          comm);
+  void* rows;
+  int q;
+  const int32_t* local;
+  const int64_t *count, *offset;
+  RANK_OK(ecclMoeExpertInput(plan, &rows, &q, &local, &count, &offset), comm);
+  auto* f = static_cast<float*>(rows);
+  int64_t received = 0;
+  for (int k = 0; k < q; ++k) {
+    received += count[k];
+    for (int64_t r = offset[k]; r < offset[k] + count[k]; ++r)
+      for (int h = 0; h < kHidden; ++h) f[r * kHidden + h] = expertFn(local[k], f[r * kHidden + h]);
+  }
+  std::vector<float> weights(kTokens * kTopk), out(kTokens * kHidden);
+  for (size_t i = 0; i < weights.size(); ++i) weights[i] = 0.5f + 0.25f * float(i % 3);
+  RANK_OK(ecclMoeCombine(plan, rows, weights.data(), out.data(), comm, nullptr), comm);
+  for (int t = 0; t < kTokens; ++t)
+    for (int h = 0; h < kHidden; ++h) {
+      float want = 0;
+      for (int s = 0; s < kTopk; ++s) {
+        int e = topk[t * kTopk + s];
+        if (e >= 0) want += weights[t * kTopk + s] * expertFn(e, x[t * kHidden + h]);
+      }
+      RANK_CHECK(out[t * kHidden + h] == want, "token " + std::to_string(t) + " h " + std::to_string(h));
+    }
+  RANK_OK(ecclMoePlanDestroy(plan), comm);
+  return received;
+}
+
+TEST(Moe, DispatchContinuesOnAPlacementRecomputedAfterANodeIsLost) {
+  constexpr int kSlots = 3, victim = 3;
+  ProcessGroup group(kRanks, [](int rank, int n, const ecclUniqueId& id) {
+    setenv("ECCL_SOCKET_IFNAME", "lo", 1);
+    setenv("ECCL_HEARTBEAT_MS", "100", 1);
+    ecclComm_t comm;
+    RANK_OK(ecclCommInitRank(&comm, n, id, rank), nullptr);
+    // Load per expert from everyone's routing; replicas by load, placed by MRO.
+    std::vector<double> load(kExperts, 0);
+    for (int r = 0; r < n; ++r)
+      for (int32_t e : routing(r))
+        if (e >= 0) load[e] += 1;
+    auto before = eccl::moe::placeMaxOverlap(eccl::moe::allocateReplicas(load, n, kSlots, 1), n, kSlots);
+    dispatchAndCheck(comm, eccl::moe::replicasFromPlacement(before, kExperts), rank);
+    if (rank == victim) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      raise(SIGKILL);
+    }
+    float v = 1;
+    RANK_CHECK(ecclAllReduce(&v, &v, 1, ecclFloat32, ecclSum, comm, nullptr) != ecclSuccess, "the loss went unseen");
+    RANK_OK(ecclCommRecover(comm, ecclRecoverShrink), comm);
+    int m;
+    RANK_OK(ecclCommCount(comm, &m), comm);
+    RANK_CHECK(m == n - 1, "after the shrink: " + std::to_string(m) + " ranks");
+    // A new placement for the survivors, and the plan to get there: every
+    // transfer comes from a surviving owner.
+    auto after = eccl::moe::placeMaxOverlap(eccl::moe::allocateReplicas(load, m, kSlots, 1), m, kSlots);
+    auto lost = before;
+    lost[victim].clear();
+    auto plan = eccl::moe::planMigration(lost, {victim}, after);
+    for (const auto& t : plan.transfers) RANK_CHECK(t.fromNode != victim && t.toNode != victim, "transfer via the lost node");
+    // Survivors keep their numbers below the victim, so plan node q lives on
+    // physical node planToPhysical[q] == new rank q.
+    for (int q = 0; q < m; ++q) RANK_CHECK(plan.planToPhysical[q] != victim, "a plan node mapped to the lost node");
+    std::vector<eccl::moe::Placement::value_type> byRank(m);
+    for (int q = 0; q < m; ++q) byRank[plan.planToPhysical[q]] = after[q];
+    dispatchAndCheck(comm, eccl::moe::replicasFromPlacement(byRank, kExperts), rank);
+    RANK_OK(ecclCommDestroy(comm), comm);
+  });
+  auto outcomes = group.wait(std::chrono::seconds(60));
+  for (size_t r = 0; r < outcomes.size(); ++r) {
+    if (int(r) == victim) EXPECT_TRUE(!outcomes[r].exited && outcomes[r].signal == SIGKILL) << describe(outcomes);
+    else EXPECT_TRUE(outcomes[r].exited && outcomes[r].exitCode == 0) << describe(outcomes);
+  }
+}
 
 TEST(Moe, DispatchAndCombineOverUnevenReplicas) {
   ProcessGroup group(kRanks, [](int rank, int n, const ecclUniqueId& id) {

@@ -53,6 +53,26 @@ TEST(MoePlacement, EveryStrategyPlacesEveryReplicaWithinTheSlots) {
   EXPECT_THROW(placeSpread({30, 31}, 10, 6), std::invalid_argument);
 }
 
+TEST(MoePlacement, MaxOverlapKeepsTheMinimumReplicasOnDistinctNodes) {
+  for (int e : {8, 16, 24}) {
+    for (int f : {1, 2, 3}) {
+      if (e * f > 60) continue;
+      auto r = allocateReplicas(zipf(e, 1.2), 10, 6, f);
+      Placement p = placeMaxOverlap(r, 10, 6);
+      for (int x = 0; x < e; ++x) {
+        EXPECT_GE(r[x], std::min(f, 10));
+        int nodes = 0;
+        for (auto& node : p) nodes += std::count(node.begin(), node.end(), x) > 0;
+        EXPECT_GE(nodes, std::min(f, 10)) << e << " experts, f=" << f << ": expert " << x << " with " << r[x]
+                                          << " replicas sits on " << nodes << " nodes";
+        // The least replicated experts (the ones a failure can take) never
+        // double up on a node.
+        if (r[x] <= f) EXPECT_EQ(nodes, r[x]) << "expert " << x;
+      }
+    }
+  }
+}
+
 TEST(MoePlacement, MaxOverlapSurvivesAtLeastAsOftenAsTheBaselines) {
   for (int e : {8, 16}) {
     auto r = allocateReplicas(zipf(e, 1.2), 10, 6, 2);
