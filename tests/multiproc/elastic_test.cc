@@ -13,44 +13,13 @@
 #include <vector>
 
 #include "coll/algorithms.h"
-#include "tests/support/multiproc.h"
+#include "tests/support/elastic.h"
 
 namespace eccl::test {
 namespace {
 
-constexpr int kLanes = 2;
-
-class Elastic : public ::testing::Test {
- protected:
-  void SetUp() override {
-    setenv("ECCL_SOCKET_IFNAME", "lo", 1);
-    setenv("ECCL_TIMEOUT_MS", "15000", 1);
-    setenv("ECCL_HEARTBEAT_MS", "100", 1);
-    setenv("ECCL_HEARTBEAT_TIMEOUT_MS", "1000", 1);
-    setenv("ECCL_NSOCKS_PERPEER", std::to_string(kLanes).c_str(), 1);
-  }
-  void TearDown() override {
-    for (const char* v : {"ECCL_TIMEOUT_MS", "ECCL_HEARTBEAT_MS", "ECCL_HEARTBEAT_TIMEOUT_MS", "ECCL_NSOCKS_PERPEER"})
-      unsetenv(v);
-  }
-};
-
-ecclCommStats_t statsOf(ecclComm_t comm) {
-  ecclCommStats_t s{};
-  s.size = sizeof(s);
-  RANK_OK(ecclCommGetStats(comm, &s), comm);
-  return s;
-}
-
-// Every rank contributes rank+1; the sum over n ranks is n(n+1)/2.
-void checkAllreduce(ecclComm_t comm) {
-  int n, rank;
-  RANK_OK(ecclCommCount(comm, &n), comm);
-  RANK_OK(ecclCommUserRank(comm, &rank), comm);
-  std::vector<int64_t> v(100000, rank + 1);
-  RANK_OK(ecclAllReduce(v.data(), v.data(), v.size(), ecclInt64, ecclSum, comm, nullptr), comm);
-  for (int64_t x : v) RANK_CHECK(x == int64_t(n) * (n + 1) / 2, "allreduce gave " + std::to_string(x));
-}
+constexpr int kLanes = kElasticLanes;
+using Elastic = ElasticTest;
 
 // Runs allreduces until one fails; returns its message.
 std::string allreduceUntilFailure(ecclComm_t comm) {
@@ -63,24 +32,6 @@ std::string allreduceUntilFailure(ecclComm_t comm) {
     }
   }
   throw std::runtime_error("no failure seen");
-}
-
-// Dies after the peers have surely read everything it sent (a process
-// that dies with unread input resets its connections, losing sent data).
-[[noreturn]] void dieSoon() {
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  raise(SIGKILL);
-  _exit(9);
-}
-
-bool diedOfSigkill(const RankOutcome& o) { return !o.exited && o.signal == SIGKILL; }
-
-// The victims died of SIGKILL; every other process exited cleanly.
-void expectOnlyVictimsDied(const std::vector<RankOutcome>& outcomes, const std::set<int>& victims) {
-  for (size_t r = 0; r < outcomes.size(); ++r) {
-    if (victims.count(static_cast<int>(r))) EXPECT_TRUE(diedOfSigkill(outcomes[r])) << describe(outcomes);
-    else EXPECT_TRUE(outcomes[r].exited && outcomes[r].exitCode == 0) << describe(outcomes);
-  }
 }
 
 TEST_F(Elastic, StandbyReplacesAKilledRankTouchingOnlyItsConnections) {

@@ -13,45 +13,13 @@
 #include <vector>
 
 #include "coll/algorithms.h"
-#include "tests/support/multiproc.h"
+#include "tests/support/elastic.h"
 
 namespace eccl::test {
 namespace {
 
-constexpr int kLanes = 2;
-
-class Reconfigure : public ::testing::Test {
- protected:
-  void SetUp() override {
-    setenv("ECCL_SOCKET_IFNAME", "lo", 1);
-    setenv("ECCL_TIMEOUT_MS", "15000", 1);
-    setenv("ECCL_HEARTBEAT_MS", "100", 1);
-    setenv("ECCL_HEARTBEAT_TIMEOUT_MS", "1000", 1);
-    setenv("ECCL_NSOCKS_PERPEER", std::to_string(kLanes).c_str(), 1);
-  }
-  void TearDown() override {
-    for (const char* v : {"ECCL_TIMEOUT_MS", "ECCL_HEARTBEAT_MS", "ECCL_HEARTBEAT_TIMEOUT_MS", "ECCL_NSOCKS_PERPEER"})
-      unsetenv(v);
-  }
-};
-
-ecclCommStats_t statsOf(ecclComm_t comm) {
-  ecclCommStats_t s{};
-  s.size = sizeof(s);
-  RANK_OK(ecclCommGetStats(comm, &s), comm);
-  return s;
-}
-
-// Every rank contributes rank+1 (+ salt); checks the exact sum.
-void checkAllreduce(ecclComm_t comm, int64_t salt = 0) {
-  int n, rank;
-  RANK_OK(ecclCommCount(comm, &n), comm);
-  RANK_OK(ecclCommUserRank(comm, &rank), comm);
-  std::vector<int64_t> v(50000, rank + 1 + salt);
-  RANK_OK(ecclAllReduce(v.data(), v.data(), v.size(), ecclInt64, ecclSum, comm, nullptr), comm);
-  int64_t want = int64_t(n) * (n + 1) / 2 + salt * n;
-  for (int64_t x : v) RANK_CHECK(x == want, "allreduce gave " + std::to_string(x) + ", want " + std::to_string(want));
-}
+constexpr int kLanes = kElasticLanes;
+using Reconfigure = ElasticTest;
 
 // True on every rank once every rank of the view saw the preparation READY.
 bool everyoneReady(ecclComm_t comm) {
@@ -67,21 +35,6 @@ std::vector<uint32_t> stateOf(int seed) {
   std::vector<uint32_t> s(1 << 18);
   for (size_t i = 0; i < s.size(); ++i) s[i] = static_cast<uint32_t>(i * 2654435761u + seed);
   return s;
-}
-
-[[noreturn]] void dieSoon() {
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  raise(SIGKILL);
-  _exit(9);
-}
-
-void expectOutcomes(const std::vector<RankOutcome>& outcomes, const std::set<int>& victims) {
-  for (size_t r = 0; r < outcomes.size(); ++r) {
-    if (victims.count(static_cast<int>(r)))
-      EXPECT_TRUE(!outcomes[r].exited && outcomes[r].signal == SIGKILL) << describe(outcomes);
-    else
-      EXPECT_TRUE(outcomes[r].exited && outcomes[r].exitCode == 0) << describe(outcomes);
-  }
 }
 
 TEST_F(Reconfigure, ExpectedMigrationStreamsStateAndSwitchesOnlyTheDelta) {
@@ -152,7 +105,7 @@ TEST_F(Reconfigure, ExpectedMigrationStreamsStateAndSwitchesOnlyTheDelta) {
     RANK_OK(ecclCommDestroy(comm), comm);
   });
   auto outcomes = group.wait(std::chrono::seconds(60));
-  expectOutcomes(outcomes, {});
+  expectOnlyVictimsDied(outcomes, {});
 }
 
 TEST_F(Reconfigure, GrowAppendsStandbysAsNewRanks) {
@@ -187,7 +140,7 @@ TEST_F(Reconfigure, GrowAppendsStandbysAsNewRanks) {
     RANK_OK(ecclCommDestroy(comm), comm);
   });
   auto outcomes = group.wait(std::chrono::seconds(60));
-  expectOutcomes(outcomes, {});
+  expectOnlyVictimsDied(outcomes, {});
 }
 
 TEST_F(Reconfigure, EagerStandbyIsPromotedWithoutOpeningAConnection) {
@@ -220,7 +173,7 @@ TEST_F(Reconfigure, EagerStandbyIsPromotedWithoutOpeningAConnection) {
     RANK_OK(ecclCommDestroy(comm), comm);
   });
   auto outcomes = group.wait(std::chrono::seconds(60));
-  expectOutcomes(outcomes, {victim});
+  expectOnlyVictimsDied(outcomes, {victim});
 }
 
 TEST_F(Reconfigure, AJoinerDyingWhilePreparingFailsThePreparationOnly) {
@@ -254,7 +207,7 @@ TEST_F(Reconfigure, AJoinerDyingWhilePreparingFailsThePreparationOnly) {
     RANK_OK(ecclCommDestroy(comm), comm);
   });
   auto outcomes = group.wait(std::chrono::seconds(60));
-  expectOutcomes(outcomes, {n});
+  expectOnlyVictimsDied(outcomes, {n});
 }
 
 TEST_F(Reconfigure, AMemberDyingDuringSwitchoverAbortsItAndRecoveryRetries) {
@@ -294,7 +247,7 @@ TEST_F(Reconfigure, AMemberDyingDuringSwitchoverAbortsItAndRecoveryRetries) {
     RANK_OK(ecclCommDestroy(comm), comm);
   });
   auto outcomes = group.wait(std::chrono::seconds(60));
-  expectOutcomes(outcomes, {victim});
+  expectOnlyVictimsDied(outcomes, {victim});
 }
 
 }  // namespace

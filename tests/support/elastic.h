@@ -1,0 +1,74 @@
+// Shared pieces of the membership tests (elastic_test, reconfigure_test):
+// the environment they run in, stats, a checked allreduce, a victim's
+// death, and the outcome check.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/support/multiproc.h"
+
+namespace eccl::test {
+
+constexpr int kElasticLanes = 2;
+
+// Fast failure detection and two lanes per peer (so delta counts are known).
+class ElasticTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    setenv("ECCL_SOCKET_IFNAME", "lo", 1);
+    setenv("ECCL_TIMEOUT_MS", "15000", 1);
+    setenv("ECCL_HEARTBEAT_MS", "100", 1);
+    setenv("ECCL_HEARTBEAT_TIMEOUT_MS", "1000", 1);
+    setenv("ECCL_NSOCKS_PERPEER", std::to_string(kElasticLanes).c_str(), 1);
+  }
+  void TearDown() override {
+    for (const char* v : {"ECCL_TIMEOUT_MS", "ECCL_HEARTBEAT_MS", "ECCL_HEARTBEAT_TIMEOUT_MS", "ECCL_NSOCKS_PERPEER"})
+      unsetenv(v);
+  }
+};
+
+inline ecclCommStats_t statsOf(ecclComm_t comm) {
+  ecclCommStats_t s{};
+  s.size = sizeof(s);
+  RANK_OK(ecclCommGetStats(comm, &s), comm);
+  return s;
+}
+
+// Every rank contributes rank+1 (+ salt); checks the exact sum.
+inline void checkAllreduce(ecclComm_t comm, int64_t salt = 0) {
+  int n, rank;
+  RANK_OK(ecclCommCount(comm, &n), comm);
+  RANK_OK(ecclCommUserRank(comm, &rank), comm);
+  std::vector<int64_t> v(50000, rank + 1 + salt);
+  RANK_OK(ecclAllReduce(v.data(), v.data(), v.size(), ecclInt64, ecclSum, comm, nullptr), comm);
+  int64_t want = int64_t(n) * (n + 1) / 2 + salt * n;
+  for (int64_t x : v) RANK_CHECK(x == want, "allreduce gave " + std::to_string(x) + ", want " + std::to_string(want));
+}
+
+// Dies after the peers have surely read everything it sent (a process
+// that dies with unread input resets its connections, losing sent data).
+[[noreturn]] inline void dieSoon() {
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  raise(SIGKILL);
+  _exit(9);
+}
+
+// The victims died of SIGKILL; every other process exited cleanly.
+inline void expectOnlyVictimsDied(const std::vector<RankOutcome>& outcomes, const std::set<int>& victims) {
+  for (size_t r = 0; r < outcomes.size(); ++r) {
+    if (victims.count(static_cast<int>(r)))
+      EXPECT_TRUE(!outcomes[r].exited && outcomes[r].signal == SIGKILL) << describe(outcomes);
+    else
+      EXPECT_TRUE(outcomes[r].exited && outcomes[r].exitCode == 0) << describe(outcomes);
+  }
+}
+
+}  // namespace eccl::test
