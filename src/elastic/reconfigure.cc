@@ -131,7 +131,10 @@ void Communicator::prepareDelta(uint32_t nextEpoch) {
   MutexLock lock(prepMu_);
   if (prep_.epoch != nextEpoch) return;
   if (!failure.empty()) {
-    if (prep_.state != ecclPrepareFailed) prep_.state = ecclPrepareFailed, prep_.why = failure;
+    // Reported above: the coordinator aborts the preparation for everyone
+    // with one reason (naming the joiner or the failed member), so all
+    // members see the same FAILED.
+    log::warn("rank {}: preparing epoch {}: {}", rank_, nextEpoch, failure);
   } else {
     prep_.locallyPrepared = true;
     prep_.prepareMs = msSince(prep_.announced);
