@@ -20,7 +20,7 @@ void allreduceRecursiveDoubling(Links& links, const void* in, void* outv, size_t
   int p = 1;
   while (p * 2 <= n) p *= 2;
   const int extra = n - p;
-  std::vector<uint8_t> tmp(bytes);
+  uint8_t* tmp = links.scratch(kRingScratchSlot, bytes);  // the ring is not running
   std::vector<RequestPtr> reqs;
   int virtualRank;
   if (r < 2 * extra) {
@@ -30,9 +30,9 @@ void allreduceRecursiveDoubling(Links& links, const void* in, void* outv, size_t
       links.waitAll(reqs);
       return;
     }
-    reqs.push_back(links.irecv(r - 1, makeTag(0, 0, 0), tmp.data(), bytes));
+    reqs.push_back(links.irecv(r - 1, makeTag(0, 0, 0), tmp, bytes));
     links.waitAll(reqs);
-    reduce(out, tmp.data(), out, count, type, op);
+    reduce(out, tmp, out, count, type, op);
     virtualRank = r / 2;
   } else {
     virtualRank = r - extra;
@@ -41,13 +41,13 @@ void allreduceRecursiveDoubling(Links& links, const void* in, void* outv, size_t
   for (int mask = 1, step = 0; mask < p; mask <<= 1, ++step) {
     int partnerVirtual = virtualRank ^ mask;
     int partner = realRank(partnerVirtual);
-    reqs.push_back(links.irecv(partner, makeTag(1, step, 0), tmp.data(), bytes));
+    reqs.push_back(links.irecv(partner, makeTag(1, step, 0), tmp, bytes));
     reqs.push_back(links.isend(partner, makeTag(1, step, 0), out, bytes));
     links.waitAll(reqs);
     if (partnerVirtual < virtualRank)
-      reduce(out, tmp.data(), out, count, type, op);
+      reduce(out, tmp, out, count, type, op);
     else
-      reduce(out, out, tmp.data(), count, type, op);
+      reduce(out, out, tmp, count, type, op);
   }
   if (r < 2 * extra) {
     reqs.push_back(links.isend(r - 1, makeTag(2, 0, 0), out, bytes));

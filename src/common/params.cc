@@ -24,6 +24,9 @@ const std::vector<Param>& all() {
       {"ECCL_RING_SEGMENT_BYTES", "int", "524288",
        "Pipeline segment of the ring algorithms: reduction of one segment overlaps receiving "
        "the next."},
+      {"ECCL_SPIN_US", "int", "20",
+       "How long a caller waiting on a message polls its peer's sockets before it sleeps in poll(), "
+       "in microseconds."},
       {"ECCL_HANDSHAKE_TIMEOUT_MS", "int", "5000",
        "Deadline for an incoming connection to complete authentication."},
       {"ECCL_PIN_PROGRESS_THREAD", "int", "1",
@@ -88,6 +91,7 @@ int64_t stripeMinBytes() { return getInt("ECCL_STRIPE_MIN_BYTES"); }
 int64_t smallAllreduceBytes() { return getInt("ECCL_ALLREDUCE_SMALL_BYTES"); }
 int64_t ringSegmentBytes() { return getInt("ECCL_RING_SEGMENT_BYTES"); }
 int64_t handshakeTimeoutMs() { return getInt("ECCL_HANDSHAKE_TIMEOUT_MS"); }
+int64_t spinUs() { return getInt("ECCL_SPIN_US"); }
 int pinProgressThread() { return static_cast<int>(getInt("ECCL_PIN_PROGRESS_THREAD")); }
 int envRank() { return static_cast<int>(getInt("ECCL_RANK")); }
 int envNranks() { return static_cast<int>(getInt("ECCL_NRANKS")); }

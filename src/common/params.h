@@ -33,6 +33,7 @@ int64_t smallAllreduceBytes();
 int64_t ringSegmentBytes();
 int64_t handshakeTimeoutMs();
 int pinProgressThread();
+int64_t spinUs();
 
 // Launcher-provided identity (eccl-run); empty/negative when unset.
 int envRank();

@@ -23,9 +23,8 @@ using coll::typeSize;
 // Binds one op's sequence number and label to the links an algorithm uses.
 class Communicator::OpLinks final : public coll::Links {
  public:
-  OpLinks(Communicator& c, uint64_t seq, std::string label)
-      : comm_(c), seq_(seq), label_(std::move(label)), deadline_(deadlineAfterMs(c.timeoutMs_)),
-        segment_(static_cast<size_t>(params::ringSegmentBytes())) {}
+  OpLinks(Communicator& c, uint64_t seq, const char* name)
+      : comm_(c), seq_(seq), name_(name), deadline_(deadlineAfterMs(c.timeoutMs_)) {}
   int rank() const override { return comm_.rank_; }
   int size() const override { return comm_.size(); }
   transport::RequestPtr isend(int peer, uint32_t tag, const void* buf, size_t bytes) override {
@@ -34,16 +33,23 @@ class Communicator::OpLinks final : public coll::Links {
   transport::RequestPtr irecv(int peer, uint32_t tag, void* buf, size_t bytes) override {
     return comm_.device_->irecv(comm_.view_.rankToMember[peer], seq_, tag, buf, bytes);
   }
-  void wait(const transport::RequestPtr& r) override { comm_.device_->wait(r, deadline_, label_); }
-  size_t segmentBytes() const override { return segment_; }
+  // The op's label is formatted only when a wait fails: small ops are a
+  // few microseconds and a string per op shows up in their profile.
+  void wait(const transport::RequestPtr& r) override {
+    try {
+      comm_.device_->wait(r, deadline_, {});
+    } catch (const Error& e) {
+      throw Error(e.code(), fmt::format("{}: {}", comm_.opLabel(name_, seq_), e.what()));
+    }
+  }
+  size_t segmentBytes() const override { return comm_.segmentBytes_; }
   uint8_t* scratch(int slot, size_t bytes) override { return comm_.scratch(slot, bytes); }
 
  private:
   Communicator& comm_;
   uint64_t seq_;
-  std::string label_;
+  const char* name_;
   Deadline deadline_;
-  size_t segment_;
 };
 
 Communicator::Communicator(int nranks, const ecclUniqueId& id, int rank, const CommOptions& o)
@@ -106,6 +112,7 @@ void Communicator::join(const ecclUniqueId& id, bootstrap::Role role, int rank, 
   t.handshakeTimeoutMs = std::min<int64_t>(params::handshakeTimeoutMs(), timeoutMs_);
   t.ifname = params::socketIfname();
   t.pinProgressThread = params::pinProgressThread() != 0;
+  t.spinUs = std::max<int64_t>(0, params::spinUs());
   device_ = transport::createTcpDevice(t);
   device_->onPeerFailure = [this](transport::MemberId m, ecclResult_t code, const std::string& reason) {
     onPeerFailure(m, code, reason);
@@ -329,7 +336,7 @@ std::string Communicator::opLabel(const char* name, uint64_t seq) const {
 void Communicator::runCollective(const char* name, const std::function<void(OpLinks&)>& body) {
   checkUsable();
   uint64_t seq = ++collSeq_;
-  OpLinks links(*this, seq, opLabel(name, seq));
+  OpLinks links(*this, seq, name);
   body(links);
 }
 
@@ -366,7 +373,7 @@ void Communicator::allReduce(const void* in, void* out, size_t count, ecclDataTy
   checkBuffer(out, count, "allreduce recvbuff");
   runCollective("allreduce", [&](OpLinks& links) {
     reduceWide(in, count, out, count, type, op, size(), true, [&](const void* i, void* o, ecclDataType_t t) {
-      if (static_cast<int64_t>(bytes) <= params::smallAllreduceBytes())
+      if (bytes <= smallAllreduceBytes_)
         coll::allreduceRecursiveDoubling(links, i, o, count, t, op);
       else
         coll::allreduceRing(links, i, o, count, t, op);
@@ -503,11 +510,13 @@ transport::RequestPtr Communicator::postRecv(void* buf, size_t bytes, int peer) 
 }
 
 void Communicator::waitP2p(const transport::RequestPtr& r, int peer, bool isSend) {
-  std::string label = fmt::format("{} {} rank {} (rank {}, epoch {})", isSend ? "send" : "recv",
-                                  isSend ? "to" : "from", peer, rank_, view_.epoch);
   auto logged = isSend ? pendingLogs_.find(r.get()) : pendingLogs_.end();
   try {
-    device_->wait(r, deadlineAfterMs(timeoutMs_), label);
+    device_->wait(r, deadlineAfterMs(timeoutMs_), {});
+  } catch (const Error& e) {
+    if (logged != pendingLogs_.end()) log_->abandon(logged->second.reservation), pendingLogs_.erase(logged);
+    throw Error(e.code(), fmt::format("{} {} rank {} (rank {}, epoch {}): {}", isSend ? "send" : "recv",
+                                      isSend ? "to" : "from", peer, rank_, view_.epoch, e.what()));
   } catch (...) {
     if (logged != pendingLogs_.end()) log_->abandon(logged->second.reservation), pendingLogs_.erase(logged);
     throw;

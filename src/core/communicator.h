@@ -13,6 +13,7 @@
 
 #include "bootstrap/coord_client.h"
 #include "common/mutex.h"
+#include "common/params.h"
 #include "core/background.h"
 #include "log/log_store.h"
 #include "eccl.h"
@@ -139,6 +140,9 @@ class Communicator {
 
   int rank_ = -1;
   const int64_t timeoutMs_;
+  // Tuning read once at init (the environment is not consulted per op).
+  const size_t segmentBytes_ = static_cast<size_t>(params::ringSegmentBytes());
+  const size_t smallAllreduceBytes_ = static_cast<size_t>(params::smallAllreduceBytes());
   transport::MemberId self_ = 0;
   View view_;
   std::atomic<uint32_t> currentEpoch_{0};

@@ -39,6 +39,9 @@ struct Request {
   MemberId peer = 0;
   bool isSend = false;
   int pendingChunks = 0;
+  // While a caller drives the I/O for this request itself, the eventfd
+  // that wakes it when another thread completes the request; -1 otherwise.
+  int driverWakeFd = -1;
 };
 using RequestPtr = std::shared_ptr<Request>;
 
@@ -79,8 +82,8 @@ class Device {
                            const uint32_t* payloadCrc = nullptr) = 0;
   virtual RequestPtr irecv(MemberId peer, uint64_t seq, uint32_t tag, void* buf, size_t len) = 0;
   // Blocks until the request completes. On failure or at the deadline throws
-  // eccl::Error whose message starts with `opName` and names the peer; a
-  // deadline declares that peer failed.
+  // eccl::Error whose message starts with `opName` (unless it is empty) and
+  // names the peer; a deadline declares that peer failed.
   virtual void wait(const RequestPtr& request, Deadline deadline, const std::string& opName) = 0;
   // Non-blocking completion test; throws like wait() on failure.
   virtual bool test(const RequestPtr& request, const std::string& opName) = 0;

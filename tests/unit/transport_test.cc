@@ -127,6 +127,52 @@ TEST(TcpDevice, TimeoutNamesThePeerAndFailsLaterOps) {
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(3));
 }
 
+// A caller waiting on a message reads its peer's sockets itself; a failure
+// decided on another thread (here the coordinator's notice) must still wake
+// it at once, not when its poll slice ends.
+TEST(TcpDevice, DrivingWaiterWakesWhenAnotherThreadFailsThePeer) {
+  Pair p;
+  char c = 'x', got = 0;
+  auto r0 = p.b->irecv(0, 1, 0, &got, 1);
+  p.a->wait(p.a->isend(1, 1, 0, &c, 1), deadlineAfterMs(5000), "send");
+  p.b->wait(r0, deadlineAfterMs(5000), "recv");
+  ASSERT_EQ(got, 'x');
+  auto r = p.b->irecv(0, 2, 0, &got, 1);
+  Clock::time_point failedAt;
+  std::thread notifier([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    failedAt = Clock::now();
+    p.b->failPeer(0, ecclRemoteError, "the coordinator declared rank 0 failed");
+  });
+  try {
+    p.b->wait(r, deadlineAfterMs(20000), "recv");
+    ADD_FAILURE() << "the wait returned without the failure";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the coordinator declared rank 0 failed"), std::string::npos) << e.what();
+  }
+  auto woke = Clock::now();
+  notifier.join();
+  EXPECT_LT(woke - failedAt, std::chrono::milliseconds(500));
+}
+
+// After a wait the lanes stay with callers for a short lease; a member that
+// then sits idle must get them back onto its progress thread, or a peer's
+// large send (more than the socket buffers hold) would stall until the idle
+// member waits again.
+TEST(TcpDevice, IdleMemberKeepsReceivingAfterItsOwnWait) {
+  Pair p(1);
+  char c = 'x', got = 0;
+  auto r0 = p.b->irecv(0, 1, 0, &got, 1);
+  p.a->wait(p.a->isend(1, 1, 0, &c, 1), deadlineAfterMs(5000), "send");
+  p.b->wait(r0, deadlineAfterMs(5000), "recv");  // b drove its lanes just now
+  std::vector<uint8_t> big(64 << 20), into(big.size());
+  for (size_t i = 0; i < big.size(); i += 4096) big[i] = static_cast<uint8_t>(i >> 12);
+  p.a->wait(p.a->isend(1, 2, 0, big.data(), big.size()), deadlineAfterMs(5000), "send while the receiver is idle");
+  auto r = p.b->irecv(0, 2, 0, into.data(), into.size());
+  p.b->wait(r, deadlineAfterMs(5000), "recv");
+  EXPECT_EQ(into, big);
+}
+
 // A client that knows the secret but speaks garbage after the handshake.
 class Intruder {
  public:

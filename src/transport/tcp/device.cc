@@ -1,6 +1,8 @@
 #include "transport/tcp/device.h"
 
 #include <sys/epoll.h>
+#include <poll.h>
+#include <sched.h>
 #include <sys/eventfd.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -26,7 +28,32 @@
 namespace eccl::transport {
 namespace {
 
+// Each thread that drives a wait has one eventfd, created on first use, by
+// which other threads wake it when they complete its request.
+class ThreadWakeFd {
+ public:
+  ~ThreadWakeFd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  int get() {
+    if (fd_ < 0) fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    return fd_;
+  }
+  int peek() const { return fd_; }
+
+ private:
+  int fd_ = -1;
+};
+thread_local ThreadWakeFd t_wakeFd;
+int threadWakeFd() { return t_wakeFd.peek(); }
+
 constexpr size_t kReadBudgetPerEvent = 8 << 20;  // fairness between sockets
+constexpr uint64_t kWakeToken = 0;   // lane tokens start at 1
+constexpr uint64_t kLanesToken = 1;  // in the progress thread's epoll only
+// After a caller's wait the lanes stay with callers this long, so the next
+// op's data does not wake the progress thread; it bounds how late an idle
+// member answers a ping or notices a hang-up.
+constexpr int64_t kLeaseMs = 2;
 
 struct SendItem {
   uint8_t header[FrameHeader::kSize];
@@ -149,6 +176,11 @@ class TcpDevice final : public Device {
   void closeLaneLocked(Lane& lane) ECCL_REQUIRES(mu_);
   void flushLocked(Lane& lane) ECCL_REQUIRES(mu_);
   void setWantOutLocked(Lane& lane, bool on) ECCL_REQUIRES(mu_);
+  void updateEpollLocked(Lane& lane, int op) ECCL_REQUIRES(mu_);
+  void waitSliceLocked(const RequestPtr& r, Deadline until) ECCL_REQUIRES(mu_);
+  bool driveLocked(const RequestPtr& r, Deadline until) ECCL_REQUIRES(mu_);
+  void setCallerOwnedLocked(bool owned) ECCL_REQUIRES(mu_);
+  void serviceLanesLocked() ECCL_REQUIRES(mu_);
   void completeLocked(const RequestPtr& r, ecclResult_t code, std::string error) ECCL_REQUIRES(mu_);
   void failPeerLocked(MemberId member, ecclResult_t code, const std::string& reason, bool flood)
       ECCL_REQUIRES(mu_);
@@ -173,7 +205,12 @@ class TcpDevice final : public Device {
   NetInterface nic_;
   SockAddr listenAddress_;
   Fd listenFd_;
+  // The progress thread sleeps on epollFd_, which holds the eventfd and
+  // laneEpoll_; laneEpoll_ holds every connection. While callers drive the
+  // lanes (and for a short lease after, so back-to-back ops keep them),
+  // laneEpoll_ is silenced in epollFd_ and the progress thread stays asleep.
   Fd epollFd_;
+  Fd laneEpoll_;
   Fd eventFd_;
   std::atomic<bool> stopping_{false};
   std::thread progressThread_;
@@ -193,6 +230,9 @@ class TcpDevice final : public Device {
   std::map<uint64_t, Lane*> lanesByToken_ ECCL_GUARDED_BY(mu_);
   uint64_t nextToken_ ECCL_GUARDED_BY(mu_) = 1;
   std::map<InboxKey, Inbox> inbox_ ECCL_GUARDED_BY(mu_);
+  bool callerOwned_ ECCL_GUARDED_BY(mu_) = false;
+  int drivers_ ECCL_GUARDED_BY(mu_) = 0;
+  Clock::time_point leaseUntil_ ECCL_GUARDED_BY(mu_){};
   std::vector<std::pair<std::unique_ptr<uint8_t[]>, size_t>> stagingPool_ ECCL_GUARDED_BY(mu_);
   size_t stagingPoolBytes_ ECCL_GUARDED_BY(mu_) = 0;
   DeviceStats stats_ ECCL_GUARDED_BY(mu_);
@@ -205,12 +245,16 @@ TcpDevice::TcpDevice(const TcpOptions& o) : opt_(o) {
   listenFd_ = std::move(fd);
   listenAddress_ = bound;
   epollFd_.reset(epoll_create1(EPOLL_CLOEXEC));
+  laneEpoll_.reset(epoll_create1(EPOLL_CLOEXEC));
   eventFd_.reset(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
-  if (!epollFd_ || !eventFd_) fail(ecclSystemError, "epoll/eventfd creation failed: {}", strerror(errno));
+  if (!epollFd_ || !laneEpoll_ || !eventFd_)
+    fail(ecclSystemError, "epoll/eventfd creation failed: {}", strerror(errno));
   epoll_event ev{};
   ev.events = EPOLLIN;
-  ev.data.u64 = 0;
+  ev.data.u64 = kWakeToken;
   epoll_ctl(epollFd_.get(), EPOLL_CTL_ADD, eventFd_.get(), &ev);
+  ev.data.u64 = kLanesToken;
+  epoll_ctl(epollFd_.get(), EPOLL_CTL_ADD, laneEpoll_.get(), &ev);
   progressThread_ = std::thread([this] { progressLoop(); });
   acceptThread_ = std::thread([this] {
     acceptLoop();
@@ -310,11 +354,8 @@ void TcpDevice::installLaneLocked(Peer& peer, uint32_t index, Fd fd) {
   lane.rx = Lane::Rx::kHeader;
   lane.headerGot = 0;
   lanesByToken_[lane.token] = &lane;
-  epoll_event ev{};
-  ev.events = EPOLLIN | EPOLLRDHUP;
-  ev.data.u64 = lane.token;
-  epoll_ctl(epollFd_.get(), EPOLL_CTL_ADD, lane.fd.get(), &ev);
   lane.wantOut = false;
+  updateEpollLocked(lane, EPOLL_CTL_ADD);
   stats_.connectionsOpened++;
   if (closing_) queueControlLocked(lane, FrameType::kGoodbye, {});
   bool allUp = std::all_of(peer.lanes.begin(), peer.lanes.end(), [](auto& l) { return bool(l->fd); });
@@ -325,7 +366,7 @@ void TcpDevice::installLaneLocked(Peer& peer, uint32_t index, Fd fd) {
 
 void TcpDevice::closeLaneLocked(Lane& lane) {
   if (!lane.fd) return;
-  epoll_ctl(epollFd_.get(), EPOLL_CTL_DEL, lane.fd.get(), nullptr);
+  epoll_ctl(laneEpoll_.get(), EPOLL_CTL_DEL, lane.fd.get(), nullptr);
   lanesByToken_.erase(lane.token);
   lane.token = 0;
   lane.fd.reset();
@@ -336,10 +377,38 @@ void TcpDevice::closeLaneLocked(Lane& lane) {
 void TcpDevice::setWantOutLocked(Lane& lane, bool on) {
   if (lane.wantOut == on || !lane.fd) return;
   lane.wantOut = on;
+  updateEpollLocked(lane, EPOLL_CTL_MOD);
+}
+
+void TcpDevice::updateEpollLocked(Lane& lane, int op) {
   epoll_event ev{};
-  ev.events = EPOLLIN | EPOLLRDHUP | (on ? uint32_t{EPOLLOUT} : 0u);
+  ev.events = EPOLLIN | EPOLLRDHUP | (lane.wantOut ? uint32_t{EPOLLOUT} : 0u);
   ev.data.u64 = lane.token;
-  epoll_ctl(epollFd_.get(), EPOLL_CTL_MOD, lane.fd.get(), &ev);
+  epoll_ctl(laneEpoll_.get(), op, lane.fd.get(), &ev);
+}
+
+void TcpDevice::setCallerOwnedLocked(bool owned) {
+  if (callerOwned_ == owned) return;
+  callerOwned_ = owned;
+  epoll_event ev{};
+  ev.events = owned ? 0u : uint32_t{EPOLLIN};
+  ev.data.u64 = kLanesToken;
+  epoll_ctl(epollFd_.get(), EPOLL_CTL_MOD, laneEpoll_.get(), &ev);
+}
+
+// Reads and writes whatever the lanes are ready for, without blocking.
+void TcpDevice::serviceLanesLocked() {
+  epoll_event events[64];
+  int n = epoll_wait(laneEpoll_.get(), events, 64, 0);
+  for (int i = 0; i < n; ++i) {
+    uint64_t token = events[i].data.u64;
+    auto it = lanesByToken_.find(token);
+    if (it == lanesByToken_.end()) continue;  // closed since epoll_wait returned
+    Lane& lane = *it->second;
+    if (events[i].events & EPOLLOUT) flushLocked(lane);
+    if (lane.token == token && (events[i].events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)))
+      readLocked(lane);
+  }
 }
 
 void TcpDevice::completeLocked(const RequestPtr& r, ecclResult_t code, std::string error) {
@@ -348,6 +417,10 @@ void TcpDevice::completeLocked(const RequestPtr& r, ecclResult_t code, std::stri
   r->error = std::move(error);
   r->state.store(code == ecclSuccess ? Request::kDone : Request::kFailed);
   cv_.notifyAll();
+  if (r->driverWakeFd >= 0 && r->driverWakeFd != threadWakeFd()) {
+    uint64_t one = 1;
+    [[maybe_unused]] ssize_t rc = ::write(r->driverWakeFd, &one, sizeof(one));
+  }
 }
 
 void TcpDevice::flushLocked(Lane& lane) {
@@ -494,7 +567,8 @@ void TcpDevice::wait(const RequestPtr& r, Deadline deadline, const std::string& 
   bool probed = false;
   const auto timeout = deadline - Clock::now();
   while (r->state.load() == Request::kPending) {
-    if (cv_.waitUntil(mu_, deadline) || r->state.load() != Request::kPending || Clock::now() < deadline) continue;
+    waitSliceLocked(r, deadline);
+    if (r->state.load() != Request::kPending || Clock::now() < deadline) continue;
     // At the deadline, ask the peer's progress thread whether the process
     // is alive. A live peer that is itself blocked on a failed member will
     // report that member soon, so we wait once more; a stopped or hung
@@ -504,8 +578,8 @@ void TcpDevice::wait(const RequestPtr& r, Deadline deadline, const std::string& 
       auto sent = Clock::now();
       auto grace = std::min<Clock::duration>(std::chrono::milliseconds(500), timeout);
       while (r->state.load() == Request::kPending && peerLocked(r->peer).lastPong < sent &&
-             cv_.waitUntil(mu_, sent + grace)) {
-      }
+             Clock::now() < sent + grace)
+        waitSliceLocked(r, sent + grace);
       if (r->state.load() != Request::kPending) break;
       if (peerLocked(r->peer).lastPong >= sent) {
         deadline = Clock::now() + timeout;
@@ -519,7 +593,49 @@ void TcpDevice::wait(const RequestPtr& r, Deadline deadline, const std::string& 
                    true);
     completeLocked(r, ecclTimeout, fmt::format("peer {} timed out", labelLocked(r->peer)));
   }
-  if (r->state.load() == Request::kFailed) throw Error(r->code, fmt::format("{}: {}", opName, r->error));
+  if (r->state.load() == Request::kFailed)
+    throw Error(r->code, opName.empty() ? r->error : fmt::format("{}: {}", opName, r->error));
+}
+
+// Waits until the request completes, `until` passes or something happens
+// that the caller should look at. Where the peer's lanes are all up the
+// caller drives them itself; otherwise the progress thread does and wakes
+// the condition variable.
+void TcpDevice::waitSliceLocked(const RequestPtr& r, Deadline until) {
+  if (!driveLocked(r, until)) cv_.waitUntil(mu_, until);
+}
+
+bool TcpDevice::driveLocked(const RequestPtr& r, Deadline until) {
+  const int wakeFd = t_wakeFd.get();
+  if (wakeFd < 0 || stopping_) return false;
+  r->driverWakeFd = wakeFd;
+  drivers_++;
+  setCallerOwnedLocked(true);
+  const auto spinUntil = Clock::now() + std::chrono::microseconds(opt_.spinUs);
+  while (r->state.load() == Request::kPending) {
+    serviceLanesLocked();
+    auto now = Clock::now();
+    if (r->state.load() != Request::kPending || now >= until) break;
+    if (now < spinUntil) {
+      mu_.unlock();
+      sched_yield();
+      mu_.lock();
+      continue;
+    }
+    pollfd fds[2] = {{laneEpoll_.get(), POLLIN, 0}, {wakeFd, POLLIN, 0}};
+    auto ms = std::chrono::ceil<std::chrono::milliseconds>(until - now).count();
+    mu_.unlock();
+    int ready = ::poll(fds, 2, static_cast<int>(std::min<int64_t>(ms, 1000)));
+    if (ready > 0 && (fds[1].revents & POLLIN)) {
+      uint64_t drained;
+      [[maybe_unused]] ssize_t rc = ::read(wakeFd, &drained, sizeof(drained));
+    }
+    mu_.lock();
+  }
+  r->driverWakeFd = -1;
+  drivers_--;
+  leaseUntil_ = Clock::now() + std::chrono::milliseconds(kLeaseMs);
+  return true;
 }
 
 bool TcpDevice::pingLocked(MemberId member) {
@@ -760,28 +876,24 @@ void TcpDevice::close(Deadline deadline) {
 
 void TcpDevice::progressLoop() {
   if (opt_.pinProgressThread) bindThreadNearNic(nic_.name);
-  epoll_event events[64];
+  epoll_event events[2];
+  int timeoutMs = 200;
   while (!stopping_) {
-    int n = epoll_wait(epollFd_.get(), events, 64, 200);
+    int n = epoll_wait(epollFd_.get(), events, 2, timeoutMs);
     if (n < 0 && errno != EINTR) {
       log::warn("epoll_wait: {}", strerror(errno));
       continue;
     }
-    MutexLock lock(mu_);
     for (int i = 0; i < n; ++i) {
-      uint64_t token = events[i].data.u64;
-      if (token == 0) {
-        uint64_t drained;
-        [[maybe_unused]] ssize_t rc = ::read(eventFd_.get(), &drained, sizeof(drained));
-        continue;
-      }
-      auto it = lanesByToken_.find(token);
-      if (it == lanesByToken_.end()) continue;  // closed since epoll_wait returned
-      Lane& lane = *it->second;
-      if (events[i].events & EPOLLOUT) flushLocked(lane);
-      if (lane.token == token && (events[i].events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)))
-        readLocked(lane);
+      if (events[i].data.u64 != kWakeToken) continue;
+      uint64_t drained;
+      [[maybe_unused]] ssize_t rc = ::read(eventFd_.get(), &drained, sizeof(drained));
     }
+    MutexLock lock(mu_);
+    // Take the lanes back once their lease has run out with nobody driving.
+    if (callerOwned_ && drivers_ == 0 && Clock::now() >= leaseUntil_) setCallerOwnedLocked(false);
+    timeoutMs = callerOwned_ ? kLeaseMs : 200;
+    if (!callerOwned_) serviceLanesLocked();
   }
 }
 
