@@ -48,6 +48,8 @@ thread_local ThreadWakeFd t_wakeFd;
 int threadWakeFd() { return t_wakeFd.peek(); }
 
 constexpr size_t kReadBudgetPerEvent = 8 << 20;  // fairness between sockets
+constexpr size_t kRxBufferBytes = 32 << 10;
+constexpr size_t kDirectReadBytes = 8 << 10;  // payloads this large skip the receive buffer
 constexpr uint64_t kWakeToken = 0;   // lane tokens start at 1
 constexpr uint64_t kLanesToken = 1;  // in the progress thread's epoll only
 // After a caller's wait the lanes stay with callers this long, so the next
@@ -100,6 +102,8 @@ struct Lane {
   enum class Rx { kHeader, kPayload } rx = Rx::kHeader;
   uint8_t header[FrameHeader::kSize];
   size_t headerGot = 0;
+  std::unique_ptr<uint8_t[]> rxBuffer;  // kRxBufferBytes, bytes [rxBegin, rxEnd) unparsed
+  size_t rxBegin = 0, rxEnd = 0;
   FrameHeader frame;
   InboxKey inboxKey{};
   uint8_t* target = nullptr;
@@ -193,6 +197,8 @@ class TcpDevice final : public Device {
   void progressLoop();
   void acceptLoop();
   void readLocked(Lane& lane) ECCL_REQUIRES(mu_);
+  uint8_t* rxDestinationLocked(Lane& lane, size_t* want) ECCL_REQUIRES(mu_);
+  bool advanceLocked(Lane& lane, size_t got) ECCL_REQUIRES(mu_);
   bool onHeaderLocked(Lane& lane) ECCL_REQUIRES(mu_);
   void onPayloadDoneLocked(Lane& lane) ECCL_REQUIRES(mu_);
   bool checksumHoldsLocked(Inbox& box, const std::string& peerLabel) ECCL_REQUIRES(mu_);
@@ -236,7 +242,6 @@ class TcpDevice final : public Device {
   std::vector<std::pair<std::unique_ptr<uint8_t[]>, size_t>> stagingPool_ ECCL_GUARDED_BY(mu_);
   size_t stagingPoolBytes_ ECCL_GUARDED_BY(mu_) = 0;
   DeviceStats stats_ ECCL_GUARDED_BY(mu_);
-  std::vector<uint8_t> discard_ = std::vector<uint8_t>(64 << 10);
 };
 
 TcpDevice::TcpDevice(const TcpOptions& o) : opt_(o) {
@@ -353,6 +358,8 @@ void TcpDevice::installLaneLocked(Peer& peer, uint32_t index, Fd fd) {
   lane.opened = true;
   lane.rx = Lane::Rx::kHeader;
   lane.headerGot = 0;
+  lane.rxBegin = lane.rxEnd = 0;
+  if (!lane.rxBuffer) lane.rxBuffer.reset(new uint8_t[kRxBufferBytes]);
   lanesByToken_[lane.token] = &lane;
   lane.wantOut = false;
   updateEpollLocked(lane, EPOLL_CTL_ADD);
@@ -371,6 +378,7 @@ void TcpDevice::closeLaneLocked(Lane& lane) {
   lane.token = 0;
   lane.fd.reset();
   lane.sendQueue.clear();
+  lane.rxBegin = lane.rxEnd = 0;
   stats_.connectionsClosed++;
 }
 
@@ -897,29 +905,31 @@ void TcpDevice::progressLoop() {
   }
 }
 
+// Small frames arrive through the lane's receive buffer, several per
+// recv(); a large payload is read straight into its destination. A short
+// read means the socket is empty, so no recv() is spent on EAGAIN.
 void TcpDevice::readLocked(Lane& lane) {
   const uint64_t token = lane.token;
   size_t budget = kReadBudgetPerEvent;
-  while (lane.token == token && budget > 0) {
-    uint8_t* dst;
-    size_t want;
-    if (lane.rx == Lane::Rx::kHeader) {
-      dst = lane.header + lane.headerGot;
-      want = FrameHeader::kSize - lane.headerGot;
-    } else {
-      size_t left = lane.frame.length - lane.payloadGot;
-      if (lane.frame.type != FrameType::kData) {
-        dst = lane.control.data() + lane.payloadGot;
-      } else if (!lane.discarding) {
-        dst = lane.target + lane.payloadGot;
-      } else {
-        dst = discard_.data();
-        left = std::min(left, discard_.size());
-      }
-      want = left;
+  bool drained = false;
+  for (;;) {
+    while (lane.rxBegin < lane.rxEnd) {
+      size_t want;
+      uint8_t* dst = rxDestinationLocked(lane, &want);
+      size_t n = std::min(want, lane.rxEnd - lane.rxBegin);
+      if (dst && n) std::memcpy(dst, lane.rxBuffer.get() + lane.rxBegin, n);
+      lane.rxBegin += n;
+      if (!advanceLocked(lane, n)) return;
     }
-    ssize_t rc = want ? ::recv(lane.fd.get(), dst, want, MSG_DONTWAIT) : 0;
-    if (want && rc <= 0) {
+    lane.rxBegin = lane.rxEnd = 0;
+    if (drained || budget == 0) return;
+    size_t want;
+    uint8_t* dst = rxDestinationLocked(lane, &want);
+    const bool direct = lane.rx == Lane::Rx::kPayload && dst && want >= kDirectReadBytes;
+    uint8_t* into = direct ? dst : lane.rxBuffer.get();
+    const size_t ask = direct ? want : kRxBufferBytes;
+    ssize_t rc = ::recv(lane.fd.get(), into, ask, MSG_DONTWAIT);
+    if (rc <= 0) {
       if (rc < 0 && (errno == EAGAIN || errno == EINTR)) return;
       MemberId remote = lane.key.remote;
       Peer& p = peers_[remote];
@@ -936,24 +946,49 @@ void TcpDevice::readLocked(Lane& lane) {
     size_t got = static_cast<size_t>(rc);
     stats_.bytesReceived += got;
     budget -= std::min(budget, got);
-    if (lane.rx == Lane::Rx::kHeader) {
-      lane.headerGot += got;
-      if (lane.headerGot < FrameHeader::kSize) continue;
-      lane.headerGot = 0;
-      if (!onHeaderLocked(lane)) return;
-      lane.rx = Lane::Rx::kPayload;
-      lane.payloadGot = 0;
-    } else {
-      lane.payloadGot += got;
+    drained = got < ask;
+    if (!direct) {
+      lane.rxEnd = got;
+    } else if (!advanceLocked(lane, got)) {
+      return;
     }
-    if (lane.rx == Lane::Rx::kPayload && lane.payloadGot == lane.frame.length) {
-      lane.rx = Lane::Rx::kHeader;
-      if (lane.frame.type == FrameType::kData)
-        onPayloadDoneLocked(lane);
-      else
-        onControlLocked(lane);
-    }
+    if (lane.token != token) return;
   }
+}
+
+// Where the next bytes of the current frame go (null: skipped) and how many
+// it still needs.
+uint8_t* TcpDevice::rxDestinationLocked(Lane& lane, size_t* want) {
+  if (lane.rx == Lane::Rx::kHeader) {
+    *want = FrameHeader::kSize - lane.headerGot;
+    return lane.header + lane.headerGot;
+  }
+  *want = lane.frame.length - lane.payloadGot;
+  if (lane.frame.type != FrameType::kData) return lane.control.data() + lane.payloadGot;
+  return lane.discarding ? nullptr : lane.target + lane.payloadGot;
+}
+
+// Accounts for `got` bytes of the current frame; false once the lane is
+// closed or failed (its remaining bytes must not be looked at).
+bool TcpDevice::advanceLocked(Lane& lane, size_t got) {
+  const uint64_t token = lane.token;
+  if (lane.rx == Lane::Rx::kHeader) {
+    lane.headerGot += got;
+    if (lane.headerGot < FrameHeader::kSize) return true;
+    lane.headerGot = 0;
+    if (!onHeaderLocked(lane)) return false;
+    lane.rx = Lane::Rx::kPayload;
+    lane.payloadGot = 0;
+  } else {
+    lane.payloadGot += got;
+  }
+  if (lane.payloadGot < lane.frame.length) return true;
+  lane.rx = Lane::Rx::kHeader;
+  if (lane.frame.type == FrameType::kData)
+    onPayloadDoneLocked(lane);
+  else
+    onControlLocked(lane);
+  return lane.token == token;
 }
 
 bool TcpDevice::onHeaderLocked(Lane& lane) {
