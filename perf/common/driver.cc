@@ -243,6 +243,7 @@ long runSweep(Backend& be, Kind k, const Options& o) {
     fflush(stdout);
   }
   long totalWrong = 0;
+  bool firstMeasurement = true;
   double busSum = 0;
   int busCount = 0;
   for (size_t bytes = o.minBytes; bytes <= o.maxBytes;
@@ -276,7 +277,21 @@ long runSweep(Backend& be, Kind k, const Options& o) {
           else fillInput(k, op, t, r, in.data(), L.inElems);
         };
         prepare();
+        auto warmStart = std::chrono::steady_clock::now();
         for (int w = 0; w < o.warmup; ++w) be.run(k, inPtr, outPtr, L.count, t, op, root);
+        if (firstMeasurement && o.warmup > 0) {
+          // Freshly started ranks share cores until the scheduler spreads
+          // them, which takes longer than a few hundred tiny ops; warm up
+          // the first size for about kSettleUs. The count comes from an
+          // average over ranks, so every rank runs the same number.
+          constexpr double kSettleUs = 200000;
+          double perOp = be.averageOverRanks(
+              std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - warmStart).count() /
+              o.warmup);
+          long extra = std::min<long>(100000, static_cast<long>(kSettleUs / std::max(perOp, 1.0)));
+          for (long w = 0; w < extra; ++w) be.run(k, inPtr, outPtr, L.count, t, op, root);
+          firstMeasurement = false;
+        }
         be.barrier();
         auto start = std::chrono::steady_clock::now();
         for (int it = 0; it < o.iters; ++it) be.run(k, inPtr, outPtr, L.count, t, op, root);
