@@ -19,7 +19,7 @@ const std::vector<Param>& all() {
       {"ECCL_DEBUG", "string", "WARN", "Log level: NONE, WARN, INFO or TRACE."},
       {"ECCL_STRIPE_MIN_BYTES", "int", "262144",
        "Messages at least this large are split across all lanes of a peer."},
-      {"ECCL_ALLREDUCE_SMALL_BYTES", "int", "65536",
+      {"ECCL_ALLREDUCE_SMALL_BYTES", "int", "262144",
        "Allreduce messages up to this size use recursive doubling; larger ones use the ring."},
       {"ECCL_RING_SEGMENT_BYTES", "int", "524288",
        "Pipeline segment of the ring algorithms: reduction of one segment overlaps receiving "
