@@ -11,7 +11,7 @@ const std::vector<Param>& all() {
   static const std::vector<Param> table = {
       {"ECCL_TIMEOUT_MS", "int", "30000",
        "Deadline for every blocking wait (connect, send, receive, bootstrap), in milliseconds."},
-      {"ECCL_NSOCKS_PERPEER", "int", "2",
+      {"ECCL_NSOCKS_PERPEER", "int", "1",
        "TCP sockets (lanes) opened to each peer; large messages are striped across them."},
       {"ECCL_SOCKET_IFNAME", "string", "",
        "Network interface to use (prefix match; ^name excludes). Default: first non-loopback "
