@@ -159,6 +159,7 @@ void Communicator::applyView(const bootstrap::ViewUpdate& v) {
       device_->addPeer(v.entries[r].member, v.entries[r].address,
                        fmt::format("rank {} ({})", r, v.entries[r].address));
   device_->beginEpoch(v.epoch);
+  renumberLogs(next);
   view_.epoch = v.epoch;
   currentEpoch_ = v.epoch;
   view_.rankToMember = next;

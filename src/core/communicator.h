@@ -166,6 +166,9 @@ class Communicator {
   std::vector<uint64_t> sendSeq_, recvSeq_;
 
   bool logsTo(int peer) const;
+  // After a view change that renumbered ranks, logs follow their peers
+  // (logs are keyed by rank; a replacement keeps the rank, a shrink moves it).
+  void renumberLogs(const std::vector<transport::MemberId>& next);
   std::unique_ptr<log::LogStore> log_;
   bool logAllPeers_ = false;
   std::vector<int> loggedPeers_;

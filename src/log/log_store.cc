@@ -111,6 +111,20 @@ void LogStore::abandon(const Reservation& res) {
   freed_.notifyAll();
 }
 
+void LogStore::renumberPeers(const std::vector<int>& newRank) {
+  MutexLock lock(mu_);
+  auto mapped = [&](int peer) { return peer >= 0 && peer < static_cast<int>(newRank.size()) ? newRank[peer] : -1; };
+  for (Record& r : records_) {
+    if (r.state != Record::State::kCommitted) continue;
+    r.info.peer = mapped(r.info.peer);
+    if (r.info.peer < 0) r.state = Record::State::kAbandoned;
+  }
+  std::map<int, Tag> gaps;
+  for (auto& [peer, tag] : evictedThrough_)
+    if (mapped(peer) >= 0) gaps[mapped(peer)] = tag;
+  evictedThrough_ = std::move(gaps);
+}
+
 size_t LogStore::truncate(int64_t iteration) {
   MutexLock lock(mu_);
   size_t freed = 0;

@@ -75,6 +75,13 @@ class LogStore {
   // One record by its position among `peer`'s committed records.
   RecordInfo read(int peer, size_t index, const uint8_t** payload) const;
 
+  // A view change that renumbered ranks (shrink): `newRank[old]` is the
+  // peer's rank in the new view, or -1 if it left. Records for a peer that
+  // left can never be replayed to anyone and are dropped (their arena space
+  // is reclaimed when truncation reaches them); the others follow their
+  // peer to its new rank. Pending records (a send in flight) keep their rank.
+  void renumberPeers(const std::vector<int>& newRank);
+
   StoreStats stats() const;
   size_t capacity() const { return arena_.size(); }
 

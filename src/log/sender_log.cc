@@ -17,6 +17,39 @@ bool Communicator::logsTo(int peer) const {
   return logAllPeers_ || std::count(loggedPeers_.begin(), loggedPeers_.end(), peer) > 0;
 }
 
+void Communicator::renumberLogs(const std::vector<transport::MemberId>& next) {
+  std::vector<int> newRank(view_.rankToMember.size(), -1);
+  bool moved = false;
+  for (size_t r = 0; r < view_.rankToMember.size(); ++r) {
+    auto it = std::find(next.begin(), next.end(), view_.rankToMember[r]);
+    // A member replaced by a standby keeps its rank: the log addresses the
+    // newcomer, which is what replay to a replacement needs.
+    newRank[r] = it != next.end() ? static_cast<int>(it - next.begin()) : (r < next.size() ? -2 : -1);
+  }
+  // -2: the member left but its rank survives. Under a replacement that rank
+  // is the newcomer's; under a shrink it belongs to whoever moved into it,
+  // and the leaver's records must go.
+  std::vector<bool> taken(next.size(), false);
+  for (int nr : newRank)
+    if (nr >= 0) taken[nr] = true;
+  for (size_t r = 0; r < newRank.size(); ++r) {
+    if (newRank[r] == -2) newRank[r] = taken[r] ? -1 : static_cast<int>(r);
+    moved = moved || newRank[r] != static_cast<int>(r);
+  }
+  if (!moved) return;
+  auto mapped = [&](int peer) { return peer >= 0 && peer < static_cast<int>(newRank.size()) ? newRank[peer] : -1; };
+  if (log_) log_->renumberPeers(newRank);
+  std::vector<int> peers;
+  for (int p : loggedPeers_)
+    if (mapped(p) >= 0) peers.push_back(mapped(p));
+  loggedPeers_ = std::move(peers);
+  std::map<int, uint64_t> seqs;
+  for (auto& [peer, seq] : logSeq_)
+    if (mapped(peer) >= 0) seqs[mapped(peer)] = seq;
+  logSeq_ = std::move(seqs);
+  log::info("rank {}: boundary-send logs renumbered for the new view", rank_);
+}
+
 void Communicator::configureLog(const ecclLogConfig_t& c) {
   ECCL_CHECK_ARG(pendingLogs_.empty(), "ecclLogConfigure: {} logged send(s) are still in flight", pendingLogs_.size());
   ECCL_CHECK_ARG(c.whenFull >= ecclLogOnFullError && c.whenFull <= ecclLogOnFullEvict,

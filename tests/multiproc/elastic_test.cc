@@ -99,6 +99,60 @@ TEST_F(Elastic, ShrinkRenumbersDenselyAndReplaceWithoutStandbyIsAClearError) {
   expectOnlyVictimsDied(outcomes, {victim});
 }
 
+// Logs are keyed by rank; a shrink renumbers ranks, so each survivor's
+// records must follow their peer to its new rank, and the records for the
+// member that left must go (nobody can ever be replayed them).
+TEST_F(Elastic, ShrinkMovesBoundarySendLogsToThePeersNewRanks) {
+  constexpr int n = 4, victim = 1;
+  ProcessGroup group(n, [&](int index, int, const ecclUniqueId& id) {
+    ecclComm_t comm;
+    RANK_OK(ecclCommInitRank(&comm, n, id, index), nullptr);
+    ecclLogConfig_t config{};
+    config.size = sizeof(config);
+    config.capacityBytes = 1 << 20;
+    RANK_OK(ecclLogConfigure(comm, &config), comm);
+    RANK_OK(ecclLogSetTag(comm, 7, 0), comm);
+    // One logged int to every other rank, naming sender and receiver.
+    std::vector<int32_t> out(n), in(n);
+    RANK_OK(ecclGroupStart(), nullptr);
+    for (int p = 0; p < n; ++p) {
+      if (p == index) continue;
+      out[p] = 100 * index + p;
+      RANK_OK(ecclSend(&out[p], 1, ecclInt32, p, comm, nullptr), comm);
+      RANK_OK(ecclRecv(&in[p], 1, ecclInt32, p, comm, nullptr), comm);
+    }
+    RANK_OK(ecclGroupEnd(), nullptr);
+    checkAllreduce(comm);
+    if (index == victim) dieSoon();
+    allreduceUntilFailure(comm);
+    RANK_OK(ecclCommRecover(comm, ecclRecoverShrink), comm);
+    int rank, count;
+    RANK_OK(ecclCommUserRank(comm, &rank), comm);
+    RANK_OK(ecclCommCount(comm, &count), comm);
+    RANK_CHECK(count == n - 1, "shrunk to " + std::to_string(count));
+    ecclLogStats_t st{};
+    st.size = sizeof(st);
+    RANK_OK(ecclLogStats(comm, &st), comm);
+    RANK_CHECK(st.records == static_cast<uint64_t>(n - 2),
+               "records after the shrink: " + std::to_string(st.records) + " (the leaver's must go)");
+    for (int p = 0; p < count; ++p) {
+      if (p == rank) continue;
+      int oldIndex = p < victim ? p : p + 1;
+      ecclLogRecord_t rec{};
+      rec.size = sizeof(rec);
+      int32_t value = -1;
+      RANK_OK(ecclLogRead(comm, p, 0, &rec, &value, sizeof(value)), comm);
+      RANK_CHECK(rec.peer == p && value == 100 * index + oldIndex && rec.iteration == 7,
+                 "record for new rank " + std::to_string(p) + " holds " + std::to_string(value) + " (peer " +
+                     std::to_string(rec.peer) + ")");
+    }
+    checkAllreduce(comm);
+    RANK_OK(ecclCommDestroy(comm), comm);
+  });
+  auto outcomes = group.wait(std::chrono::seconds(60));
+  expectOnlyVictimsDied(outcomes, {victim});
+}
+
 TEST_F(Elastic, TwoFailuresWithTwoStandbysRecoverInOneStep) {
   constexpr int n = 5;
   const std::set<int> victims{1, 3};

@@ -32,6 +32,39 @@ TEST(LogStore, Crc32cIsTheStandardOne) {
   EXPECT_EQ(crc32c("", 0), 0u);
 }
 
+// A shrink: old rank 1 left, 2 -> 1, 3 -> 2. Records and evicted-gap
+// marks follow their peer; the leaver's records are gone and their space
+// comes back when truncation reaches them.
+TEST(LogStore, RenumberingFollowsPeersAndDropsTheLeaver) {
+  LogStore s(4096 + 3 * LogStore::kRecordOverheadBytes, FullPolicy::kEvict);
+  append(s, info(3, 1, 0, 1000), 0x33);  // evicted below: a gap for peer 3
+  append(s, info(1, 1, 0, 1000), 0x11);
+  append(s, info(2, 2, 0, 1000), 0x22);
+  append(s, info(3, 2, 0, 1000), 0x34);
+  append(s, info(3, 3, 0, 1000), 0x35);
+  ASSERT_EQ(s.stats().gaps, 1u);
+  s.renumberPeers({0, -1, 1, 2});
+  StoreStats st = s.stats();
+  EXPECT_EQ(st.records, 3u);  // the leaver's record no longer counts
+  EXPECT_EQ(st.gaps, 1u);
+  std::vector<const uint8_t*> payloads;
+  auto moved = s.select(1, 2, 2, &payloads);
+  ASSERT_EQ(moved.size(), 1u);
+  EXPECT_EQ(moved[0].peer, 1);
+  EXPECT_EQ(payloads[0][0], 0x22);
+  // Old peer 3's gap (iteration 1) moved with it to rank 2.
+  EXPECT_THROW(s.select(2, 1, 3, &payloads), Error);
+  payloads.clear();
+  auto later = s.select(2, 2, 3, &payloads);
+  ASSERT_EQ(later.size(), 2u);
+  EXPECT_EQ(payloads[0][0], 0x34);
+  EXPECT_EQ(payloads[1][0], 0x35);
+  EXPECT_TRUE(s.select(1, 1, 1, &payloads).empty());  // the leaver's record is not rank 1's
+  // Truncation reclaims the dropped record's space with the others.
+  EXPECT_EQ(s.truncate(3), 3u);  // the dropped record and the two of iteration 2
+  EXPECT_EQ(s.stats().records, 1u);
+}
+
 TEST(LogStore, SelectsByPeerAndIterationInSendOrderWithChecksums) {
   LogStore s(1 << 16, FullPolicy::kError);
   for (int it = 1; it <= 3; ++it)
