@@ -1,7 +1,9 @@
-// eccl-run: starts N local ranks of a program with the environment that
+// eccl-run: starts N ranks of a program with the environment that
 // ecclCommInitFromEnv reads, prefixes their output with the rank, forwards
 // SIGINT/SIGTERM, and exits non-zero if any rank fails. The rendezvous root
-// runs inside the launcher, so killing any rank never kills it.
+// runs inside the launcher, so killing any rank never kills it. Ranks go to
+// the hosts of --host-list in turn; a remote one is started through the
+// remote shell (--rsh, default ssh: `ssh HOST env ECCL_...=... PROGRAM`).
 #include <CLI/CLI.hpp>
 #include <fcntl.h>
 #include <poll.h>
@@ -10,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -59,7 +62,35 @@ void pump(int fd, const std::string& label, std::string& pending, FILE* sink, bo
   fflush(sink);
 }
 
-bool isLocalHost(const std::string& h) { return h == "localhost" || h == "127.0.0.1" || h == "::1"; }
+bool isLocalHost(const std::string& h) { return h.empty() || h == "localhost" || h == "127.0.0.1" || h == "::1"; }
+
+std::vector<std::string> splitOn(const std::string& text, char sep) {
+  std::vector<std::string> parts;
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t end = text.find(sep, start);
+    std::string part = text.substr(start, end == std::string::npos ? std::string::npos : end - start);
+    if (!part.empty()) parts.push_back(part);
+    if (end == std::string::npos) break;
+    start = end + 1;
+  }
+  return parts;
+}
+
+// The argument vector that starts `command` on `host`: the command itself
+// for this host; otherwise the remote shell, the host, and `env` with the
+// eccl variables (a remote shell does not carry our environment).
+std::vector<std::string> launchArgs(const std::string& host, const std::vector<std::string>& rsh,
+                                    const std::vector<std::string>& env, const std::vector<std::string>& command) {
+  if (isLocalHost(host)) return command;
+  std::vector<std::string> args = rsh;
+  args.push_back(host);
+  args.push_back("env");
+  for (const auto& e : env)
+    if (e.starts_with("ECCL_")) args.push_back(e);
+  args.insert(args.end(), command.begin(), command.end());
+  return args;
+}
 
 struct Fault {
   int rank = 0;
@@ -110,7 +141,9 @@ int main(int argc, char** argv) {
   double timeoutSeconds = 0;
   std::vector<std::string> command;
   app.add_option("-n,--np", np, "number of ranks (-np N also works)")->required()->check(CLI::Range(1, 4096));
-  app.add_option("--host-list", hostList, "comma-separated hosts (this release launches on localhost only)");
+  app.add_option("--host-list", hostList, "comma-separated hosts; ranks (then standbys) go to them in turn");
+  std::string rshText = "ssh";
+  app.add_option("--rsh", rshText, "remote shell for the hosts that are not this one (\"ssh\"; a test uses \"ip netns exec\")");
   app.add_option("--timeout", timeoutSeconds, "kill every rank after this many seconds (0: never)");
   std::string idFile;
   app.add_option("--id-file", idFile, "write the job id here (for ecclcoord status/migrate)");
@@ -141,22 +174,17 @@ int main(int argc, char** argv) {
     fprintf(stderr, "eccl-run: no program given\n%s", app.help().c_str());
     return 2;
   }
-  if (!hostList.empty()) {
-    size_t start = 0;
-    while (start <= hostList.size()) {
-      size_t comma = hostList.find(',', start);
-      std::string host = hostList.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-      if (!host.empty() && !isLocalHost(host)) {
-        fprintf(stderr, "eccl-run: host '%s': launching on remote hosts (over ssh) is not in this release; "
-                        "start one eccl-run per host or use mpirun\n", host.c_str());
-        return 2;
-      }
-      if (comma == std::string::npos) break;
-      start = comma + 1;
-    }
+  std::vector<std::string> hosts = splitOn(hostList, ',');
+  if (hosts.empty()) hosts.push_back("localhost");
+  std::vector<std::string> rsh = splitOn(rshText, ' ');
+  bool allLocal = std::all_of(hosts.begin(), hosts.end(), isLocalHost);
+  if (!allLocal && rsh.empty()) {
+    fprintf(stderr, "eccl-run: --rsh is empty but --host-list names hosts other than this one\n");
+    return 2;
   }
-  // Every rank is on this host: keep all traffic on loopback unless told otherwise.
-  setenv("ECCL_SOCKET_IFNAME", getenv("ECCL_SOCKET_IFNAME") ? getenv("ECCL_SOCKET_IFNAME") : "lo", 1);
+  // Every rank on this host: keep all traffic on loopback unless told
+  // otherwise. With other hosts the default interface choice applies.
+  if (allLocal) setenv("ECCL_SOCKET_IFNAME", getenv("ECCL_SOCKET_IFNAME") ? getenv("ECCL_SOCKET_IFNAME") : "lo", 1);
   std::vector<Fault> faults;
   try {
     for (auto& k : kills) faults.push_back(parseFault(k, SIGKILL, np));
@@ -201,12 +229,13 @@ int main(int argc, char** argv) {
       return false;
     }
     std::vector<std::string> env = rankEnvironment(standby ? -1 : index, np, idText, standby);
+    std::vector<std::string> argv = launchArgs(hosts[static_cast<size_t>(index) % hosts.size()], rsh, env, command);
     std::vector<char*> envp, args;
     for (auto& e : env) envp.push_back(e.data());
     envp.push_back(nullptr);
-    for (auto& a : command) args.push_back(a.data());
+    for (auto& a : argv) args.push_back(a.data());
     args.push_back(nullptr);
-    std::string execFailed = fmt::format("eccl-run: cannot execute {} (not found or not executable)\n", command[0]);
+    std::string execFailed = fmt::format("eccl-run: cannot execute {} (not found or not executable)\n", argv[0]);
     pid_t pid = fork();
     if (pid == 0) {
       prctl(PR_SET_PDEATHSIG, SIGKILL);  // no orphaned ranks if the launcher dies
