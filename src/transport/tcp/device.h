@@ -6,11 +6,12 @@
 //  - caller threads post sends and receives; a send is written inline when
 //    the socket has room (saving a thread hop for small messages), the rest
 //    is left to the loop;
-//  - a caller waiting on a request borrows its peer's sockets from the loop
-//    for the duration of the wait and reads and writes them itself (a
-//    wake-up of the progress thread plus a condition-variable hand-off
-//    cost tens of microseconds per message on a busy machine), spinning
-//    for a short while before it sleeps in poll().
+//  - a caller waiting on a request takes the sockets over from the loop
+//    (all of them, by silencing one nested epoll set) and reads and writes
+//    them itself, spinning for a short while before it sleeps in poll(): a
+//    wake-up of the progress thread plus a condition-variable hand-off cost
+//    tens of microseconds per message on a busy machine. The loop takes the
+//    sockets back once no caller has driven them for a short lease.
 // Every socket and all matching state are guarded by one device mutex, so a
 // buffer is never touched after its request has completed or failed.
 // Lock order: device mutex, then nothing (onPeerFailure must only record).
