@@ -103,22 +103,38 @@ void combineRows(const void* y, const float* weights, int64_t tokens, int k, int
     throw std::invalid_argument("moe combine: data must be float32, float16 or bfloat16");
   const size_t es = coll::typeSize(type);
   std::vector<float> acc(type == ecclFloat32 ? 0 : static_cast<size_t>(hidden)), row(acc.size());
+  std::vector<float> row2(type == ecclFloat32 ? 0 : static_cast<size_t>(hidden));
   for (int64_t t = 0; t < tokens; ++t) {
     // float32 accumulates straight into the output row (it stays in cache).
     float* a = type == ecclFloat32 ? static_cast<float*>(out) + t * hidden : acc.data();
-    std::fill(a, a + hidden, 0.0f);
-    for (int s = 0; s < k; ++s) {
-      int64_t r = plan.rowOf[t * k + s];
-      if (r < 0) continue;
-      const void* src = static_cast<const uint8_t*>(y) + r * hidden * es;
-      const float* v = static_cast<const float*>(src);
-      if (type != ecclFloat32) coll::widenToFloat(src, row.data(), hidden, type), v = row.data();
-      const float w = weights[t * k + s];
-      // A rounded product, then a rounded sum (this file is built with
-      // -ffp-contract=off; the CUDA kernel uses __fmul_rn/__fadd_rn): the
-      // same bits on both.
-      for (int64_t h = 0; h < hidden; ++h) a[h] += w * v[h];
+    auto rowOf = [&](int s, std::vector<float>& widened) -> const float* {
+      const void* src = static_cast<const uint8_t*>(y) + plan.rowOf[t * k + s] * hidden * es;
+      if (type == ecclFloat32) return static_cast<const float*>(src);
+      coll::widenToFloat(src, widened.data(), hidden, type);
+      return widened.data();
+    };
+    // Rounded products added left to right from 0 (this file is built with
+    // -ffp-contract=off; the CUDA kernel uses __fmul_rn/__fadd_rn): the same
+    // bits on both. Two slots per pass over the row, the first pass starting
+    // from 0 instead of reading a zeroed row.
+    bool first = true;
+    for (int s = 0; s < k;) {
+      while (s < k && plan.rowOf[t * k + s] < 0) ++s;
+      if (s == k) break;
+      const float w0 = weights[t * k + s];
+      const float* v0 = rowOf(s++, row);
+      while (s < k && plan.rowOf[t * k + s] < 0) ++s;
+      const float* base = first ? nullptr : a;
+      if (s == k) {
+        for (int64_t h = 0; h < hidden; ++h) a[h] = (base ? base[h] : 0.0f) + w0 * v0[h];
+      } else {
+        const float w1 = weights[t * k + s];
+        const float* v1 = rowOf(s++, row2);
+        for (int64_t h = 0; h < hidden; ++h) a[h] = ((base ? base[h] : 0.0f) + w0 * v0[h]) + w1 * v1[h];
+      }
+      first = false;
     }
+    if (first) std::fill(a, a + hidden, 0.0f);
     if (type != ecclFloat32) coll::narrowFromFloat(acc.data(), static_cast<uint8_t*>(out) + t * hidden * es, hidden, type);
   }
 }

@@ -130,6 +130,28 @@ TEST(MoePermute, SendBufferIsRankThenExpertMajorInTokenOrder) {
   }
 }
 
+// Wider top-k with unused slots anywhere: the sum is still the rounded
+// products added left to right from 0 (what the CUDA kernel computes).
+TEST(MoePermute, CombineAddsEveryUsedSlotInOrder) {
+  constexpr int T = 9, k = 5, H = 33, rows = 20;
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> val(-3.0f, 3.0f);
+  std::vector<float> y(size_t(rows) * H), weights(size_t(T) * k), out(size_t(T) * H, 42.0f);
+  for (float& v : y) v = val(rng);
+  for (float& v : weights) v = val(rng);
+  PermutePlan plan;
+  for (int i = 0; i < T * k; ++i) plan.rowOf.push_back(rng() % 3 == 0 ? -1 : int64_t(rng() % rows));
+  for (int s = 0; s < k; ++s) plan.rowOf[size_t(2) * k + s] = -1;  // a token with no expert: zeros
+  combineRows(y.data(), weights.data(), T, k, H, ecclFloat32, plan, out.data());
+  for (int t = 0; t < T; ++t)
+    for (int h = 0; h < H; ++h) {
+      float want = 0;
+      for (int s = 0; s < k; ++s)
+        if (int64_t r = plan.rowOf[size_t(t) * k + s]; r >= 0) want += weights[size_t(t) * k + s] * y[size_t(r) * H + h];
+      ASSERT_EQ(out[size_t(t) * H + h], want) << "token " << t << " h " << h;
+    }
+}
+
 TEST(MoePermute, CombineRoundsOnceForHalfTypes) {
   // One token, two choices; y rows in bfloat16 and float16.
   PermutePlan plan;
