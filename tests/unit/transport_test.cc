@@ -277,7 +277,8 @@ TEST(TcpDevice, TruncatedFrameIsAClosedConnection) {
     uint8_t buf[FrameHeader::kSize];
     encodeFrame(dataFrame(0, 1, 8), buf);
     peer.sendRaw(buf, sizeof(buf));
-    peer.sendRaw(&v, 3);  // then hang up mid-payload
+    const uint8_t partial[3] = {1, 2, 3};  // not &v: the device may be writing v meanwhile
+    peer.sendRaw(partial, sizeof(partial));  // then hang up mid-payload
   }
   try {
     dev->wait(r, deadlineAfterMs(3000), "recv");
