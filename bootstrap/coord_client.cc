@@ -71,11 +71,12 @@ void CoordClient::setCallbacks(Callbacks callbacks) {
     if (cb.onReconfiguration) cb.onReconfiguration(m);
 }
 
-void CoordClient::post(CoordMessage m) {
+void CoordClient::post(CoordMessage m, bool wake) {
   {
     MutexLock lock(mu_);
     outbox_.push_back(std::move(m));
   }
+  if (!wake) return;
   uint64_t one = 1;
   [[maybe_unused]] ssize_t n = ::write(wakeFd_, &one, 8);
 }
@@ -122,6 +123,25 @@ void CoordClient::requestSwitchover(uint32_t nextEpoch) {
   CoordMessage m;
   m.kind = CoordKind::kSwitchover;
   m.epoch = nextEpoch;
+  post(std::move(m));
+}
+
+// Not urgent: the coordinator needs a yes only to settle a split vote. It
+// goes with this member's next message or heartbeat, so no thread of this
+// process or of the coordinator wakes while the job restarts; every later
+// message of this member still follows it.
+void CoordClient::reportSwitched(uint32_t nextEpoch) {
+  CoordMessage m;
+  m.kind = CoordKind::kSwitched;
+  m.epoch = nextEpoch;
+  post(std::move(m), false);
+}
+
+void CoordClient::reportSwitchFailed(uint32_t nextEpoch, const std::string& why) {
+  CoordMessage m;
+  m.kind = CoordKind::kSwitchFailed;
+  m.epoch = nextEpoch;
+  m.text = why.substr(0, kMaxCoordText);
   post(std::move(m));
 }
 

@@ -64,13 +64,15 @@ class CoordClient {
   void requestGrow(uint32_t epoch, uint32_t count);
   void requestMigration(int rank);
   void prepared(uint32_t nextEpoch);
-  void requestSwitchover(uint32_t nextEpoch);
+  void requestSwitchover(uint32_t nextEpoch);  // a leaver at its last boundary
+  void reportSwitched(uint32_t nextEpoch);
+  void reportSwitchFailed(uint32_t nextEpoch, const std::string& why);
   void leave();  // orderly exit: no failure is declared for us
   bool evicted() const;
 
  private:
   void run();
-  void post(CoordMessage m);
+  void post(CoordMessage m, bool wake = true);
   void deliver(CoordMessage m);
 
   const uint64_t self_;

@@ -26,6 +26,8 @@ const char* coordKindName(CoordKind kind) {
     case CoordKind::kMigrate: return "migrate";
     case CoordKind::kGrow: return "grow";
     case CoordKind::kStandbys: return "standbys";
+    case CoordKind::kSwitched: return "switched";
+    case CoordKind::kSwitchFailed: return "switch-failed";
   }
   return "unknown";
 }
@@ -62,7 +64,7 @@ std::optional<CoordMessage> decodeCoordMessage(const uint8_t* p, size_t n, std::
     *why = "coordinator message header is truncated or a field is too long";
     return std::nullopt;
   }
-  if (kind < 1 || kind > static_cast<uint32_t>(CoordKind::kStandbys)) {
+  if (kind < 1 || kind > static_cast<uint32_t>(CoordKind::kSwitchFailed)) {
     *why = fmt::format("unknown coordinator message kind {}", kind);
     return std::nullopt;
   }

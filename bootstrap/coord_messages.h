@@ -34,6 +34,10 @@ enum class CoordKind : uint32_t {
   kMigrate = 17,       // member or tool -> coord: rank to move to a standby
   kGrow = 18,          // member -> coord: epoch, nranks (how many standbys to append)
   kStandbys = 19,      // coord -> members: entries (eagerly preparing standbys)
+  // The switchover's in-band vote (docs/elastic.md): members of the next view
+  // tell the outcome of their vote; the coordinator only settles split votes.
+  kSwitched = 20,      // member -> coord: epoch (next); every member voted yes, it is in that view now
+  kSwitchFailed = 21,  // member -> coord: epoch, text; its vote missed someone, it waits for the decision
 };
 
 enum class Role : uint32_t { kRank = 1, kStandby = 2, kTool = 3 };

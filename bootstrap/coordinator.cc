@@ -49,14 +49,24 @@ struct Coordinator::State {
   };
 
   // A reconfiguration being prepared (expected migration): the next view
-  // exists, members open its delta in the background, and it becomes
-  // current once every member of it has called switchover.
+  // exists and members open its delta in the background. Once all are
+  // prepared (READY) the members vote in band at their switchover and the
+  // view becomes current on their own links; from then on only the vote
+  // decides: a member that voted yes may already run in the next view, so
+  // the coordinator never aborts on its own, it waits until every live
+  // member of the next view has reported and commits if anyone saw yes.
   struct Pending {
     uint32_t epoch = 0;
     std::vector<uint64_t> next;
     std::vector<uint64_t> joiners, leavers;
     int leavingRank = -1;
-    std::set<uint64_t> prepared, switching;
+    std::set<uint64_t> prepared;
+    std::set<uint64_t> switching;  // leavers at their last boundary, waiting for the outcome
+    bool voting = false;           // READY went out
+    std::set<uint64_t> votedYes, gaveUp, lost;
+    std::set<uint64_t> recovering;  // gave up by asking to recover: an abort answers them with the recovery
+    std::string firstLoss;         // the first death (else failed vote): the reason of an abort
+    bool firstLossIsDeath = false;
     std::string story;
   };
 
@@ -68,9 +78,11 @@ struct Coordinator::State {
   uint64_t joins = 0;
   uint32_t nranks = 0;
   uint32_t epoch = 0;
+  uint32_t issued = 0;            // highest epoch ever announced: an aborted vote's number is never reused
   std::vector<uint64_t> view;     // rank -> member; empty until formed
   std::vector<uint64_t> failed;   // members of `view` failed in this epoch
   std::string lastFailure;
+  bool eagerListSent = false;     // the last standby list sent named someone
   std::optional<Pending> pending;
   std::string lastAbort;
 
@@ -125,7 +137,7 @@ struct Coordinator::State {
     view.assign(nranks, 0);
     for (auto& [mid, m] : members)
       if (m.role == Role::kRank) view[static_cast<size_t>(rankOf.at(mid))] = mid;
-    epoch = 1;
+    epoch = issued = 1;
     log::info("coordinator: job formed with {} ranks (epoch 1)", nranks);
     for (uint64_t m : view) sendView(m, "formed");
     for (auto& [mid, m] : members)
@@ -146,6 +158,8 @@ struct Coordinator::State {
 
   // Members keep connections to eager standbys open, so promoting one opens
   // nothing; standbys learn every new view for the same reason.
+  // An empty list after an empty one is news to nobody (a member starts
+  // with none): it is not sent, so a view change wakes no member for it.
   void sendStandbys() {
     if (view.empty()) return;
     CoordMessage list;
@@ -153,6 +167,8 @@ struct Coordinator::State {
     list.epoch = epoch;
     for (uint64_t mid : idleStandbys())
       if (members.at(mid).eager) list.entries.push_back({mid, members.at(mid).address});
+    if (list.entries.empty() && !eagerListSent) return;
+    eagerListSent = !list.entries.empty();
     for (uint64_t m : view) {
       auto it = members.find(m);
       if (it != members.end() && !isFailed(m)) send(it->second, list);
@@ -227,15 +243,20 @@ struct Coordinator::State {
     if (it == members.end()) return;
     std::string who = label(member);
     bool wasEager = it->second.eager && idleStandby(it->second);
-    if (pending && (inView(member) || isJoiner(member)))
-      abortPending(fmt::format("{} {} during the reconfiguration: {}", who, isJoiner(member) ? "(the joiner) died" : "failed",
-                               reason));
+    bool voter = pending && pending->voting && (inView(member) || isJoiner(member));
+    if (pending && (inView(member) || isJoiner(member))) {
+      std::string loss = fmt::format("{} {} during the reconfiguration: {}", who,
+                                     isJoiner(member) ? "(the joiner) died" : "failed", reason);
+      if (voter) noteLossDuringVote(member, loss);
+      else abortPending(loss);
+    }
     it = members.find(member);
     if (it->second.role == Role::kStandby || !inView(member)) {
       log::warn("coordinator: {} is gone: {}", who, reason);
       if (view.empty()) rankOf.erase(member);
       members.erase(it);
       if (wasEager) sendStandbys();
+      if (voter) decideVote();
       return;
     }
     log::warn("coordinator: {} failed: {}", who, reason);
@@ -257,6 +278,10 @@ struct Coordinator::State {
       auto mm = members.find(m);
       if (mm != members.end() && mm->second.channel && !isFailed(m)) send(mm->second, f);
     }
+    if (voter) {
+      decideVote();
+      return;
+    }
     tryRecover();
   }
 
@@ -272,6 +297,12 @@ struct Coordinator::State {
     Member& m = members.at(from);
     m.ask = Member::Ask::kRecover;
     m.askArg = msg.policy;
+    // A member of the next view asking to recover has given up its vote.
+    if (pending && pending->voting && std::count(pending->next.begin(), pending->next.end(), from)) {
+      pending->gaveUp.insert(from);
+      pending->recovering.insert(from);
+      return decideVote();
+    }
     tryRecover();
   }
 
@@ -305,7 +336,7 @@ struct Coordinator::State {
     for (auto& [mid, mm] : members) mm.ask = Member::Ask::kNone;
     view = std::move(next);
     failed.clear();
-    ++epoch;
+    epoch = issued = std::max(issued, epoch) + 1;
     log::info("coordinator: epoch {} with {} ranks ({})", epoch, view.size(), story);
     for (uint64_t m : view) sendView(m, story);
     for (uint64_t m : leavers) sendView(m, story);  // rank -1: it has left the view
@@ -354,7 +385,7 @@ struct Coordinator::State {
     std::vector<uint64_t> standbys = idleStandbys();
     if (standbys.empty()) return fmt::format("migration of rank {} refused: no idle standby is registered", rank);
     Pending p;
-    p.epoch = epoch + 1;
+    p.epoch = issued = std::max(issued, epoch) + 1;
     p.next = view;
     p.next[static_cast<size_t>(rank)] = standbys[0];
     p.joiners = {standbys[0]};
@@ -397,7 +428,7 @@ struct Coordinator::State {
     for (uint64_t id : all) {
       auto it = members.find(id);
       if (it == members.end()) continue;
-      if (p.switching.count(id)) {
+      if (p.switching.count(id) || (p.gaveUp.count(id) && !p.recovering.count(id))) {
         sendError(id, lastAbort);
       } else {
         CoordMessage f;
@@ -414,45 +445,123 @@ struct Coordinator::State {
     pending->prepared.insert(from);
     for (uint64_t id : pending->next)
       if (!pending->prepared.count(id)) return;
+    if (pending->voting) return;
     log::info("coordinator: every member of epoch {} is prepared", pending->epoch);
+    pending->voting = true;
     CoordMessage r;
     r.kind = CoordKind::kPrepareReady;
     r.epoch = pending->epoch;
     for (uint64_t id : pendingParticipants())
       if (members.count(id)) send(members.at(id), r);
-    trySwitch();
   }
 
+  // A leaver at its last boundary: it learns the outcome of the vote.
   void onSwitchover(uint64_t from, const CoordMessage& msg) {
+    if (!pending && msg.epoch == epoch && !inView(from)) return sendView(from, "left the view");  // committed already
     if (!pending || msg.epoch != pending->epoch) {
       sendError(from, fmt::format("switchover to epoch {} refused: no such reconfiguration is prepared{}{}", msg.epoch,
                                   lastAbort.empty() ? "" : "; ", lastAbort));
       return;
     }
     pending->switching.insert(from);
-    trySwitch();
   }
 
-  void trySwitch() {
-    for (uint64_t id : pending->next)
-      if (!pending->prepared.count(id) || !pending->switching.count(id)) return;
-    // A leaver still connected switches at the same boundary; one that
-    // already left (its state streamed) is not waited for.
-    for (uint64_t l : pending->leavers) {
-      auto it = members.find(l);
-      if (it != members.end() && it->second.channel && !it->second.left && !pending->switching.count(l)) return;
+  void onVote(uint64_t from, const CoordMessage& msg) {
+    bool yes = msg.kind == CoordKind::kSwitched;
+    if (!pending || msg.epoch != pending->epoch) {
+      // Settled already: a late yes is in the view; a late no waits for it.
+      if (!yes && msg.epoch == epoch && inView(from)) sendView(from, "the vote committed without this member");
+      else if (!yes) sendError(from, fmt::format("switchover to epoch {}: {}", msg.epoch, lastAbort.empty() ? "no such reconfiguration" : lastAbort));
+      return;
     }
+    if (!std::count(pending->next.begin(), pending->next.end(), from)) return;
+    if (!pending->voting) {
+      // Nobody votes before READY (the member waits for it), so this is a
+      // member that broke the protocol: the vote cannot be trusted.
+      sendError(from, "switchover vote before every member was prepared");
+      return;
+    }
+    if (yes) {
+      pending->votedYes.insert(from);
+    } else {
+      pending->gaveUp.insert(from);
+      if (pending->firstLoss.empty()) pending->firstLoss = fmt::format("{}: {}", label(from), msg.text);
+    }
+    decideVote();
+  }
+
+  void noteLossDuringVote(uint64_t member, const std::string& why) {
+    pending->lost.insert(member);
+    // A death explains an abort better than the failed votes it caused.
+    if (!pending->firstLossIsDeath) pending->firstLoss = why, pending->firstLossIsDeath = true;
+    // Joiners are nobody's view members yet and hear of no failure, nor
+    // does anyone hear of a joiner's: tell them, so votes waiting on the
+    // lost member end now even where no connection to it broke.
+    CoordMessage f;
+    f.kind = CoordKind::kFailed;
+    f.epoch = epoch;
+    f.members = {member};
+    f.text = why;
+    for (uint64_t id : isJoiner(member) ? pendingParticipants() : pending->joiners)
+      if (id != member && members.count(id)) send(members.at(id), f);
+  }
+
+  void decideVote() {
+    if (!pending || !pending->voting) return;
+    if (!pending->votedYes.empty()) return commitVote();
+    for (uint64_t id : pending->next) {
+      bool settled = pending->gaveUp.count(id) || pending->lost.count(id) || !members.count(id) || isFailed(id);
+      if (!settled) return;  // still voting: it may yet see yes
+    }
+    issued = std::max(issued, pending->epoch);
+    abortPending(pending->firstLoss.empty() ? "the switchover vote failed" : pending->firstLoss);
+    tryRecover();
+  }
+
+  // Someone saw every member vote yes and runs in the next view already.
+  void commitVote() {
     Pending p = std::move(*pending);
     pending.reset();
     lastAbort.clear();
-    std::vector<uint64_t> leavers;
+    auto inNext = [&](uint64_t m) { return std::count(p.next.begin(), p.next.end(), m) > 0; };
+    // Failures in the old view stay failures if they are in the next one;
+    // a joiner that died after its vote is one too.
+    std::vector<uint64_t> stillFailed;
+    for (uint64_t m : failed)
+      if (inNext(m)) stillFailed.push_back(m);
+      else members.erase(m);
+    for (uint64_t m : p.lost)
+      if (inNext(m) && !std::count(stillFailed.begin(), stillFailed.end(), m)) {
+        stillFailed.push_back(m);
+        fenced.insert(m);
+      }
+    for (uint64_t j : p.joiners)
+      if (members.count(j)) members.at(j).role = Role::kRank;
+    for (auto& [mid, mm] : members) mm.ask = Member::Ask::kNone;
+    view = p.next;
+    failed = stillFailed;
+    epoch = p.epoch;
+    issued = std::max(issued, epoch);
+    log::info("coordinator: epoch {} with {} ranks ({}; voted in band)", epoch, view.size(), p.story);
+    for (uint64_t m : p.gaveUp)
+      if (inNext(m) && !isFailed(m)) sendView(m, p.story);
     for (uint64_t l : p.leavers)
-      if (members.count(l) && members.at(l).channel && p.switching.count(l)) leavers.push_back(l);
-    commitView(p.next, p.joiners, p.story, leavers);
+      if (p.switching.count(l)) sendView(l, p.story);  // rank -1: it has left the view
+    announceViewToStandbys();
+    if (failed.empty()) return;
+    CoordMessage f;
+    f.kind = CoordKind::kFailed;
+    f.epoch = epoch;
+    f.members = failed;
+    f.text = p.firstLoss;
+    for (uint64_t m : view) {
+      auto mm = members.find(m);
+      if (mm != members.end() && mm->second.channel && !isFailed(m)) send(mm->second, f);
+    }
   }
 
   void tryRecover() {
-    if (failed.empty()) return;
+    if (failed.empty() || (pending && pending->voting)) return;  // the vote decides first
     auto waiting = everyoneAsked(Member::Ask::kRecover);
     if (!waiting) return;
     uint32_t policy = members.at((*waiting)[0]).askArg;
@@ -507,6 +616,9 @@ struct Coordinator::State {
         return onPrepared(from, msg);
       case CoordKind::kSwitchover:
         return onSwitchover(from, msg);
+      case CoordKind::kSwitched:
+      case CoordKind::kSwitchFailed:
+        return onVote(from, msg);
       case CoordKind::kMigrate: {
         std::string refused = startMigration(msg.rank, label(from));
         if (!refused.empty()) {
@@ -519,7 +631,6 @@ struct Coordinator::State {
       }
       case CoordKind::kLeave:
         it->second.left = true;
-        if (pending) trySwitch();  // it may be the leaver everyone waits for
         return;
       default:
         log::warn("coordinator: unexpected {} message from {}", coordKindName(msg.kind), label(from));
@@ -555,8 +666,11 @@ struct Coordinator::State {
         s += fmt::format("  standby: member {:016x} at {} pid {}{}{}\n", mid, m.address, m.pid,
                          m.eager ? " (eager)" : "", m.retired ? " (retired: its migration was aborted)" : "");
     if (pending)
-      s += fmt::format("  preparing epoch {}: {} ({} of {} prepared, {} switching)\n", pending->epoch, pending->story,
-                       pending->prepared.size(), pending->next.size(), pending->switching.size());
+      s += fmt::format("  preparing epoch {}: {} ({} of {} prepared{})\n", pending->epoch, pending->story,
+                       pending->prepared.size(), pending->next.size(),
+                       pending->voting ? fmt::format(", voting: {} yes, {} gave up, {} lost", pending->votedYes.size(),
+                                                     pending->gaveUp.size(), pending->lost.size())
+                                       : "");
     if (!lastAbort.empty()) s += fmt::format("  last aborted reconfiguration: {}\n", lastAbort);
     if (!lastFailure.empty()) s += fmt::format("  last failure: {}\n", lastFailure);
     return s;
@@ -581,6 +695,11 @@ Coordinator::Coordinator(const UniqueIdData& id, Fd listenFd, const CoordinatorO
 std::set<uint64_t> Coordinator::idleStandbyPids() const {
   MutexLock lock(snapshotMu_);
   return idleStandbyPids_;
+}
+
+std::set<uint64_t> Coordinator::viewPids() const {
+  MutexLock lock(snapshotMu_);
+  return viewPids_;
 }
 
 Coordinator::~Coordinator() {
@@ -622,11 +741,14 @@ void Coordinator::run() {
           bool needed = s.pending && !std::count(s.pending->leavers.begin(), s.pending->leavers.end(), mid) &&
                         (s.isJoiner(mid) ||
                          std::count(s.pending->next.begin(), s.pending->next.end(), mid));
-          if (needed) s.abortPending(fmt::format("{} left the job during the reconfiguration", s.label(mid)));
+          std::string why = fmt::format("{} left the job during the reconfiguration", s.label(mid));
+          bool voting = needed && s.pending->voting;
+          if (voting) s.noteLossDuringVote(mid, why);
+          else if (needed) s.abortPending(why);
           it = s.members.find(mid);
           if (s.view.empty()) s.rankOf.erase(mid);
           s.members.erase(it);
-          if (s.pending) s.trySwitch();
+          if (voting) s.decideVote();
         } else {
           s.declareFailed(mid, "its connection to the coordinator closed (process exited or was killed)");
         }
@@ -660,8 +782,12 @@ void Coordinator::run() {
       std::set<uint64_t> idle;
       for (auto& [mid, m] : s.members)
         if (m.role == Role::kStandby) idle.insert(m.pid);
+      std::set<uint64_t> inView;
+      for (uint64_t mid : s.view)
+        if (s.members.count(mid)) inView.insert(s.members.at(mid).pid);
       MutexLock lock(snapshotMu_);
       idleStandbyPids_ = std::move(idle);
+      viewPids_ = std::move(inView);
     }
     if (Clock::now() >= nextBeat) {
       nextBeat = Clock::now() + std::chrono::milliseconds(s.opt.heartbeatMs);

@@ -34,6 +34,9 @@ class Coordinator {
   ~Coordinator();  // stops the thread; members see their connection close
   // Process ids of registered standbys not (yet) promoted into a view.
   std::set<uint64_t> idleStandbyPids() const;
+  // Process ids of the current view's members, failed ones included until
+  // a new view replaces them.
+  std::set<uint64_t> viewPids() const;
   Coordinator(const Coordinator&) = delete;
   Coordinator& operator=(const Coordinator&) = delete;
 
@@ -43,6 +46,7 @@ class Coordinator {
   std::unique_ptr<State> state_;
   mutable Mutex snapshotMu_;
   std::set<uint64_t> idleStandbyPids_ ECCL_GUARDED_BY(snapshotMu_);
+  std::set<uint64_t> viewPids_ ECCL_GUARDED_BY(snapshotMu_);
   std::atomic<bool> stopping_{false};
   std::thread thread_;
 };

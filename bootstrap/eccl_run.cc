@@ -297,7 +297,15 @@ int main(int argc, char** argv) {
       for (; pool < standbys; ++pool)
         if (spawn(true)) ++running;
     }
-    if (chaosMs > 0 && !jobEnding && !timedOut && chaosKills < chaosMax && eccl::Clock::now() >= nextChaos) {
+    // A kill only while the idle pool can replace every failed rank and
+    // this one too: faster kills would leave REPLACE waiting for standbys
+    // the pool never grows to hold.
+    size_t unreplaced = 0;
+    auto inView = coordinator->viewPids();
+    for (auto& c : children) unreplaced += c.injected && inView.count(static_cast<uint64_t>(c.pid));
+    bool poolCovers = unreplaced + 1 <= idle.size();
+    if (chaosMs > 0 && !jobEnding && !timedOut && chaosKills < chaosMax && eccl::Clock::now() >= nextChaos &&
+        poolCovers) {
       std::vector<Child*> ranks;
       for (auto& c : children)
         if (!c.exited && !c.injected && !available(c)) ranks.push_back(&c);

@@ -176,7 +176,18 @@ void Communicator::applyView(const bootstrap::ViewUpdate& v) {
   }
   std::vector<transport::MemberId> needed;
   for (int peer : coll::latencyPeers(rank_, size())) needed.push_back(next[peer]);
-  connectPeers(needed, deadlineAfterMs(timeoutMs_));
+  try {
+    connectPeers(needed, deadlineAfterMs(timeoutMs_));
+  } catch (const Error& e) {
+    // A member of the new view is gone already (it died after its vote):
+    // the view stands, revoked, and the caller recovers from it.
+    MutexLock lock(errorMu_);
+    if (asyncError_ == ecclSuccess) {
+      asyncError_ = ecclRemoteError;
+      asyncMessage_ = fmt::format("communicator revoked at epoch {}: {}", v.epoch, e.what());
+    }
+    throw;
+  }
   transport::DeviceStats after = device_->stats();
   reconfig_.connectionsClosed = afterClose.connectionsClosed - before.connectionsClosed;
   reconfig_.connectionsOpened = after.connectionsOpened - afterClose.connectionsOpened;
@@ -199,6 +210,7 @@ void Communicator::recover(ecclRecoverPolicy_t policy) {
     MutexLock lock(errorMu_);
     if (asyncError_ == ecclEvicted) throw Error(ecclEvicted, asyncMessage_);
   }
+  abstainFromVote();  // a switchover this member will not make must not keep the others voting
   auto start = Clock::now();
   client_->requestRecover(view_.epoch, static_cast<uint32_t>(policy));
   bootstrap::ViewUpdate v = client_->awaitView(deadlineAfterMs(timeoutMs_), fmt::format("ecclCommRecover (rank {})", rank_));
@@ -308,6 +320,8 @@ void Communicator::popSelfRecv(void* buf, size_t bytes) {
 void Communicator::abort() { device_->abort(fmt::format("rank {}: communicator aborted by the application", rank_)); }
 
 void Communicator::destroy() {
+  sendBoundaryToken();  // a leaver going without its switchover still lets the joiner vote
+  abstainFromVote();
   client_->leave();
   device_->close(deadlineAfterMs(std::min<int64_t>(timeoutMs_, 2000)));
 }

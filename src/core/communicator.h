@@ -114,6 +114,12 @@ class Communicator {
   void addPreparedPeersLocked() ECCL_REQUIRES(prepMu_);
   void connectStandbys(std::vector<bootstrap::ViewEntry> standbys);  // background job
   void becomeJoiner(const bootstrap::ViewUpdate& v);
+  // The switchover's parts (src/elastic/reconfigure.cc).
+  void leaveAtSwitchover(uint32_t nextEpoch);
+  void sendBoundaryToken();
+  void abstainFromVote();
+  bool voteOnSwitch(const std::vector<bootstrap::ViewEntry>& next, uint32_t nextEpoch, bool yes, std::string* why);
+  void enterNextView(const bootstrap::ViewUpdate& v, const std::vector<transport::MemberId>& leavers);
   void finishReconfiguration(Clock::time_point start, Clock::time_point agreed, uint32_t oldEpoch, const char* what);
 
   // A view being prepared. Written by the client and worker threads.
@@ -126,6 +132,8 @@ class Communicator {
     std::vector<transport::MemberId> leavers;
     std::string leaverAddress;
     bool locallyPrepared = false, everyonePrepared = false;
+    bool tokenSent = false;  // the leaver told its joiner it is at its last boundary
+    bool voted = false;      // this member's switchover vote is cast
     std::string why;
     Clock::time_point announced;
     double prepareMs = 0;

@@ -199,60 +199,143 @@ void Communicator::becomeJoiner(const bootstrap::ViewUpdate& v) {
   currentEpoch_ = v.epoch - 1;
 }
 
+// The switchover is decided in band: once the coordinator has said READY,
+// every member of the next view votes over the links the preparation
+// opened (voteOnSwitch) and, on a unanimous yes, enters the next view on its
+// own and only then tells the coordinator. A vote that misses someone asks
+// the coordinator, which commits if any member saw yes and aborts if none
+// did (docs/elastic.md, "Switchover").
 void Communicator::switchover() {
   if (!leftView_.empty()) fail(ecclInvalidUsage, "ecclCommSwitchover: {}", leftView_);
-  if (!joining_) checkUsable();
+  // A revoked member still votes (no), so the others' votes end at once.
+  std::string revoked;
+  if (!joining_) {
+    try {
+      checkUsable();
+    } catch (const Error& e) {
+      if (e.code() == ecclEvicted) throw;
+      revoked = e.what();
+    }
+  }
   auto start = Clock::now();
   uint32_t nextEpoch;
+  std::vector<bootstrap::ViewEntry> next;
   std::vector<transport::MemberId> leavers;
+  transport::MemberId joiner;
+  std::string story;
   {
     MutexLock lock(prepMu_);
     Deadline deadline = deadlineAfterMs(timeoutMs_);
     if (prep_.state == ecclPrepareNone)
       fail(ecclInvalidUsage, "ecclCommSwitchover (rank {}): no reconfiguration is being prepared", rank_);
-    while (prep_.state != ecclPrepareFailed && !(prep_.epoch != 0 && prep_.locallyPrepared)) {
+    while (prep_.state != ecclPrepareFailed && !(prep_.epoch != 0 && prep_.everyonePrepared)) {
       if (!prepCv_.waitUntil(prepMu_, deadline) && Clock::now() >= deadline)
-        fail(ecclTimeout, "ecclCommSwitchover (rank {}): this member's preparation did not finish before the deadline",
-             rank_);
+        fail(ecclTimeout, "ecclCommSwitchover (rank {}): the members of epoch {} were not all prepared before the deadline",
+             rank_, prep_.epoch);
     }
     if (prep_.state == ecclPrepareFailed)
       fail(ecclRemoteError, "ecclCommSwitchover (rank {}): the preparation failed: {}", rank_, prep_.why);
     nextEpoch = prep_.epoch;
+    next = prep_.next;
     leavers = prep_.leavers;
+    joiner = prep_.joiner;
+    story = prep_.why;
     reconfig_.connectionsPrepared = prep_.connectionsOpened;
     reconfig_.prepareMs = prep_.prepareMs;
   }
-  client_->requestSwitchover(nextEpoch);
+  if (std::count(leavers.begin(), leavers.end(), self_)) return leaveAtSwitchover(nextEpoch);
+  bool yes = revoked.empty();
+  std::string why = revoked;
+  if (self_ == joiner) {
+    // The leaver's token: it has finished its last op of the old view.
+    for (transport::MemberId l : leavers) {
+      uint8_t token = 0;
+      uint64_t seq = transport::FrameHeader::kP2pBit | transport::FrameHeader::kAgreementBit | kMigrationBit | nextEpoch;
+      try {
+        device_->wait(device_->irecv(l, seq, 0, &token, 1), deadlineAfterMs(timeoutMs_),
+                      fmt::format("ecclCommSwitchover (joiner of rank {}), waiting for the leaver", rank_));
+      } catch (const Error& e) {
+        yes = false;
+        why = e.what();
+      }
+    }
+  }
+  yes = voteOnSwitch(next, nextEpoch, yes, why.empty() ? &why : nullptr) && yes;
   bootstrap::ViewUpdate v;
+  v.epoch = nextEpoch;
+  v.rank = rankIn(next, self_);
+  v.entries = next;
+  v.why = story;
+  if (yes) {
+    client_->reportSwitched(nextEpoch);
+    auto agreed = Clock::now();
+    uint32_t oldEpoch = view_.epoch;
+    enterNextView(v, leavers);
+    finishReconfiguration(start, agreed, oldEpoch, "switched over");
+    return;
+  }
+  client_->reportSwitchFailed(nextEpoch, why);
   try {
     v = client_->awaitView(deadlineAfterMs(timeoutMs_), fmt::format("ecclCommSwitchover (rank {})", rank_));
   } catch (const Error& e) {
     MutexLock lock(prepMu_);
     prep_.state = ecclPrepareFailed;
     prep_.why = e.what();
-    throw;
+    throw Error(e.code() == ecclInvalidUsage ? ecclRemoteError : e.code(), e.what());
   }
+  // Committed: another member saw everyone vote yes, so the next view is
+  // current, but a member of it is gone; the caller recovers from there.
   auto agreed = Clock::now();
+  uint32_t oldEpoch = view_.epoch;
+  enterNextView(v, leavers);
+  finishReconfiguration(start, agreed, oldEpoch, "switched over");
+  fail(ecclRemoteError,
+       "ecclCommSwitchover (rank {}): epoch {} is current, but this member's vote missed a member: {}; call "
+       "ecclCommRecover",
+       rank_, v.epoch, why);
+}
+
+// A dissemination min over the next view's ranks (round k: send to r+2^k,
+// receive from r-2^k), on links its preparation opened. A member whose
+// upstream partner is gone counts that as a no and still sends every later
+// round (agreement traffic survives revocation), so every live member
+// finishes; yes only if every member voted yes.
+bool Communicator::voteOnSwitch(const std::vector<bootstrap::ViewEntry>& next, uint32_t nextEpoch, bool yes,
+                                std::string* why) {
+  const int n = static_cast<int>(next.size()), r = rankIn(next, self_);
+  const uint64_t seq = transport::FrameHeader::kP2pBit | transport::FrameHeader::kAgreementBit | nextEpoch;
+  Deadline deadline = deadlineAfterMs(timeoutMs_);
+  {
+    MutexLock lock(prepMu_);
+    prep_.voted = true;
+  }
+  uint8_t vote = yes ? 1 : 0;
+  for (int dist = 1, round = 0; dist < n; dist <<= 1, ++round) {
+    uint8_t got = 0, sent = vote;
+    auto recv = device_->irecv(next[coll::modRank(r - dist, n)].member, seq, round, &got, 1);
+    auto send = device_->isend(next[coll::modRank(r + dist, n)].member, seq, round, &sent, 1);
+    try {
+      device_->wait(send, deadline, "");
+    } catch (const Error&) {
+      // A dead receiver: its own downstream partners count it as a no.
+    }
+    try {
+      device_->wait(recv, deadline, "");
+      vote = std::min(vote, got);
+    } catch (const Error& e) {
+      vote = 0;
+      if (why && why->empty())
+        *why = fmt::format("switchover vote for epoch {}, round {}: {}", nextEpoch, round, e.what());
+    }
+  }
+  if (why && why->empty() && !vote) *why = fmt::format("a member voted no on epoch {} (it lost a peer)", nextEpoch);
+  return vote == 1;
+}
+
+void Communicator::enterNextView(const bootstrap::ViewUpdate& v, const std::vector<transport::MemberId>& leavers) {
   {
     MutexLock lock(prepMu_);
     prep_ = Preparation{};
-  }
-  uint32_t oldEpoch = view_.epoch;
-  if (v.rank < 0) {
-    // This member was the leaver: the others went on without it and close
-    // their links to it; those closings are nobody's failure.
-    {
-      MutexLock lock(reporterMu_);
-      reporter_ = nullptr;
-    }
-    leftView_ = fmt::format("rank {} left the view at epoch {} ({}); destroy this communicator", rank_, v.epoch, v.why);
-    {
-      MutexLock lock(errorMu_);
-      asyncError_ = ecclInvalidUsage;
-      asyncMessage_ = leftView_;
-    }
-    log::info("{}", leftView_);
-    return;
   }
   joining_ = false;
   applyView(v);
@@ -262,7 +345,91 @@ void Communicator::switchover() {
     if (l != self_ && std::find(view_.rankToMember.begin(), view_.rankToMember.end(), l) == view_.rankToMember.end())
       device_->removePeer(l);
   reconfig_.connectionsClosed += device_->stats().connectionsClosed - beforeClose.connectionsClosed;
-  finishReconfiguration(start, agreed, oldEpoch, "switched over");
+}
+
+// A member of the next view that will not vote (it recovers or goes away
+// instead) sends its no for every round at once: a no decides the vote, so
+// nobody has to hear the rest from it.
+void Communicator::abstainFromVote() {
+  std::vector<bootstrap::ViewEntry> next;
+  uint32_t nextEpoch;
+  {
+    MutexLock lock(prepMu_);
+    if (!prep_.everyonePrepared || prep_.voted || prep_.state == ecclPrepareFailed || rankIn(prep_.next, self_) < 0)
+      return;
+    prep_.voted = true;
+    next = prep_.next;
+    nextEpoch = prep_.epoch;
+  }
+  static const uint8_t no = 0;
+  const int n = static_cast<int>(next.size()), r = rankIn(next, self_);
+  const uint64_t seq = transport::FrameHeader::kP2pBit | transport::FrameHeader::kAgreementBit | nextEpoch;
+  std::vector<transport::RequestPtr> sends;
+  for (int dist = 1, round = 0; dist < n; dist <<= 1, ++round)
+    sends.push_back(device_->isend(next[coll::modRank(r + dist, n)].member, seq, round, &no, 1));
+  for (auto& s : sends) {
+    try {
+      device_->wait(s, deadlineAfterMs(timeoutMs_), "");
+    } catch (const Error&) {
+      // That partner is gone; its own partners count it as a no.
+    }
+  }
+}
+
+// Tells the joiner this member has finished its last op of the old view;
+// the joiner votes only after that. Sent at switchover, or when a leaver
+// destroys its communicator without one.
+void Communicator::sendBoundaryToken() {
+  uint32_t nextEpoch;
+  transport::MemberId joiner;
+  {
+    MutexLock lock(prepMu_);
+    bool leaver = std::count(prep_.leavers.begin(), prep_.leavers.end(), self_) > 0;
+    if (!leaver || prep_.epoch == 0 || prep_.state == ecclPrepareFailed || prep_.tokenSent) return;
+    prep_.tokenSent = true;
+    nextEpoch = prep_.epoch;
+    joiner = prep_.joiner;
+  }
+  static const uint8_t token = 1;
+  uint64_t seq = transport::FrameHeader::kP2pBit | transport::FrameHeader::kAgreementBit | kMigrationBit | nextEpoch;
+  try {
+    device_->wait(device_->isend(joiner, seq, 0, &token, 1), deadlineAfterMs(timeoutMs_), "");
+  } catch (const Error& e) {
+    log::info("rank {}: the joiner did not take the boundary token: {}", rank_, e.what());  // its vote fails
+  }
+}
+
+void Communicator::leaveAtSwitchover(uint32_t nextEpoch) {
+  auto start = Clock::now();
+  sendBoundaryToken();
+  client_->requestSwitchover(nextEpoch);
+  bootstrap::ViewUpdate v;
+  try {
+    v = client_->awaitView(deadlineAfterMs(timeoutMs_), fmt::format("ecclCommSwitchover (rank {})", rank_));
+  } catch (const Error& e) {
+    MutexLock lock(prepMu_);
+    prep_.state = ecclPrepareFailed;
+    prep_.why = e.what();
+    throw Error(e.code() == ecclInvalidUsage ? ecclRemoteError : e.code(), e.what());
+  }
+  {
+    MutexLock lock(prepMu_);
+    prep_ = Preparation{};
+  }
+  // The others went on without this member and close their links to it;
+  // those closings are nobody's failure.
+  {
+    MutexLock lock(reporterMu_);
+    reporter_ = nullptr;
+  }
+  leftView_ = fmt::format("rank {} left the view at epoch {} ({}); destroy this communicator", rank_, v.epoch, v.why);
+  {
+    MutexLock lock(errorMu_);
+    asyncError_ = ecclInvalidUsage;
+    asyncMessage_ = leftView_;
+  }
+  reconfig_.totalMs = msSince(start);
+  log::info("{}", leftView_);
 }
 
 void Communicator::grow(int count) {

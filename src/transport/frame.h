@@ -41,6 +41,13 @@ struct FrameHeader {
   uint64_t total = 0;  // whole message length
 
   static constexpr uint64_t kP2pBit = 1ull << 63;
+  // Membership agreement (the switchover's in-band vote, the leaver's
+  // boundary token): a revoked communicator still carries it, so every live
+  // member finishes the vote and none waits on a peer that stopped sending
+  // because an unrelated failure revoked it. Only the peer's own failure or
+  // departure fails it.
+  static constexpr uint64_t kAgreementBit = 1ull << 61;
+  static bool survivesRevocation(uint64_t seq) { return (seq & (kP2pBit | kAgreementBit)) == (kP2pBit | kAgreementBit); }
 };
 
 void encodeFrame(const FrameHeader& h, uint8_t out[FrameHeader::kSize]);

@@ -38,6 +38,7 @@ struct Request {
   std::string error;
   MemberId peer = 0;
   bool isSend = false;
+  bool survivesRevocation = false;  // agreement traffic (FrameHeader::kAgreementBit)
   int pendingChunks = 0;
   // While a caller drives the I/O for this request itself, the eventfd
   // that wakes it when another thread completes the request; -1 otherwise.

@@ -220,11 +220,20 @@ TEST_F(Reconfigure, AMemberDyingDuringSwitchoverAbortsItAndRecoveryRetries) {
       RANK_OK(ecclCommInitStandby(&comm, id, nullptr), nullptr);
       ecclCommStats_t s = statsOf(comm);
       if (index == n) {
+        // The stayers are revoked by the victim's death but still finish
+        // the vote, so the joiner hears from them well before the 15 s
+        // op deadline.
+        auto start = std::chrono::steady_clock::now();
         RANK_CHECK(ecclCommSwitchover(comm) != ecclSuccess, "the joiner switched over into an aborted view");
+        RANK_CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(8),
+                   "the joiner's vote waited for a deadline");
         ecclCommDestroy(comm);
         return;
       }
-      RANK_CHECK(s.rank == victim && s.epoch == 2, "spare standby became rank " + std::to_string(s.rank));
+      // Epoch 2 was the aborted vote's; its number is never reused, so a
+      // member that voted yes and then stalled can never pass for current.
+      RANK_CHECK(s.rank == victim && s.epoch == 3,
+                 "spare standby became rank " + std::to_string(s.rank) + " at epoch " + std::to_string(s.epoch));
       checkAllreduce(comm);
       RANK_OK(ecclCommDestroy(comm), comm);
       return;
@@ -235,6 +244,8 @@ TEST_F(Reconfigure, AMemberDyingDuringSwitchoverAbortsItAndRecoveryRetries) {
     if (index == 0) RANK_OK(ecclCommPrepare(comm, leaver), comm);
     for (int steps = 0; !everyoneReady(comm); ++steps) RANK_CHECK(steps < 2000, "never ready");
     if (index == victim) dieSoon();
+    // Vote only once the victim's death has revoked this member.
+    std::this_thread::sleep_for(std::chrono::milliseconds(900));
     ecclResult_t r = ecclCommSwitchover(comm);
     std::string why = ecclGetLastError(comm);
     RANK_CHECK(r != ecclSuccess && why.find("rank 3") != std::string::npos, "switchover did not abort naming rank 3: " + why);
@@ -248,6 +259,82 @@ TEST_F(Reconfigure, AMemberDyingDuringSwitchoverAbortsItAndRecoveryRetries) {
   });
   auto outcomes = group.wait(std::chrono::seconds(60));
   expectOnlyVictimsDied(outcomes, {victim});
+}
+
+// The joiner dies after everyone is prepared, so only the in-band vote can
+// notice: the vote fails on every member without hanging, the coordinator
+// aborts the switchover, and the old view runs on without a recovery (no
+// member of it failed).
+TEST_F(Reconfigure, AJoinerDyingAtTheSwitchoverAbortsItAndTheOldViewRunsOn) {
+  constexpr int n = 4, leaver = 2;
+  ProcessGroup group(n + 1, [&](int index, int, const ecclUniqueId& id) {
+    ecclComm_t comm;
+    if (index == n) {
+      RANK_OK(ecclCommInitStandby(&comm, id, nullptr), nullptr);
+      ecclPrepareState_t state = ecclPrepareNone;
+      for (int i = 0; state != ecclPrepareReady; ++i) {
+        RANK_CHECK(i < 5000, "the preparation never became ready");
+        RANK_OK(ecclCommPrepareStatus(comm, &state, nullptr), comm);
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      }
+      dieSoon();
+    }
+    RANK_OK(ecclCommInitRank(&comm, n, id, index), nullptr);
+    checkAllreduce(comm);
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the standby registered
+    if (index == 0) RANK_OK(ecclCommPrepare(comm, leaver), comm);
+    for (int steps = 0; !everyoneReady(comm); ++steps) RANK_CHECK(steps < 2000, "never ready");
+    auto start = std::chrono::steady_clock::now();
+    ecclResult_t r = ecclCommSwitchover(comm);
+    std::string why = ecclGetLastError(comm);
+    RANK_CHECK(r == ecclRemoteError && why.find("joiner") != std::string::npos,
+               "switchover did not abort naming the joiner: " + why);
+    RANK_CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10), "the abort took past 10 s");
+    ecclPrepareState_t state;
+    RANK_OK(ecclCommPrepareStatus(comm, &state, nullptr), comm);
+    RANK_CHECK(state == ecclPrepareFailed, "the preparation is not FAILED after the abort");
+    RANK_OK(ecclBarrier(comm), comm);
+    checkAllreduce(comm, 3);
+    ecclCommStats_t s = statsOf(comm);
+    RANK_CHECK(s.epoch == 1 && s.reconfigurations == 0, "the view changed: epoch " + std::to_string(s.epoch));
+    RANK_OK(ecclCommDestroy(comm), comm);
+  });
+  auto outcomes = group.wait(std::chrono::seconds(60));
+  expectOnlyVictimsDied(outcomes, {n});
+}
+
+// A leaver may destroy its communicator at its last boundary instead of
+// calling switchover: the token it leaves with lets the joiner vote, and
+// the rest switch over without it.
+TEST_F(Reconfigure, ALeaverDestroyingAtItsBoundaryStillHandsItsRankOver) {
+  constexpr int n = 3, leaver = 1;
+  ProcessGroup group(n + 1, [&](int index, int, const ecclUniqueId& id) {
+    ecclComm_t comm;
+    if (index == n) {
+      RANK_OK(ecclCommInitStandby(&comm, id, nullptr), nullptr);
+      RANK_OK(ecclCommSwitchover(comm), comm);
+      RANK_CHECK(statsOf(comm).rank == leaver && statsOf(comm).epoch == 2, "joiner stats after the switchover");
+      checkAllreduce(comm, 9);
+      RANK_OK(ecclCommDestroy(comm), comm);
+      return;
+    }
+    RANK_OK(ecclCommInitRank(&comm, n, id, index), nullptr);
+    checkAllreduce(comm);
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the standby registered
+    if (index == 0) RANK_OK(ecclCommPrepare(comm, leaver), comm);
+    for (int steps = 0; !everyoneReady(comm); ++steps) RANK_CHECK(steps < 2000, "never ready");
+    if (index == leaver) {
+      RANK_OK(ecclCommDestroy(comm), comm);
+      return;
+    }
+    RANK_OK(ecclCommSwitchover(comm), comm);
+    ecclCommStats_t s = statsOf(comm);
+    RANK_CHECK(s.epoch == 2 && s.rank == index, "stayer after the switchover");
+    checkAllreduce(comm, 9);
+    RANK_OK(ecclCommDestroy(comm), comm);
+  });
+  auto outcomes = group.wait(std::chrono::seconds(60));
+  expectOnlyVictimsDied(outcomes, {});
 }
 
 }  // namespace

@@ -471,13 +471,14 @@ RequestPtr TcpDevice::isend(MemberId member, uint64_t seq, uint32_t tag, const v
   auto r = std::make_shared<Request>();
   r->peer = member;
   r->isSend = true;
+  r->survivesRevocation = FrameHeader::survivesRevocation(seq);
   MutexLock lock(mu_);
   Peer& p = peerLocked(member);
   if (aborted_) {
     completeLocked(r, ecclRemoteError, abortReason_);
     return r;
   }
-  if (revokedCode_ != ecclSuccess) {
+  if (revokedCode_ != ecclSuccess && !r->survivesRevocation) {
     completeLocked(r, revokedCode_, revokedReason_);
     return r;
   }
@@ -524,13 +525,14 @@ RequestPtr TcpDevice::irecv(MemberId member, uint64_t seq, uint32_t tag, void* b
   connectPeer(member);
   auto r = std::make_shared<Request>();
   r->peer = member;
+  r->survivesRevocation = FrameHeader::survivesRevocation(seq);
   MutexLock lock(mu_);
   Peer& p = peerLocked(member);
   if (aborted_) {
     completeLocked(r, ecclRemoteError, abortReason_);
     return r;
   }
-  if (revokedCode_ != ecclSuccess) {
+  if (revokedCode_ != ecclSuccess && !r->survivesRevocation) {
     completeLocked(r, revokedCode_, revokedReason_);
     return r;
   }
@@ -665,6 +667,10 @@ void TcpDevice::revokeLocked(ecclResult_t code, const std::string& reason) {
     for (auto& lane : p.lanes) {
       std::deque<SendItem> keep;
       for (auto& item : lane->sendQueue) {
+        if (item.request && item.request->survivesRevocation) {
+          keep.push_back(std::move(item));
+          continue;
+        }
         if (item.request) completeLocked(item.request, code, reason);
         bool torn = item.request && item.done > 0;
         if (torn) {
@@ -679,10 +685,12 @@ void TcpDevice::revokeLocked(ecclResult_t code, const std::string& reason) {
       lane->sendQueue = std::move(keep);
     }
   }
-  for (auto& [key, box] : inbox_)
-    if (box.request) completeLocked(box.request, code, reason);
   // Buffers of failed receives must never be written again.
-  for (auto box = inbox_.begin(); box != inbox_.end();) box = box->second.request ? inbox_.erase(box) : std::next(box);
+  for (auto box = inbox_.begin(); box != inbox_.end();) {
+    bool dies = box->second.request && !box->second.request->survivesRevocation;
+    if (dies) completeLocked(box->second.request, code, reason);
+    box = dies ? inbox_.erase(box) : std::next(box);
+  }
   discardOrphanedPayloadsLocked();
 }
 
