@@ -486,7 +486,8 @@ ecclResult_t ecclRecv(void* buf, size_t count, ecclDataType_t type, int peer, ec
     }
     auto request = std::make_shared<eccl::transport::RequestPtr>();
     eccl::group::enqueue(
-        &c, [=, &c] { *request = c.postRecv(buf, bytes, peer); }, [=, &c] { c.waitP2p(*request, peer, false); });
+        &c, [=, &c] { *request = c.postRecv(buf, bytes, peer); }, [=, &c] { c.waitP2p(*request, peer, false); },
+        /*postFirst=*/true);
   });
 }
 

@@ -506,13 +506,16 @@ transport::RequestPtr Communicator::postSend(const void* buf, size_t bytes, int 
     throw;
   }
   // The copy and its checksum overlap the network send (both only read
-  // buf); the checksum reads each chunk while it is still in cache.
+  // buf); the checksum reads each chunk while it is still in cache, and the
+  // connections are serviced between chunks so the socket never sits full
+  // while we copy.
   constexpr size_t kChunk = 64 << 10;
   uint32_t crc = 0;
   for (size_t off = 0; off < bytes; off += kChunk) {
     size_t n = std::min(kChunk, bytes - off);
     std::memcpy(reservation.data + off, static_cast<const uint8_t*>(buf) + off, n);
     crc = crc32c(reservation.data + off, n, crc);
+    device_->progress();
   }
   pendingLogs_[request.get()] = {reservation, crc};
   return request;

@@ -12,6 +12,7 @@ struct Task {
   Communicator* comm;
   std::function<void()> post;
   std::function<void()> finish;
+  bool postFirst = false;
 };
 
 struct State {
@@ -27,8 +28,8 @@ bool active() { return state.depth > 0; }
 
 void start() { ++state.depth; }
 
-void enqueue(Communicator* comm, std::function<void()> post, std::function<void()> finish) {
-  state.tasks.push_back({comm, std::move(post), std::move(finish)});
+void enqueue(Communicator* comm, std::function<void()> post, std::function<void()> finish, bool postFirst) {
+  state.tasks.push_back({comm, std::move(post), std::move(finish), postFirst});
 }
 
 void end() {
@@ -42,12 +43,15 @@ void end() {
     t.comm->setLastError(e.what());
     if (!first) first = e;
   };
-  for (size_t i = 0; i < tasks.size(); ++i) {
-    try {
-      if (tasks[i].post) tasks[i].post();
-      posted[i] = true;
-    } catch (const Error& e) {
-      record(tasks[i], e);
+  for (bool early : {true, false}) {
+    for (size_t i = 0; i < tasks.size(); ++i) {
+      if (tasks[i].postFirst != early) continue;
+      try {
+        if (tasks[i].post) tasks[i].post();
+        posted[i] = true;
+      } catch (const Error& e) {
+        record(tasks[i], e);
+      }
     }
   }
   // Finish everything that was posted, even after a failure: each wait has

@@ -12,7 +12,10 @@ namespace eccl::group {
 bool active();
 void start();
 // post() runs at end() before any finish(); finish() waits or runs the op.
-void enqueue(Communicator* comm, std::function<void()> post, std::function<void()> finish);
+// Ops with postFirst (receives) are posted before the others: data that
+// arrives while a send is still being posted (a logged send copies its
+// payload) then lands in place instead of waiting in a socket.
+void enqueue(Communicator* comm, std::function<void()> post, std::function<void()> finish, bool postFirst = false);
 // Throws the first failure after every op has finished or failed; the
 // failing communicator's last error is set.
 void end();

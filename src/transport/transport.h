@@ -88,6 +88,11 @@ class Device {
   virtual void wait(const RequestPtr& request, Deadline deadline, const std::string& opName) = 0;
   // Non-blocking completion test; throws like wait() on failure.
   virtual bool test(const RequestPtr& request, const std::string& opName) = 0;
+  // Moves whatever the connections are ready for, without blocking: a
+  // caller with other work between posting and waiting (the log's copy of a
+  // send) keeps its transfers going, since a caller that waited recently
+  // holds the connections and no other thread drives them meanwhile.
+  virtual void progress() = 0;
 
   // A failure notice from outside the transport (or a local decision):
   // fails every pending op on that member and tells the other peers.

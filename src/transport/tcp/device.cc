@@ -156,6 +156,7 @@ class TcpDevice final : public Device {
   RequestPtr irecv(MemberId peer, uint64_t seq, uint32_t tag, void* buf, size_t len) override;
   void wait(const RequestPtr& request, Deadline deadline, const std::string& opName) override;
   bool test(const RequestPtr& request, const std::string& opName) override;
+  void progress() override;
   void failPeer(MemberId member, ecclResult_t code, const std::string& reason) override {
     MutexLock lock(mu_);
     failPeerLocked(member, code, reason, /*flood=*/true);
@@ -748,6 +749,11 @@ void TcpDevice::connectNow(MemberId member, Deadline deadline) {
     if (!cv_.waitUntil(mu_, deadline) && Clock::now() >= deadline)
       fail(ecclTimeout, "peer {} did not connect before the deadline", p.label);
   }
+}
+
+void TcpDevice::progress() {
+  MutexLock lock(mu_);
+  if (callerOwned_) serviceLanesLocked();  // otherwise the progress thread is on it
 }
 
 bool TcpDevice::test(const RequestPtr& r, const std::string& opName) {
