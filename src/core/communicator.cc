@@ -180,7 +180,16 @@ void Communicator::applyView(const bootstrap::ViewUpdate& v) {
     connectPeers(needed, deadlineAfterMs(timeoutMs_));
   } catch (const Error& e) {
     // A member of the new view is gone already (it died after its vote):
-    // the view stands, revoked, and the caller recovers from it.
+    // the view stands, revoked, and the caller recovers from it. This
+    // member may have seen the death while the peer was only a candidate
+    // (nobody's failure then), so it reports it now: the coordinator must
+    // know before this member's recovery request arrives.
+    for (size_t r = 0; r < next.size(); ++r)
+      if (next[r] != self_ && !device_->hasPeer(next[r])) {
+        MutexLock lock(reporterMu_);
+        if (reporter_) reporter_->report(next[r], fmt::format("rank {} of epoch {} was gone when this member entered it: {}",
+                                                              r, v.epoch, e.what()));
+      }
     MutexLock lock(errorMu_);
     if (asyncError_ == ecclSuccess) {
       asyncError_ = ecclRemoteError;

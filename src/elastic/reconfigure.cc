@@ -266,11 +266,22 @@ void Communicator::switchover() {
   v.rank = rankIn(next, self_);
   v.entries = next;
   v.why = story;
+  // Entering the view connects its latency peers; one that died after its
+  // vote fails that, and the view stands, revoked, to recover from.
+  auto enter = [&](const bootstrap::ViewUpdate& view) {
+    try {
+      enterNextView(view, leavers);
+    } catch (const Error& e) {
+      throw Error(e.code(), fmt::format("ecclCommSwitchover (rank {}): epoch {} is current, but a member of it is gone: "
+                                        "{}; call ecclCommRecover",
+                                        rank_, view.epoch, e.what()));
+    }
+  };
   if (yes) {
     client_->reportSwitched(nextEpoch);
     auto agreed = Clock::now();
     uint32_t oldEpoch = view_.epoch;
-    enterNextView(v, leavers);
+    enter(v);
     finishReconfiguration(start, agreed, oldEpoch, "switched over");
     return;
   }
@@ -287,7 +298,7 @@ void Communicator::switchover() {
   // current, but a member of it is gone; the caller recovers from there.
   auto agreed = Clock::now();
   uint32_t oldEpoch = view_.epoch;
-  enterNextView(v, leavers);
+  enter(v);
   finishReconfiguration(start, agreed, oldEpoch, "switched over");
   fail(ecclRemoteError,
        "ecclCommSwitchover (rank {}): epoch {} is current, but this member's vote missed a member: {}; call "

@@ -219,7 +219,9 @@ TEST_F(Reconfigure, AMemberDyingDuringSwitchoverAbortsItAndRecoveryRetries) {
       if (index == n + 1) std::this_thread::sleep_for(std::chrono::milliseconds(500));
       RANK_OK(ecclCommInitStandby(&comm, id, nullptr), nullptr);
       ecclCommStats_t s = statsOf(comm);
-      if (index == n) {
+      ecclPrepareState_t state;
+      RANK_OK(ecclCommPrepareStatus(comm, &state, nullptr), comm);
+      if (state == ecclPreparePreparing || state == ecclPrepareReady) {  // whichever registered first
         // The stayers are revoked by the victim's death but still finish
         // the vote, so the joiner hears from them well before the 15 s
         // op deadline.
@@ -335,6 +337,79 @@ TEST_F(Reconfigure, ALeaverDestroyingAtItsBoundaryStillHandsItsRankOver) {
   });
   auto outcomes = group.wait(std::chrono::seconds(60));
   expectOnlyVictimsDied(outcomes, {});
+}
+
+// A member that dies right after its own vote ended yes died in the next
+// view: whether the others' votes all saw yes or some missed its last frame
+// (then the coordinator settles the split on a yes report), everyone ends
+// up in epoch 2 with the joiner holding the leaver's rank, and recovery
+// replaces the victim from there. An abort would have left the leaver in
+// the view and the joiner retired.
+TEST_F(Reconfigure, AMemberDyingRightAfterItsVoteDiesInTheNextView) {
+  constexpr int n = 4, leaver = 1, victim = 3;
+  ProcessGroup group(n + 2, [&](int index, int, const ecclUniqueId& id) {
+    ecclComm_t comm;
+    auto recoverInto = [&](int wantRank) {
+      // The switchover either succeeded (the victim's death shows on the
+      // next op) or said to recover; either way epoch 2 is current.
+      if (statsOf(comm).epoch == 2) {
+        int64_t x = 1;
+        ecclResult_t r = ecclAllReduce(&x, &x, 1, ecclInt64, ecclSum, comm, nullptr);
+        RANK_CHECK(r != ecclSuccess, "an allreduce with the dead victim succeeded");
+      }
+      RANK_OK(ecclCommRecover(comm, ecclRecoverReplace), comm);
+      ecclCommStats_t s = statsOf(comm);
+      RANK_CHECK(s.rank == wantRank && s.nranks == n && s.epoch == 3,
+                 "after recovery: rank " + std::to_string(s.rank) + " epoch " + std::to_string(s.epoch));
+      checkAllreduce(comm, 4);
+      RANK_OK(ecclCommDestroy(comm), comm);
+    };
+    if (index >= n) {
+      if (index == n + 1) std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      RANK_OK(ecclCommInitStandby(&comm, id, nullptr), nullptr);
+      // Whichever standby registered first is the joiner; the other is the
+      // spare, which replaces the victim at epoch 3.
+      ecclPrepareState_t state;
+      RANK_OK(ecclCommPrepareStatus(comm, &state, nullptr), comm);
+      if (state != ecclPreparePreparing && state != ecclPrepareReady) {
+        RANK_CHECK(statsOf(comm).rank == victim && statsOf(comm).epoch == 3,
+                   "spare placement: rank " + std::to_string(statsOf(comm).rank) + " epoch " +
+                       std::to_string(statsOf(comm).epoch));
+        checkAllreduce(comm, 4);
+        RANK_OK(ecclCommDestroy(comm), comm);
+        return;
+      }
+      ecclResult_t r = ecclCommSwitchover(comm);
+      RANK_CHECK(statsOf(comm).rank == leaver && statsOf(comm).epoch == 2,
+                 std::string("the joiner is not rank 1 of epoch 2 (the vote was aborted?): ") + ecclGetLastError(comm));
+      (void)r;
+      recoverInto(leaver);
+      return;
+    }
+    RANK_OK(ecclCommInitRank(&comm, n, id, index), nullptr);
+    checkAllreduce(comm);
+    std::this_thread::sleep_for(std::chrono::milliseconds(800));  // both standbys registered
+    if (index == 0) RANK_OK(ecclCommPrepare(comm, leaver), comm);
+    for (int steps = 0; !everyoneReady(comm); ++steps) RANK_CHECK(steps < 2000, "never ready");
+    ecclResult_t r = ecclCommSwitchover(comm);
+    if (index == victim) {
+      raise(SIGKILL);
+      _exit(9);
+    }
+    if (index == leaver) {
+      RANK_OK(r, comm);
+      std::vector<float> x(4);
+      RANK_CHECK(ecclAllReduce(x.data(), x.data(), 4, ecclFloat32, ecclSum, comm, nullptr) == ecclInvalidUsage,
+                 "the leaver is still in the view");
+      RANK_OK(ecclCommDestroy(comm), comm);
+      return;
+    }
+    RANK_CHECK(r == ecclSuccess || std::string(ecclGetLastError(comm)).find("ecclCommRecover") != std::string::npos,
+               std::string("switchover: ") + ecclGetLastError(comm));
+    recoverInto(index);
+  });
+  auto outcomes = group.wait(std::chrono::seconds(60));
+  expectOnlyVictimsDied(outcomes, {victim});
 }
 
 }  // namespace
