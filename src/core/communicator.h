@@ -116,6 +116,7 @@ class Communicator {
   void becomeJoiner(const bootstrap::ViewUpdate& v);
   // The switchover's parts (src/elastic/reconfigure.cc).
   void leaveAtSwitchover(uint32_t nextEpoch);
+  bootstrap::ViewUpdate awaitSwitchDecision();
   void sendBoundaryToken();
   void abstainFromVote();
   bool voteOnSwitch(const std::vector<bootstrap::ViewEntry>& next, uint32_t nextEpoch, bool yes, std::string* why);

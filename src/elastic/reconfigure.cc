@@ -19,6 +19,14 @@ namespace {
 // from collectives and send/recv of the view.
 constexpr uint64_t kMigrationBit = 1ull << 62;
 
+// The switchover's agreement traffic (survives revocation): the vote's
+// rounds are tags of one sequence number per epoch; the leaver's boundary
+// token has its own.
+uint64_t voteSeq(uint32_t nextEpoch) {
+  return transport::FrameHeader::kP2pBit | transport::FrameHeader::kAgreementBit | nextEpoch;
+}
+uint64_t boundaryTokenSeq(uint32_t nextEpoch) { return voteSeq(nextEpoch) | kMigrationBit; }
+
 double msSince(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
 
 int rankIn(const std::vector<bootstrap::ViewEntry>& view, transport::MemberId m) {
@@ -250,7 +258,7 @@ void Communicator::switchover() {
     // The leaver's token: it has finished its last op of the old view.
     for (transport::MemberId l : leavers) {
       uint8_t token = 0;
-      uint64_t seq = transport::FrameHeader::kP2pBit | transport::FrameHeader::kAgreementBit | kMigrationBit | nextEpoch;
+      uint64_t seq = boundaryTokenSeq(nextEpoch);
       try {
         device_->wait(device_->irecv(l, seq, 0, &token, 1), deadlineAfterMs(timeoutMs_),
                       fmt::format("ecclCommSwitchover (joiner of rank {}), waiting for the leaver", rank_));
@@ -286,14 +294,7 @@ void Communicator::switchover() {
     return;
   }
   client_->reportSwitchFailed(nextEpoch, why);
-  try {
-    v = client_->awaitView(deadlineAfterMs(timeoutMs_), fmt::format("ecclCommSwitchover (rank {})", rank_));
-  } catch (const Error& e) {
-    MutexLock lock(prepMu_);
-    prep_.state = ecclPrepareFailed;
-    prep_.why = e.what();
-    throw Error(e.code() == ecclInvalidUsage ? ecclRemoteError : e.code(), e.what());
-  }
+  v = awaitSwitchDecision();
   // Committed: another member saw everyone vote yes, so the next view is
   // current, but a member of it is gone; the caller recovers from there.
   auto agreed = Clock::now();
@@ -314,7 +315,7 @@ void Communicator::switchover() {
 bool Communicator::voteOnSwitch(const std::vector<bootstrap::ViewEntry>& next, uint32_t nextEpoch, bool yes,
                                 std::string* why) {
   const int n = static_cast<int>(next.size()), r = rankIn(next, self_);
-  const uint64_t seq = transport::FrameHeader::kP2pBit | transport::FrameHeader::kAgreementBit | nextEpoch;
+  const uint64_t seq = voteSeq(nextEpoch);
   Deadline deadline = deadlineAfterMs(timeoutMs_);
   {
     MutexLock lock(prepMu_);
@@ -374,7 +375,7 @@ void Communicator::abstainFromVote() {
   }
   static const uint8_t no = 0;
   const int n = static_cast<int>(next.size()), r = rankIn(next, self_);
-  const uint64_t seq = transport::FrameHeader::kP2pBit | transport::FrameHeader::kAgreementBit | nextEpoch;
+  const uint64_t seq = voteSeq(nextEpoch);
   std::vector<transport::RequestPtr> sends;
   for (int dist = 1, round = 0; dist < n; dist <<= 1, ++round)
     sends.push_back(device_->isend(next[coll::modRank(r + dist, n)].member, seq, round, &no, 1));
@@ -402,7 +403,7 @@ void Communicator::sendBoundaryToken() {
     joiner = prep_.joiner;
   }
   static const uint8_t token = 1;
-  uint64_t seq = transport::FrameHeader::kP2pBit | transport::FrameHeader::kAgreementBit | kMigrationBit | nextEpoch;
+  uint64_t seq = boundaryTokenSeq(nextEpoch);
   try {
     device_->wait(device_->isend(joiner, seq, 0, &token, 1), deadlineAfterMs(timeoutMs_), "");
   } catch (const Error& e) {
@@ -410,19 +411,24 @@ void Communicator::sendBoundaryToken() {
   }
 }
 
-void Communicator::leaveAtSwitchover(uint32_t nextEpoch) {
-  auto start = Clock::now();
-  sendBoundaryToken();
-  client_->requestSwitchover(nextEpoch);
-  bootstrap::ViewUpdate v;
+// The coordinator's answer to a member that cannot tell the outcome alone
+// (a no-voter, the leaver): the next view, or why the switchover aborted.
+bootstrap::ViewUpdate Communicator::awaitSwitchDecision() {
   try {
-    v = client_->awaitView(deadlineAfterMs(timeoutMs_), fmt::format("ecclCommSwitchover (rank {})", rank_));
+    return client_->awaitView(deadlineAfterMs(timeoutMs_), fmt::format("ecclCommSwitchover (rank {})", rank_));
   } catch (const Error& e) {
     MutexLock lock(prepMu_);
     prep_.state = ecclPrepareFailed;
     prep_.why = e.what();
     throw Error(e.code() == ecclInvalidUsage ? ecclRemoteError : e.code(), e.what());
   }
+}
+
+void Communicator::leaveAtSwitchover(uint32_t nextEpoch) {
+  auto start = Clock::now();
+  sendBoundaryToken();
+  client_->requestSwitchover(nextEpoch);
+  bootstrap::ViewUpdate v = awaitSwitchDecision();
   {
     MutexLock lock(prepMu_);
     prep_ = Preparation{};

@@ -31,6 +31,17 @@ bool everyoneReady(ecclComm_t comm) {
   return ready == 1;
 }
 
+// A rank of the current view: joins, checks an allreduce, waits for the
+// standbys to register, has rank 0 prepare the migration of `leaver` and
+// runs until every rank sees it READY (all at the same boundary).
+void joinAndPrepare(ecclComm_t* comm, int n, const ecclUniqueId& id, int index, int leaver, int standbyWaitMs) {
+  RANK_OK(ecclCommInitRank(comm, n, id, index), nullptr);
+  checkAllreduce(*comm);
+  std::this_thread::sleep_for(std::chrono::milliseconds(standbyWaitMs));
+  if (index == 0) RANK_OK(ecclCommPrepare(*comm, leaver), *comm);
+  for (int steps = 0; !everyoneReady(*comm); ++steps) RANK_CHECK(steps < 2000, "never ready");
+}
+
 std::vector<uint32_t> stateOf(int seed) {
   std::vector<uint32_t> s(1 << 18);
   for (size_t i = 0; i < s.size(); ++i) s[i] = static_cast<uint32_t>(i * 2654435761u + seed);
@@ -240,11 +251,7 @@ TEST_F(Reconfigure, AMemberDyingDuringSwitchoverAbortsItAndRecoveryRetries) {
       RANK_OK(ecclCommDestroy(comm), comm);
       return;
     }
-    RANK_OK(ecclCommInitRank(&comm, n, id, index), nullptr);
-    checkAllreduce(comm);
-    std::this_thread::sleep_for(std::chrono::milliseconds(800));  // both standbys registered
-    if (index == 0) RANK_OK(ecclCommPrepare(comm, leaver), comm);
-    for (int steps = 0; !everyoneReady(comm); ++steps) RANK_CHECK(steps < 2000, "never ready");
+    joinAndPrepare(&comm, n, id, index, leaver, 800);  // the standbys registered first
     if (index == victim) dieSoon();
     // Vote only once the victim's death has revoked this member.
     std::this_thread::sleep_for(std::chrono::milliseconds(900));
@@ -281,11 +288,7 @@ TEST_F(Reconfigure, AJoinerDyingAtTheSwitchoverAbortsItAndTheOldViewRunsOn) {
       }
       dieSoon();
     }
-    RANK_OK(ecclCommInitRank(&comm, n, id, index), nullptr);
-    checkAllreduce(comm);
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the standby registered
-    if (index == 0) RANK_OK(ecclCommPrepare(comm, leaver), comm);
-    for (int steps = 0; !everyoneReady(comm); ++steps) RANK_CHECK(steps < 2000, "never ready");
+    joinAndPrepare(&comm, n, id, index, leaver, 500);  // the standbys registered first
     auto start = std::chrono::steady_clock::now();
     ecclResult_t r = ecclCommSwitchover(comm);
     std::string why = ecclGetLastError(comm);
@@ -320,11 +323,7 @@ TEST_F(Reconfigure, ALeaverDestroyingAtItsBoundaryStillHandsItsRankOver) {
       RANK_OK(ecclCommDestroy(comm), comm);
       return;
     }
-    RANK_OK(ecclCommInitRank(&comm, n, id, index), nullptr);
-    checkAllreduce(comm);
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the standby registered
-    if (index == 0) RANK_OK(ecclCommPrepare(comm, leaver), comm);
-    for (int steps = 0; !everyoneReady(comm); ++steps) RANK_CHECK(steps < 2000, "never ready");
+    joinAndPrepare(&comm, n, id, index, leaver, 500);  // the standbys registered first
     if (index == leaver) {
       RANK_OK(ecclCommDestroy(comm), comm);
       return;
@@ -386,11 +385,7 @@ TEST_F(Reconfigure, AMemberDyingRightAfterItsVoteDiesInTheNextView) {
       recoverInto(leaver);
       return;
     }
-    RANK_OK(ecclCommInitRank(&comm, n, id, index), nullptr);
-    checkAllreduce(comm);
-    std::this_thread::sleep_for(std::chrono::milliseconds(800));  // both standbys registered
-    if (index == 0) RANK_OK(ecclCommPrepare(comm, leaver), comm);
-    for (int steps = 0; !everyoneReady(comm); ++steps) RANK_CHECK(steps < 2000, "never ready");
+    joinAndPrepare(&comm, n, id, index, leaver, 800);  // the standbys registered first
     ecclResult_t r = ecclCommSwitchover(comm);
     if (index == victim) {
       raise(SIGKILL);
