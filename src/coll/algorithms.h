@@ -35,8 +35,14 @@ void ringAllGather(Links& links, void* buf, const Blocks& blocks, size_t elemSiz
 
 void allreduceRing(Links& links, const void* in, void* out, size_t count, ecclDataType_t type,
                    ecclRedOp_t op);
+// Half the tree's hops, but log2(n) partners per rank: not among
+// latencyPeers, so they connect on first use (ECCL_ALLREDUCE_SMALL_ALGO).
 void allreduceRecursiveDoubling(Links& links, const void* in, void* out, size_t count,
                                 ecclDataType_t type, ecclRedOp_t op);
+// The small-vector default: reduce up a binary tree, broadcast down;
+// 2 log2(n) hops, and each rank talks to at most three others.
+void allreduceTree(Links& links, const void* in, void* out, size_t count, ecclDataType_t type,
+                   ecclRedOp_t op);
 void reduceScatterRing(Links& links, const void* in, void* out, size_t recvCount,
                        ecclDataType_t type, ecclRedOp_t op);
 void allGatherRing(Links& links, const void* in, void* out, size_t sendBytes);
@@ -46,11 +52,23 @@ void reduceChain(Links& links, const void* in, void* out, size_t count, ecclData
 // Byte counts and displacements, one per rank.
 void allToAllvPairwise(Links& links, const void* in, const size_t* sendBytes, const size_t* sendOffsets,
                        void* out, const size_t* recvBytes, const size_t* recvOffsets);
-void barrierDissemination(Links& links);
+void barrierTree(Links& links);
 
-// The ranks that rank r exchanges with in the ring, chain, recursive
-// doubling and dissemination algorithms of an n-rank view: O(log n). A view
-// change connects exactly these (all-to-all and send/recv pairs open lazily).
+// Heap-numbered binary tree: rank r's parent is (r-1)/2, its children
+// 2r+1 and 2r+2 where they exist; rank 0 is the root.
+struct BinaryTree {
+  int parent = -1;
+  int children[2] = {-1, -1};
+  int childCount = 0;
+};
+BinaryTree binaryTree(int r, int n);
+constexpr size_t kTreeSegmentBytes = 64 << 10;
+
+// The ranks that rank r exchanges with in the ring, chain and tree
+// algorithms of an n-rank view: ring neighbours, tree parent and children,
+// at most five whatever n is. A view change connects exactly these
+// (recursive doubling, all-to-all and send/recv pairs open lazily), so
+// replacing one rank opens and closes O(1) connections.
 std::vector<int> latencyPeers(int r, int n);
 
 }  // namespace eccl::coll

@@ -30,6 +30,7 @@ std::string socketIfname();
 std::string debugLevel();
 int64_t stripeMinBytes();
 int64_t smallAllreduceBytes();
+bool smallAllreduceDoubling();
 int64_t ringSegmentBytes();
 int64_t handshakeTimeoutMs();
 int pinProgressThread();

@@ -397,10 +397,12 @@ void Communicator::allReduce(const void* in, void* out, size_t count, ecclDataTy
   checkBuffer(out, count, "allreduce recvbuff");
   runCollective("allreduce", [&](OpLinks& links) {
     reduceWide(in, count, out, count, type, op, size(), true, [&](const void* i, void* o, ecclDataType_t t) {
-      if (bytes <= smallAllreduceBytes_)
+      if (bytes > smallAllreduceBytes_)
+        coll::allreduceRing(links, i, o, count, t, op);
+      else if (smallAllreduceDoubling_)
         coll::allreduceRecursiveDoubling(links, i, o, count, t, op);
       else
-        coll::allreduceRing(links, i, o, count, t, op);
+        coll::allreduceTree(links, i, o, count, t, op);
     });
   });
 }
@@ -483,7 +485,7 @@ void Communicator::allToAllv(const void* in, const size_t* sendCounts, const siz
 }
 
 void Communicator::barrier() {
-  runCollective("barrier", [&](OpLinks& links) { coll::barrierDissemination(links); });
+  runCollective("barrier", [&](OpLinks& links) { coll::barrierTree(links); });
 }
 
 transport::RequestPtr Communicator::postSend(const void* buf, size_t bytes, int peer, ecclDataType_t type) {

@@ -152,6 +152,7 @@ class Communicator {
   // Tuning read once at init (the environment is not consulted per op).
   const size_t segmentBytes_ = static_cast<size_t>(params::ringSegmentBytes());
   const size_t smallAllreduceBytes_ = static_cast<size_t>(params::smallAllreduceBytes());
+  const bool smallAllreduceDoubling_ = params::smallAllreduceDoubling();
   transport::MemberId self_ = 0;
   View view_;
   std::atomic<uint32_t> currentEpoch_{0};

@@ -19,9 +19,10 @@ namespace {
 // from collectives and send/recv of the view.
 constexpr uint64_t kMigrationBit = 1ull << 62;
 
-// The switchover's agreement traffic (survives revocation): the vote's
-// rounds are tags of one sequence number per epoch; the leaver's boundary
-// token has its own.
+// The switchover's agreement traffic (survives revocation): the vote's two
+// directions are tags of one sequence number per epoch; the leaver's
+// boundary token has its own.
+constexpr uint32_t kVoteUp = 0, kVoteDown = 1;
 uint64_t voteSeq(uint32_t nextEpoch) {
   return transport::FrameHeader::kP2pBit | transport::FrameHeader::kAgreementBit | nextEpoch;
 }
@@ -307,14 +308,17 @@ void Communicator::switchover() {
        rank_, v.epoch, why);
 }
 
-// A dissemination min over the next view's ranks (round k: send to r+2^k,
-// receive from r-2^k), on links its preparation opened. A member whose
-// upstream partner is gone counts that as a no and still sends every later
-// round (agreement traffic survives revocation), so every live member
-// finishes; yes only if every member voted yes.
+// A minimum up the next view's binary tree and the root's answer back down
+// (2 log2 N hops), on links its preparation opened. A member whose child
+// or parent is gone counts that as a no and still sends on (agreement
+// traffic survives revocation), so every live member finishes; yes only if
+// every member voted yes. A member that dies after sending its yes can
+// leave a split (its subtree never hears the answer): the coordinator
+// settles that.
 bool Communicator::voteOnSwitch(const std::vector<bootstrap::ViewEntry>& next, uint32_t nextEpoch, bool yes,
                                 std::string* why) {
   const int n = static_cast<int>(next.size()), r = rankIn(next, self_);
+  const coll::BinaryTree tree = coll::binaryTree(r, n);
   const uint64_t seq = voteSeq(nextEpoch);
   Deadline deadline = deadlineAfterMs(timeoutMs_);
   {
@@ -322,22 +326,48 @@ bool Communicator::voteOnSwitch(const std::vector<bootstrap::ViewEntry>& next, u
     prep_.voted = true;
   }
   uint8_t vote = yes ? 1 : 0;
-  for (int dist = 1, round = 0; dist < n; dist <<= 1, ++round) {
-    uint8_t got = 0, sent = vote;
-    auto recv = device_->irecv(next[coll::modRank(r - dist, n)].member, seq, round, &got, 1);
-    auto send = device_->isend(next[coll::modRank(r + dist, n)].member, seq, round, &sent, 1);
+  auto lost = [&](const char* phase, int peer, const Error& e) {
+    vote = 0;
+    if (why && why->empty())
+      *why = fmt::format("switchover vote for epoch {} ({} rank {}): {}", nextEpoch, phase, peer, e.what());
+  };
+  uint8_t fromChildren[2] = {0, 0};
+  transport::RequestPtr recvs[2];
+  for (int c = 0; c < tree.childCount; ++c)
+    recvs[c] = device_->irecv(next[tree.children[c]].member, seq, kVoteUp, &fromChildren[c], 1);
+  for (int c = 0; c < tree.childCount; ++c) {
     try {
-      device_->wait(send, deadline, "");
+      device_->wait(recvs[c], deadline, "");
+      vote = std::min(vote, fromChildren[c]);
+    } catch (const Error& e) {
+      lost("from child", tree.children[c], e);
+    }
+  }
+  if (tree.parent >= 0) {
+    transport::MemberId parent = next[tree.parent].member;
+    uint8_t up = vote, down = 0;
+    auto recv = device_->irecv(parent, seq, kVoteDown, &down, 1);
+    try {
+      device_->wait(device_->isend(parent, seq, kVoteUp, &up, 1), deadline, "");
     } catch (const Error&) {
-      // A dead receiver: its own downstream partners count it as a no.
+      // A dead parent: the receive below fails too.
     }
     try {
       device_->wait(recv, deadline, "");
-      vote = std::min(vote, got);
+      vote = down;
     } catch (const Error& e) {
-      vote = 0;
-      if (why && why->empty())
-        *why = fmt::format("switchover vote for epoch {}, round {}: {}", nextEpoch, round, e.what());
+      lost("from parent", tree.parent, e);
+    }
+  }
+  uint8_t decision = vote;
+  std::vector<transport::RequestPtr> sends;
+  for (int c = 0; c < tree.childCount; ++c)
+    sends.push_back(device_->isend(next[tree.children[c]].member, seq, kVoteDown, &decision, 1));
+  for (auto& s : sends) {
+    try {
+      device_->wait(s, deadline, "");
+    } catch (const Error&) {
+      // A dead child: its own children hear no answer and count a no.
     }
   }
   if (why && why->empty() && !vote) *why = fmt::format("a member voted no on epoch {} (it lost a peer)", nextEpoch);
@@ -360,8 +390,8 @@ void Communicator::enterNextView(const bootstrap::ViewUpdate& v, const std::vect
 }
 
 // A member of the next view that will not vote (it recovers or goes away
-// instead) sends its no for every round at once: a no decides the vote, so
-// nobody has to hear the rest from it.
+// instead) sends a no up and a no down at once: a no decides the vote, so
+// nobody has to wait for the rest from it.
 void Communicator::abstainFromVote() {
   std::vector<bootstrap::ViewEntry> next;
   uint32_t nextEpoch;
@@ -374,11 +404,12 @@ void Communicator::abstainFromVote() {
     nextEpoch = prep_.epoch;
   }
   static const uint8_t no = 0;
-  const int n = static_cast<int>(next.size()), r = rankIn(next, self_);
+  const coll::BinaryTree tree = coll::binaryTree(rankIn(next, self_), static_cast<int>(next.size()));
   const uint64_t seq = voteSeq(nextEpoch);
   std::vector<transport::RequestPtr> sends;
-  for (int dist = 1, round = 0; dist < n; dist <<= 1, ++round)
-    sends.push_back(device_->isend(next[coll::modRank(r + dist, n)].member, seq, round, &no, 1));
+  if (tree.parent >= 0) sends.push_back(device_->isend(next[tree.parent].member, seq, kVoteUp, &no, 1));
+  for (int c = 0; c < tree.childCount; ++c)
+    sends.push_back(device_->isend(next[tree.children[c]].member, seq, kVoteDown, &no, 1));
   for (auto& s : sends) {
     try {
       device_->wait(s, deadlineAfterMs(timeoutMs_), "");

@@ -34,8 +34,13 @@ std::string allreduceUntilFailure(ecclComm_t comm) {
   throw std::runtime_error("no failure seen");
 }
 
-TEST_F(Elastic, StandbyReplacesAKilledRankTouchingOnlyItsConnections) {
-  constexpr int n = 5, victim = 2;
+// At 5 ranks rank 2 is a tree leaf (three partners); at 16 it has a
+// parent, two children and two ring neighbours. Either way its joiner
+// opens lanes to those partners only, not to the other ranks.
+class ElasticSizes : public ElasticTest, public ::testing::WithParamInterface<int> {};
+
+TEST_P(ElasticSizes, StandbyReplacesAKilledRankTouchingOnlyItsConnections) {
+  const int n = GetParam(), victim = 2;
   ProcessGroup group(n + 1, [&](int index, int, const ecclUniqueId& id) {
     ecclComm_t comm;
     if (index == n) {  // the standby
@@ -43,6 +48,10 @@ TEST_F(Elastic, StandbyReplacesAKilledRankTouchingOnlyItsConnections) {
       ecclCommStats_t s = statsOf(comm);
       RANK_CHECK(s.rank == victim && s.nranks == n && s.epoch == 2 && s.joinedEpoch == 2,
                  "promoted as rank " + std::to_string(s.rank) + " epoch " + std::to_string(s.epoch));
+      size_t partners = coll::latencyPeers(victim, n).size();
+      RANK_CHECK(s.connectionsOpened == partners * kLanes && partners == (n >= 8 ? 5u : 3u),
+                 "the joiner opened " + std::to_string(s.connectionsOpened) + " lanes for " + std::to_string(partners) +
+                     " partners");
       checkAllreduce(comm);
       RANK_OK(ecclCommDestroy(comm), comm);
       return;
@@ -74,6 +83,8 @@ TEST_F(Elastic, StandbyReplacesAKilledRankTouchingOnlyItsConnections) {
   auto outcomes = group.wait(std::chrono::seconds(60));
   expectOnlyVictimsDied(outcomes, {victim});
 }
+
+INSTANTIATE_TEST_SUITE_P(Ranks, ElasticSizes, ::testing::Values(5, 16));
 
 TEST_F(Elastic, ShrinkRenumbersDenselyAndReplaceWithoutStandbyIsAClearError) {
   constexpr int n = 4, victim = 1;
@@ -215,6 +226,7 @@ TEST_F(Elastic, ReplaceOrShrinkReplacesWhileStandbysLastThenShrinks) {
 
 TEST_F(Elastic, AStoppedMemberIsFencedAndNeverSilentlyReadmitted) {
   constexpr int n = 3, victim = 2;
+  setenv("ECCL_HEARTBEAT_TIMEOUT_MS", "1000", 1);  // the 3 s stop must be taken for a failure
   ProcessGroup group(n, [&](int index, int, const ecclUniqueId& id) {
     ecclComm_t comm;
     RANK_OK(ecclCommInitRank(&comm, n, id, index), nullptr);

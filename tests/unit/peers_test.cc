@@ -1,8 +1,8 @@
 // The connection set a view change opens (coll::latencyPeers) must cover
-// every peer the ring, chain, recursive-doubling and dissemination
-// algorithms actually use, be symmetric (both ends agree), and stay
-// O(log n). The algorithms run here against links that record peers and
-// complete at once.
+// every peer the ring, chain and tree algorithms actually use, be
+// symmetric (both ends agree), and stay bounded whatever n is: that bound
+// is what a replacement opens and closes. The algorithms run here against
+// links that record peers and complete at once.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -46,20 +46,37 @@ TEST(LatencyPeers, CoverEveryPeerTheSmallAndRingAlgorithmsUse) {
     for (int r = 0; r < n; ++r) {
       RecordingLinks links(r, n);
       std::vector<float> in(n * 4, 1.0f), out(n * 4);
-      allreduceRecursiveDoubling(links, in.data(), out.data(), 4, ecclFloat32, ecclSum);
-      barrierDissemination(links);
+      allreduceTree(links, in.data(), out.data(), 4, ecclFloat32, ecclSum);
+      barrierTree(links);
       allreduceRing(links, in.data(), out.data(), in.size(), ecclFloat32, ecclSum);
       broadcastChain(links, in.data(), out.data(), 16, 0);
       auto peers = latencyPeers(r, n);
       for (int p : links.peers)
         EXPECT_TRUE(std::count(peers.begin(), peers.end(), p)) << "rank " << r << " of " << n << " uses " << p;
-      EXPECT_LE(peers.size(), 2 + 3 * std::ceil(std::log2(std::max(n, 2)))) << "n=" << n;
+      EXPECT_LE(peers.size(), 5u) << "n=" << n;
       for (int p : peers) {
         auto back = latencyPeers(p, n);
         EXPECT_TRUE(std::count(back.begin(), back.end(), r)) << r << " -> " << p << " of " << n << " is one-sided";
         EXPECT_NE(p, r);
       }
     }
+  }
+}
+
+// Replacing rank v touches exactly the ranks that list v: at most five
+// connections at any size, the same at 8 ranks as at 4096.
+TEST(LatencyPeers, ReplacingOneRankTouchesAtMostFiveOthersAtAnySize) {
+  for (int n : {4, 8, 32, 1000, 4096}) {
+    std::vector<size_t> listedBy(n, 0);
+    for (int r = 0; r < n; ++r)
+      for (int p : latencyPeers(r, n)) ++listedBy[p];
+    size_t most = 0;
+    for (int v = 0; v < n; ++v) {
+      EXPECT_EQ(listedBy[v], latencyPeers(v, n).size()) << "rank " << v << " of " << n;
+      most = std::max(most, listedBy[v]);
+    }
+    EXPECT_LE(most, 5u) << "n=" << n;
+    EXPECT_EQ(most, n >= 8 ? 5u : 3u) << "n=" << n;
   }
 }
 

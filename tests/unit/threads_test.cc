@@ -25,12 +25,28 @@ TEST_P(Threads, EveryCollectiveSmallAndRingSizes) {
 TEST_P(Threads, EveryTypeAndOp) {
   setenv("ECCL_SOCKET_IFNAME", "lo", 1);
   runThreads(GetParam(), [](int, ecclComm_t comm) {
-    checkEveryTypeAndOp(comm, 37);     // recursive doubling
+    checkEveryTypeAndOp(comm, 37);     // tree
     checkEveryTypeAndOp(comm, 300000);  // ring: past the 256 KiB crossover for every type
   });
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, Threads, ::testing::Values(1, 2, 3, 4));
+
+// Seven ranks fill two tree levels and part of a third; 40000 floats take
+// three tree segments. Recursive doubling's partners are not connected at
+// init, so this also runs its first-use connections.
+TEST(Threads, SmallAllreduceByTreeAndByRecursiveDoublingAtSevenRanks) {
+  setenv("ECCL_SOCKET_IFNAME", "lo", 1);
+  for (const char* algo : {"tree", "doubling"}) {
+    SCOPED_TRACE(algo);
+    setenv("ECCL_ALLREDUCE_SMALL_ALGO", algo, 1);
+    runThreads(7, [](int, ecclComm_t comm) {
+      checkEveryTypeAndOp(comm, 5);
+      for (bool inPlace : {false, true}) checkEveryCollective(comm, 40000, inPlace);
+    });
+  }
+  unsetenv("ECCL_ALLREDUCE_SMALL_ALGO");
+}
 
 TEST(Threads, ResultsAreBitwiseIdenticalAcrossRanksAndRuns) {
   setenv("ECCL_SOCKET_IFNAME", "lo", 1);
