@@ -23,8 +23,9 @@ const std::vector<Param>& all() {
        "Allreduce messages up to this size use the small-vector algorithm; larger ones use the ring."},
       {"ECCL_ALLREDUCE_SMALL_ALGO", "string", "tree",
        "Small-vector allreduce: tree (binary tree, 2 log2 N hops, at most three partners per rank, "
-       "all connected at every view change) or doubling (recursive doubling, log2 N hops, its "
-       "log2 N partners connect on first use, after every view change again)."},
+       "all connected at every view change; at 2 ranks one exchange) or doubling (recursive "
+       "doubling, log2 N hops, its log2 N partners connect on first use, after every view change "
+       "again)."},
       {"ECCL_RING_SEGMENT_BYTES", "int", "524288",
        "Pipeline segment of the ring algorithms: reduction of one segment overlaps receiving "
        "the next."},

@@ -399,7 +399,7 @@ void Communicator::allReduce(const void* in, void* out, size_t count, ecclDataTy
     reduceWide(in, count, out, count, type, op, size(), true, [&](const void* i, void* o, ecclDataType_t t) {
       if (bytes > smallAllreduceBytes_)
         coll::allreduceRing(links, i, o, count, t, op);
-      else if (smallAllreduceDoubling_)
+      else if (smallAllreduceDoubling_ || size() == 2)  // at two ranks: one exchange with the ring neighbour
         coll::allreduceRecursiveDoubling(links, i, o, count, t, op);
       else
         coll::allreduceTree(links, i, o, count, t, op);
