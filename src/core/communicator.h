@@ -139,6 +139,9 @@ class Communicator {
     Clock::time_point announced;
     double prepareMs = 0;
     uint64_t connectionsOpened = 0;
+    // Lanes up to each member of the delta when the preparation was
+    // announced (an eager standby's are up already; they are not the delta).
+    std::vector<std::pair<transport::MemberId, uint32_t>> lanesAtAnnounce;
   };
   struct Reconfiguration {
     uint64_t connectionsOpened = 0, connectionsClosed = 0, connectionsInherited = 0;

@@ -57,6 +57,8 @@ void Communicator::onReconfiguration(const bootstrap::CoordMessage& m) {
       prep_.leaverAddress = m.address;
       prep_.why = m.text;
       prep_.announced = Clock::now();
+      for (const auto& e : prep_.next) prep_.lanesAtAnnounce.emplace_back(e.member, device_->lanesUp(e.member));
+      for (transport::MemberId l : prep_.leavers) prep_.lanesAtAnnounce.emplace_back(l, device_->lanesUp(l));
       addPreparedPeersLocked();
       worker_->post([this, epoch = m.epoch] { prepareDelta(epoch); });
       break;
@@ -108,12 +110,14 @@ void Communicator::prepareDelta(uint32_t nextEpoch) {
   std::vector<bootstrap::ViewEntry> next;
   transport::MemberId joiner;
   std::vector<transport::MemberId> leavers;
+  std::vector<std::pair<transport::MemberId, uint32_t>> lanesAtAnnounce;
   {
     MutexLock lock(prepMu_);
     if (prep_.epoch != nextEpoch || prep_.state == ecclPrepareFailed) return;
     next = prep_.next;
     joiner = prep_.joiner;
     leavers = prep_.leavers;
+    lanesAtAnnounce = prep_.lanesAtAnnounce;
   }
   std::vector<transport::MemberId> needed;
   int me = rankIn(next, self_);
@@ -128,9 +132,16 @@ void Communicator::prepareDelta(uint32_t nextEpoch) {
   uint64_t opened = 0;
   try {
     connectPeers(needed, deadlineAfterMs(timeoutMs_));
-    // Lanes to a member new to us are the delta, whichever side dialed.
-    for (transport::MemberId m : needed)
-      if (m != self_ && (self_ == joiner || m == joiner)) opened += device_->lanesUp(m);
+    // Lanes between the joiner and the others are the delta, whichever side
+    // dialed, unless they were up before (an eager standby).
+    for (transport::MemberId m : needed) {
+      if (m == self_ || (self_ != joiner && m != joiner)) continue;
+      uint32_t had = 0;
+      for (const auto& [member, lanes] : lanesAtAnnounce)
+        if (member == m) had = lanes;
+      uint32_t up = device_->lanesUp(m);
+      opened += up > had ? up - had : 0;
+    }
   } catch (const Error& e) {
     failure = e.what();
     MutexLock lock(reporterMu_);

@@ -42,6 +42,16 @@ void joinAndPrepare(ecclComm_t* comm, int n, const ecclUniqueId& id, int index, 
   for (int steps = 0; !everyoneReady(*comm); ++steps) RANK_CHECK(steps < 2000, "never ready");
 }
 
+// Until the eager standby's idle lanes are up next to the lanes to this
+// rank's `peers` (members dial it or it dials them).
+void waitForEagerStandbyLanes(ecclComm_t comm, size_t peers) {
+  uint64_t want = (peers + 1) * kLanes;
+  for (int i = 0; statsOf(comm).openConnections < want; ++i) {
+    RANK_CHECK(i < 500, "the eager standby's lanes never came up");
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
 std::vector<uint32_t> stateOf(int seed) {
   std::vector<uint32_t> s(1 << 18);
   for (size_t i = 0; i < s.size(); ++i) s[i] = static_cast<uint32_t>(i * 2654435761u + seed);
@@ -170,9 +180,7 @@ TEST_F(Reconfigure, EagerStandbyIsPromotedWithoutOpeningAConnection) {
     }
     RANK_OK(ecclCommInitRank(&comm, n, id, index), nullptr);
     checkAllreduce(comm);
-    // Until the standby's idle lanes are up (members dial it or it dials them).
-    for (int i = 0; i < 200 && statsOf(comm).openConnections < 3u * kLanes; ++i)
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    waitForEagerStandbyLanes(comm, 3);
     if (index == victim) dieSoon();
     std::vector<float> v(4096, 1.0f);
     while (ecclAllReduce(v.data(), v.data(), v.size(), ecclFloat32, ecclSum, comm, nullptr) == ecclSuccess) {
@@ -185,6 +193,47 @@ TEST_F(Reconfigure, EagerStandbyIsPromotedWithoutOpeningAConnection) {
   });
   auto outcomes = group.wait(std::chrono::seconds(60));
   expectOnlyVictimsDied(outcomes, {victim});
+}
+
+// An eager standby holds lanes to every member before it is chosen, so a
+// migration to it opens nothing, neither while preparing nor at the
+// switchover, and the stats say so.
+TEST_F(Reconfigure, AMigrationToAnEagerStandbyOpensNoConnection) {
+  constexpr int n = 4, leaver = 2;
+  ProcessGroup group(n + 1, [&](int index, int, const ecclUniqueId& id) {
+    ecclComm_t comm;
+    if (index == n) {
+      setenv("ECCL_PREPARE", "eager", 1);
+      RANK_OK(ecclCommInitStandby(&comm, id, nullptr), nullptr);
+      RANK_OK(ecclCommSwitchover(comm), comm);
+      ecclCommStats_t s = statsOf(comm);
+      RANK_CHECK(s.rank == leaver && s.connectionsPrepared == 0 && s.connectionsOpened == 0,
+                 "the eager joiner prepared " + std::to_string(s.connectionsPrepared) + " and opened " +
+                     std::to_string(s.connectionsOpened));
+      checkAllreduce(comm, 2);
+      RANK_OK(ecclCommDestroy(comm), comm);
+      return;
+    }
+    RANK_OK(ecclCommInitRank(&comm, n, id, index), nullptr);
+    checkAllreduce(comm);
+    waitForEagerStandbyLanes(comm, coll::latencyPeers(index, n).size());
+    RANK_OK(ecclBarrier(comm), comm);  // everyone's lanes are up before anyone prepares
+    if (index == 0) RANK_OK(ecclCommPrepare(comm, leaver), comm);
+    for (int steps = 0; !everyoneReady(comm); ++steps) RANK_CHECK(steps < 2000, "never ready");
+    RANK_OK(ecclCommSwitchover(comm), comm);
+    if (index == leaver) {
+      RANK_OK(ecclCommDestroy(comm), comm);
+      return;
+    }
+    ecclCommStats_t s = statsOf(comm);
+    RANK_CHECK(s.epoch == 2 && s.connectionsPrepared == 0 && s.connectionsOpened == 0,
+               "epoch " + std::to_string(s.epoch) + ": prepared " + std::to_string(s.connectionsPrepared) +
+                   ", opened " + std::to_string(s.connectionsOpened) + " with an eager joiner");
+    checkAllreduce(comm, 2);
+    RANK_OK(ecclCommDestroy(comm), comm);
+  });
+  auto outcomes = group.wait(std::chrono::seconds(60));
+  expectOnlyVictimsDied(outcomes, {});
 }
 
 TEST_F(Reconfigure, AJoinerDyingWhilePreparingFailsThePreparationOnly) {
