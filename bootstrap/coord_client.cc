@@ -126,15 +126,15 @@ void CoordClient::requestSwitchover(uint32_t nextEpoch) {
   post(std::move(m));
 }
 
-// Not urgent: the coordinator needs a yes only to settle a split vote. It
-// goes with this member's next message or heartbeat, so no thread of this
-// process or of the coordinator wakes while the job restarts; every later
-// message of this member still follows it.
-void CoordClient::reportSwitched(uint32_t nextEpoch) {
+// The coordinator needs one yes to commit (releasing the leaver and
+// settling a split vote), so one member sends it at once; the others' go
+// with their next message or heartbeat, so no more threads wake while the
+// job restarts. Every later message of this member still follows it.
+void CoordClient::reportSwitched(uint32_t nextEpoch, bool urgent) {
   CoordMessage m;
   m.kind = CoordKind::kSwitched;
   m.epoch = nextEpoch;
-  post(std::move(m), false);
+  post(std::move(m), urgent);
 }
 
 void CoordClient::reportSwitchFailed(uint32_t nextEpoch, const std::string& why) {

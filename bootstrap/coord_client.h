@@ -65,7 +65,7 @@ class CoordClient {
   void requestMigration(int rank);
   void prepared(uint32_t nextEpoch);
   void requestSwitchover(uint32_t nextEpoch);  // a leaver at its last boundary
-  void reportSwitched(uint32_t nextEpoch);
+  void reportSwitched(uint32_t nextEpoch, bool urgent);
   void reportSwitchFailed(uint32_t nextEpoch, const std::string& why);
   void leave();  // orderly exit: no failure is declared for us
   bool evicted() const;

@@ -7,20 +7,29 @@
 //                     allreduce): the stop-and-recreate baseline
 //   gloo_init_ms      Gloo's full-mesh context creation at the same N (what
 //                     a torchft-style process-group rebuild pays)
+// then --cycles migrations of rank 1 to a standby (the leaver registers
+// again as a standby, so the pool stays full), each preceded by
+// --iterations plain 1 MiB allreduces:
 //   prepare_interference_pct
-//                     1 MiB allreduce time while a migration is prepared in
-//                     the background, against the same loop without one
+//                     mean 1 MiB allreduce time while a migration is
+//                     prepared in the background, against the plain steps,
+//                     pooled over every cycle (prepare_steps: how many)
 //   migrate_downtime_ms
-//                     the job's stall: from the moment every stayer has
-//                     called ecclCommSwitchover (the job is at the boundary)
-//                     to the moment every member has completed its first
-//                     allreduce on the new view (one host, one clock)
+//                     the job's stall, median over the cycles (each in
+//                     migrate_downtime_each_ms): from the moment every
+//                     stayer has called ecclCommSwitchover (the job is at
+//                     the boundary) to the moment every member has
+//                     completed its first allreduce on the new view (one
+//                     host, one clock)
 //   migrate_rank_downtime_ms
 //                     the same per rank, from its own call (max over
-//                     ranks); it also counts the wait for the slowest rank
-//                     to finish the last collective of the old view
+//                     ranks, median over cycles); it also counts the wait
+//                     for the slowest rank to finish the last collective of
+//                     the old view
 //   conns_opened/closed/inherited
-//                     the migration's delta, counted at the stayers' ends
+//                     the first migration's delta, counted at the stayers'
+//                     ends
+// and last a failure:
 //   failure_detect_ms / failure_recover_ms
 //                     SIGKILL of a rank to the survivors' failed op, and
 //                     from there through ecclCommRecover(REPLACE) to the
@@ -83,13 +92,14 @@ T reduceMax(ecclComm_t comm, T v, ecclDataType_t type) {
   return v;
 }
 
-bool everyoneReady(ecclComm_t comm) {
+// The least advanced preparation state over the ranks: one allreduce.
+constexpr int kSomeFailed = 0, kSomePreparing = 1, kAllReady = 2;
+int preparationState(ecclComm_t comm) {
   ecclPrepareState_t state;
   CHECK(ecclCommPrepareStatus(comm, &state, nullptr), comm);
-  if (state == ecclPrepareFailed) die("preparation", ecclRemoteError, comm);
-  int32_t ready = state == ecclPrepareReady;
-  CHECK(ecclAllReduce(&ready, &ready, 1, ecclInt32, ecclMin, comm, nullptr), comm);
-  return ready == 1;
+  int32_t code = state == ecclPrepareFailed ? kSomeFailed : state == ecclPrepareReady ? kAllReady : kSomePreparing;
+  CHECK(ecclAllReduce(&code, &code, 1, ecclInt32, ecclMin, comm, nullptr), comm);
+  return code;
 }
 
 // The context is returned so it outlives every rank's connection setup
@@ -112,17 +122,30 @@ double glooInitMs(int rank, int n, const std::string& dir, std::shared_ptr<void>
 }
 
 struct Results {
-  double fullInitMs = 0, glooInitMs = -1, interferencePct = 0, migrateMs = 0, detectMs = 0, recoverMs = 0;
-  double migrateRankMs = 0;
-  double agreeMs = 0, applyMs = 0;  // the switchover's phases (max over stayers)
-  double smallAllreduceMs = 0;      // median 8-float allreduce: the floor under any downtime
-  int64_t opened = 0, closed = 0, inherited = 0;
+  double fullInitMs = 0, glooInitMs = -1, detectMs = 0, recoverMs = 0;
+  double smallAllreduceMs = 0;  // median 8-float allreduce: the floor under any downtime
+  // One entry per migration cycle (rank 0 keeps them: it is never the leaver).
+  std::vector<double> migrateMs, migrateRankMs, agreeMs, applyMs;
+  // 1 MiB allreduce steps with and without a preparation running, summed
+  // over every cycle, as rank 0 saw them (the allreduce synchronises the
+  // ranks, so a delay anywhere shows in every rank's step).
+  double baseMs = 0, duringMs = 0;
+  int baseSteps = 0, duringSteps = 0;
+  int64_t opened = 0, closed = 0, inherited = 0;  // the first cycle's delta
 };
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
 
 // Stayers, the joiner and (after the failure) the replacement share these
 // collectives; a member that did not measure something contributes zero.
 void failurePhase(ecclComm_t comm, int rank, int n, Results& out) {
-  int64_t killAt = rank == 0 ? nowNs() + 100'000'000 : 0;
+  // 300 ms: the last migration's leaver registers again as a standby
+  // meanwhile, so REPLACE finds the pool full.
+  int64_t killAt = rank == 0 ? nowNs() + 300'000'000 : 0;
   CHECK(ecclBroadcast(&killAt, &killAt, 1, ecclInt64, 0, comm, nullptr), comm);
   if (rank == n - 1) {
     std::this_thread::sleep_for(std::chrono::nanoseconds(killAt - nowNs()));
@@ -139,132 +162,189 @@ void failurePhase(ecclComm_t comm, int rank, int n, Results& out) {
     if (Clock::now() > deadline) die("waiting for the killed rank to be detected", ecclTimeout, comm);
   }
   auto failedAt = Clock::now();
-  CHECK(ecclCommRecover(comm, ecclRecoverReplace), comm);
+  for (int tries = 0;; ++tries) {
+    ecclResult_t r = ecclCommRecover(comm, ecclRecoverReplace);
+    if (r == ecclSuccess) break;
+    if (r != ecclInvalidUsage || !std::strstr(ecclGetLastError(comm), "standby") || tries == 250)
+      die("ecclCommRecover(REPLACE)", r, comm);
+    if (tries == 0) fprintf(stderr, "reconfig_perf: no idle standby yet; recover_ms includes the wait\n");
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
   smallAllreduce(comm);
   double recover = msSince(failedAt);
   out.detectMs = reduceMax(comm, detect, ecclFloat64);
   out.recoverMs = reduceMax(comm, recover, ecclFloat64);
 }
 
-// Times are steady-clock nanoseconds: every rank is on this host.
-void migrationResults(ecclComm_t comm, int64_t calledNs, int64_t firstDoneNs, bool stayer, Results& out) {
+// Times are steady-clock nanoseconds: every rank is on this host. Returns
+// the cycle just finished (the joiner learns it here).
+int migrationResults(ecclComm_t comm, int cycle, int64_t calledNs, int64_t firstDoneNs, bool stayer, Results& out) {
   ecclCommStats_t s{};
   s.size = sizeof(s);
   CHECK(ecclCommGetStats(comm, &s), comm);
-  int64_t delta[3] = {0, 0, 0};
+  int64_t delta[4] = {0, 0, 0, stayer ? cycle : -1};
   if (stayer) {
     delta[0] = static_cast<int64_t>(s.connectionsPrepared + s.connectionsOpened);
     delta[1] = static_cast<int64_t>(s.connectionsClosed);
     delta[2] = static_cast<int64_t>(s.connectionsInherited);
   }
   CHECK(ecclAllReduce(delta, delta, 3, ecclInt64, ecclSum, comm, nullptr), comm);
-  out.opened = delta[0], out.closed = delta[1], out.inherited = delta[2];
+  cycle = static_cast<int>(reduceMax<int64_t>(comm, delta[3], ecclInt64));
+  if (cycle == 0) out.opened = delta[0], out.closed = delta[1], out.inherited = delta[2];
   int64_t lastCall = reduceMax<int64_t>(comm, stayer ? calledNs : 0, ecclInt64);
   int64_t lastDone = reduceMax<int64_t>(comm, firstDoneNs, ecclInt64);
-  out.migrateMs = (lastDone - lastCall) / 1e6;
-  out.migrateRankMs = reduceMax(comm, stayer ? (firstDoneNs - calledNs) / 1e6 : 0.0, ecclFloat64);
-  out.agreeMs = reduceMax(comm, stayer ? s.agreeMs : 0.0, ecclFloat64);
-  out.applyMs = reduceMax(comm, stayer ? s.applyMs : 0.0, ecclFloat64);
+  out.migrateMs.push_back((lastDone - lastCall) / 1e6);
+  out.migrateRankMs.push_back(reduceMax(comm, stayer ? (firstDoneNs - calledNs) / 1e6 : 0.0, ecclFloat64));
+  out.agreeMs.push_back(reduceMax(comm, stayer ? s.agreeMs : 0.0, ecclFloat64));
+  out.applyMs.push_back(reduceMax(comm, stayer ? s.applyMs : 0.0, ecclFloat64));
+  return cycle;
 }
 
-int worker(const std::string& glooDir, int iterations) {
-  ecclComm_t comm;
-  CHECK(ecclCommInitFromEnv(&comm), nullptr);
-  int rank, n;
+struct Job {
+  std::string glooDir;
+  int iterations = 10, cycles = 5;
+};
+
+int asStandby(ecclComm_t comm, const Job& job, Results& res);
+
+// Migration cycles from `first` on: `iterations` plain 1 MiB steps, then
+// rank 0 prepares the migration of rank kLeaver while the steps go on
+// until everyone sees READY, then the switchover and a first allreduce on
+// the new view. The leaver registers again as a standby, so the pool stays
+// full and a later cycle (or the failure) may promote it.
+void migrationCycles(ecclComm_t comm, int first, const Job& job, Results& res) {
+  int rank;
   CHECK(ecclCommUserRank(comm, &rank), comm);
-  CHECK(ecclCommCount(comm, &n), comm);
+  std::vector<float> big(kBigCount, 1.0f);
+  auto step = [&] {
+    auto t0 = Clock::now();
+    CHECK(ecclAllReduce(big.data(), big.data(), big.size(), ecclFloat32, ecclSum, comm, nullptr), comm);
+    return msSince(t0);
+  };
+  for (int cycle = first; cycle < job.cycles; ++cycle) {
+    // The previous leaver registers again only once the coordinator has
+    // released it, which can take a heartbeat: a refusal for want of an
+    // idle standby is retried after more baseline steps.
+    for (;;) {
+      for (int i = 0; i < job.iterations; ++i) {
+        res.baseMs += step();
+        ++res.baseSteps;
+        preparationState(comm);  // the same bookkeeping as the loop below
+      }
+      if (rank == 0) CHECK(ecclCommPrepare(comm, kLeaver), comm);
+      double duringMs = 0;
+      int steps = 0, state;
+      do {
+        duringMs += step();
+        if (++steps > 100000) die("the preparation never became ready", ecclTimeout, comm);
+      } while ((state = preparationState(comm)) == kSomePreparing);
+      if (state == kAllReady) {
+        res.duringMs += duringMs, res.duringSteps += steps;
+        break;
+      }
+      const char* why = ecclGetLastError(comm);
+      int32_t refused = rank == 0 && std::strstr(why, "no idle standby") != nullptr;
+      CHECK(ecclBroadcast(&refused, &refused, 1, ecclInt32, 0, comm, nullptr), comm);
+      if (!refused) die("preparation", ecclRemoteError, comm);
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    int64_t called = nowNs();
+    CHECK(ecclCommSwitchover(comm), comm);
+    if (rank == kLeaver) {
+      CHECK(ecclCommDestroy(comm), nullptr);
+      setenv("ECCL_ROLE", "standby", 1);
+      CHECK(ecclCommInitFromEnv(&comm), nullptr);
+      exit(asStandby(comm, job, res));
+    }
+    smallAllreduce(comm);
+    migrationResults(comm, cycle, called, nowNs(), true, res);
+  }
+}
+
+// A standby's life once promoted: the joiner of a migration cycle, or the
+// replacement of the killed rank.
+int asStandby(ecclComm_t comm, const Job& job, Results& res) {
   ecclCommStats_t s{};
   s.size = sizeof(s);
   CHECK(ecclCommGetStats(comm, &s), comm);
   ecclPrepareState_t prep;
   CHECK(ecclCommPrepareStatus(comm, &prep, nullptr), comm);
-  Results res;
   if (prep == ecclPreparePreparing || prep == ecclPrepareReady) {
-    // The joiner: switch in, then take part as a survivor of the failure.
     CHECK(ecclCommSwitchover(comm), comm);
     smallAllreduce(comm);
-    migrationResults(comm, 0, nowNs(), false, res);
+    int cycle = migrationResults(comm, -1, 0, nowNs(), false, res);
+    migrationCycles(comm, cycle + 1, job, res);
+    int rank, n;
+    CHECK(ecclCommUserRank(comm, &rank), comm);
+    CHECK(ecclCommCount(comm, &n), comm);
     failurePhase(comm, rank, n, res);
-  } else if (s.joinedEpoch > 1) {
-    // The replacement of the killed rank.
+  } else if (s.joinedEpoch > 1) {  // the survivors' first allreduce with it, and their reports
     smallAllreduce(comm);
     res.detectMs = reduceMax(comm, 0.0, ecclFloat64);
     res.recoverMs = reduceMax(comm, 0.0, ecclFloat64);
-  } else {
-    // Full re-initialisation baseline: a new id, a new N-rank communicator.
-    ecclUniqueId id;
-    if (rank == 0) CHECK(ecclGetUniqueId(&id), nullptr);
-    CHECK(ecclBroadcast(&id, &id, sizeof(id), ecclUint8, 0, comm, nullptr), comm);
-    CHECK(ecclBarrier(comm), comm);
-    auto t = Clock::now();
-    ecclComm_t fresh;
-    CHECK(ecclCommInitRank(&fresh, n, id, rank), nullptr);
-    smallAllreduce(fresh);
-    double full = msSince(t);
-    CHECK(ecclCommDestroy(fresh), nullptr);
-    res.fullInitMs = reduceMax(comm, full, ecclFloat64);
-    CHECK(ecclBarrier(comm), comm);
-    std::shared_ptr<void> glooContext;
-    res.glooInitMs = reduceMax(comm, glooDir.empty() ? -1.0 : glooInitMs(rank, n, glooDir, &glooContext), ecclFloat64);
-    CHECK(ecclBarrier(comm), comm);
-    glooContext.reset();
-
-    std::vector<double> small;
-    for (int i = 0; i < 21; ++i) {
-      auto t1 = Clock::now();
-      smallAllreduce(comm);
-      small.push_back(msSince(t1));
-    }
-    std::nth_element(small.begin(), small.begin() + 10, small.end());
-    res.smallAllreduceMs = reduceMax(comm, small[10], ecclFloat64);
-    std::vector<float> big(kBigCount, 1.0f);
-    auto step = [&] {
-      auto t0 = Clock::now();
-      CHECK(ecclAllReduce(big.data(), big.data(), big.size(), ecclFloat32, ecclSum, comm, nullptr), comm);
-      return msSince(t0);
-    };
-    double base = 0;
-    for (int i = 0; i < iterations; ++i) {
-      base += step();
-      everyoneReady(comm);  // the same bookkeeping as the loop below
-    }
-    base /= iterations;
-    if (rank == 0) CHECK(ecclCommPrepare(comm, kLeaver), comm);
-    double during = 0;
-    int steps = 0;
-    do {
-      during += step();
-      ++steps;
-      if (steps > 100000) die("the preparation never became ready", ecclTimeout, comm);
-    } while (!everyoneReady(comm));
-    during /= steps;
-    res.interferencePct = reduceMax(comm, (during / base - 1) * 100, ecclFloat64);
-
-    int64_t called = nowNs();
-    CHECK(ecclCommSwitchover(comm), comm);
-    if (rank == kLeaver) {
-      CHECK(ecclCommDestroy(comm), nullptr);
-      return 0;
-    }
-    smallAllreduce(comm);
-    migrationResults(comm, called, nowNs(), true, res);
-    failurePhase(comm, rank, n, res);
   }
+  fflush(stdout);
+  CHECK(ecclCommDestroy(comm), nullptr);
+  return 0;
+}
+
+int worker(const Job& job) {
+  ecclComm_t comm;
+  CHECK(ecclCommInitFromEnv(&comm), nullptr);
+  Results res;
+  if (std::string(getenv("ECCL_ROLE") ? getenv("ECCL_ROLE") : "") == "standby") return asStandby(comm, job, res);
+  int rank, n;
+  CHECK(ecclCommUserRank(comm, &rank), comm);
+  CHECK(ecclCommCount(comm, &n), comm);
+
+  // Full re-initialisation baseline: a new id, a new N-rank communicator.
+  ecclUniqueId id;
+  if (rank == 0) CHECK(ecclGetUniqueId(&id), nullptr);
+  CHECK(ecclBroadcast(&id, &id, sizeof(id), ecclUint8, 0, comm, nullptr), comm);
+  CHECK(ecclBarrier(comm), comm);
+  auto t = Clock::now();
+  ecclComm_t fresh;
+  CHECK(ecclCommInitRank(&fresh, n, id, rank), nullptr);
+  smallAllreduce(fresh);
+  double full = msSince(t);
+  CHECK(ecclCommDestroy(fresh), nullptr);
+  res.fullInitMs = reduceMax(comm, full, ecclFloat64);
+  CHECK(ecclBarrier(comm), comm);
+  std::shared_ptr<void> glooContext;
+  res.glooInitMs = reduceMax(comm, job.glooDir.empty() ? -1.0 : glooInitMs(rank, n, job.glooDir, &glooContext),
+                             ecclFloat64);
+  CHECK(ecclBarrier(comm), comm);
+  glooContext.reset();
+
+  std::vector<double> small;
+  for (int i = 0; i < 21; ++i) {
+    auto t1 = Clock::now();
+    smallAllreduce(comm);
+    small.push_back(msSince(t1));
+  }
+  res.smallAllreduceMs = reduceMax(comm, median(small), ecclFloat64);
+  migrationCycles(comm, 0, job, res);
+  failurePhase(comm, rank, n, res);
+
   CHECK(ecclCommUserRank(comm, &rank), comm);
   if (rank == 0) {
+    double base = res.baseMs / std::max(1, res.baseSteps), during = res.duringMs / std::max(1, res.duringSteps);
     nlohmann::json j{{"n", n},
+                     {"cycles", job.cycles},
                      {"full_init_ms", res.fullInitMs},
-                     {"migrate_downtime_ms", res.migrateMs},
-                     {"migrate_rank_downtime_ms", res.migrateRankMs},
-                     {"migrate_agree_ms", res.agreeMs},
-                     {"migrate_apply_ms", res.applyMs},
+                     {"migrate_downtime_ms", median(res.migrateMs)},
+                     {"migrate_downtime_each_ms", res.migrateMs},
+                     {"migrate_rank_downtime_ms", median(res.migrateRankMs)},
+                     {"migrate_agree_ms", median(res.agreeMs)},
+                     {"migrate_apply_ms", median(res.applyMs)},
                      {"small_allreduce_ms", res.smallAllreduceMs},
                      {"failure_detect_ms", res.detectMs},
                      {"failure_recover_ms", res.recoverMs},
                      {"conns_opened", res.opened},
                      {"conns_closed", res.closed},
                      {"conns_inherited", res.inherited},
-                     {"prepare_interference_pct", res.interferencePct},
+                     {"prepare_interference_pct", (during / base - 1) * 100},
+                     {"prepare_steps", res.duringSteps},
                      {"gloo_init_ms", res.glooInitMs < 0 ? nlohmann::json(nullptr) : nlohmann::json(res.glooInitMs)}};
     printf("RESULT %s\n", j.dump().c_str());
     fflush(stdout);
@@ -274,14 +354,15 @@ int worker(const std::string& glooDir, int iterations) {
 }
 
 // Runs one eccl-run job and returns rank 0's RESULT object (null if none).
-nlohmann::json runJob(const std::string& launcher, const std::string& self, int n, int iterations, bool verbose) {
-  std::string glooDir;
+nlohmann::json runJob(const std::string& launcher, const std::string& self, int n, Job job, bool verbose) {
+  std::string& glooDir = job.glooDir;
 #ifdef ECCL_RECONFIG_WITH_GLOO
   char tmpl[] = "/tmp/eccl-reconfig-gloo-XXXXXX";
   if (mkdtemp(tmpl)) glooDir = tmpl;
 #endif
   std::vector<std::string> args{launcher, "-np", std::to_string(n), "--standby", "2", "--timeout", "300",
-                                self, "--worker", "--iterations", std::to_string(iterations)};
+                                self, "--worker", "--iterations", std::to_string(job.iterations),
+                                "--cycles", std::to_string(job.cycles)};
   if (!glooDir.empty()) args.insert(args.end(), {"--gloo-dir", glooDir});
   int status = 0;
   std::string log = eccl::perf::runAndCapture(args, &status);
@@ -298,23 +379,28 @@ int main(int argc, char** argv) {
   CLI::App app{"reconfig_perf: the cost of membership changes against full re-initialisation"};
   std::vector<int> sizes{4, 8, 16, 32};
   bool json = false, isWorker = false, verbose = false;
-  int iterations = 20;
-  std::string glooDir, launcher = eccl::perf::defaultLauncher();
+  Job job;
+  std::string launcher = eccl::perf::defaultLauncher();
   app.add_option("--sizes", sizes, "values of N")->delimiter(',')->check(CLI::Range(3, 1024));
   app.add_flag("--json", json, "one JSON object per N instead of the table");
-  app.add_option("--iterations", iterations, "1 MiB allreduces in the interference baseline")->check(CLI::Range(1, 100000));
+  app.add_option("--iterations", job.iterations, "1 MiB allreduces before each preparation (the interference baseline)")
+      ->check(CLI::Range(1, 100000));
+  app.add_option("--cycles", job.cycles, "migrations per N (medians and pooled interference over them)")
+      ->check(CLI::Range(1, 1000));
   app.add_option("--launcher", launcher, "eccl-run to use");
   app.add_flag("-v,--verbose", verbose, "print each job's output");
   app.add_flag("--worker", isWorker, "(internal) one rank of a measurement job");
-  app.add_option("--gloo-dir", glooDir, "(internal) Gloo FileStore directory");
+  app.add_option("--gloo-dir", job.glooDir, "(internal) Gloo FileStore directory");
   CLI11_PARSE(app, argc, argv);
-  if (isWorker) return worker(glooDir, iterations);
+  if (isWorker) return worker(job);
 
   signal(SIGPIPE, SIG_IGN);
   std::string self = eccl::perf::selfPath();
   if (!json) {
     printf("# reconfig_perf: 1 MiB float32 allreduce; migrate = every stayer at the switchover to every member past its\n"
-           "# first allreduce on the new view ((rank): from each rank's own call); failure = SIGKILL\n");
+           "# first allreduce on the new view ((rank): from each rank's own call), median of %d migrations;\n"
+           "# interfere = 1 MiB allreduce time while preparing vs plain, pooled over them; failure = SIGKILL\n",
+           job.cycles);
     printf("# %5s %10s %10s %9s %9s %9s %9s %8s %8s %7s %7s %9s %11s %9s\n", "N", "full_init", "gloo_init", "migrate",
            "(rank)", "(agree)", "allred8", "detect", "recover", "opened", "closed", "inherited", "interfere%", "full/mig");
     printf("# %5s %10s %10s %9s %9s %9s %9s %8s %8s %7s %7s %9s %11s %9s\n", "", "(ms)", "(ms)", "(ms)", "(ms)", "(ms)",
@@ -322,7 +408,7 @@ int main(int argc, char** argv) {
   }
   int failures = 0;
   for (int n : sizes) {
-    nlohmann::json r = runJob(launcher, self, n, iterations, verbose);
+    nlohmann::json r = runJob(launcher, self, n, job, verbose);
     if (r.is_null()) {
       fprintf(stderr, "reconfig_perf: the N=%d job produced no result\n", n);
       ++failures;

@@ -298,7 +298,7 @@ void Communicator::switchover() {
     }
   };
   if (yes) {
-    client_->reportSwitched(nextEpoch);
+    client_->reportSwitched(nextEpoch, rankIn(next, self_) == 0);  // the tree's root: one wakeup, not N
     auto agreed = Clock::now();
     uint32_t oldEpoch = view_.epoch;
     enter(v);
