@@ -251,6 +251,9 @@ void migrationCycles(ecclComm_t comm, int first, const Job& job, Results& res) {
     int64_t called = nowNs();
     CHECK(ecclCommSwitchover(comm), comm);
     if (rank == kLeaver) {
+      // On a cluster the leaver tears down on its own machine; here it
+      // would share the two cores with the first allreduce being timed.
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
       CHECK(ecclCommDestroy(comm), nullptr);
       setenv("ECCL_ROLE", "standby", 1);
       CHECK(ecclCommInitFromEnv(&comm), nullptr);
