@@ -182,14 +182,14 @@ int migrationResults(ecclComm_t comm, int cycle, int64_t calledNs, int64_t first
   ecclCommStats_t s{};
   s.size = sizeof(s);
   CHECK(ecclCommGetStats(comm, &s), comm);
-  int64_t delta[4] = {0, 0, 0, stayer ? cycle : -1};
+  int64_t delta[3] = {0, 0, 0};
   if (stayer) {
     delta[0] = static_cast<int64_t>(s.connectionsPrepared + s.connectionsOpened);
     delta[1] = static_cast<int64_t>(s.connectionsClosed);
     delta[2] = static_cast<int64_t>(s.connectionsInherited);
   }
   CHECK(ecclAllReduce(delta, delta, 3, ecclInt64, ecclSum, comm, nullptr), comm);
-  cycle = static_cast<int>(reduceMax<int64_t>(comm, delta[3], ecclInt64));
+  cycle = static_cast<int>(reduceMax<int64_t>(comm, stayer ? cycle : -1, ecclInt64));
   if (cycle == 0) out.opened = delta[0], out.closed = delta[1], out.inherited = delta[2];
   int64_t lastCall = reduceMax<int64_t>(comm, stayer ? calledNs : 0, ecclInt64);
   int64_t lastDone = reduceMax<int64_t>(comm, firstDoneNs, ecclInt64);
