@@ -46,6 +46,7 @@ struct Coordinator::State {
     bool left = false;    // said goodbye; its end of file is no failure
     bool eager = false;   // a standby that keeps connections to the members open
     bool retired = false; // a joiner of an aborted migration: no longer a standby
+    bool reserved = false; // held for a REPLACE that waits for more standbys
   };
 
   // A reconfiguration being prepared (expected migration): the next view
@@ -85,6 +86,8 @@ struct Coordinator::State {
   bool eagerListSent = false;     // the last standby list sent named someone
   std::optional<Pending> pending;
   std::string lastAbort;
+  // A REPLACE short of standbys, held (opt.replaceWaitMs) until this time.
+  std::optional<Clock::time_point> replaceHeldUntil;
 
   std::string label(uint64_t member) const {
     auto it = std::find(view.begin(), view.end(), member);
@@ -145,12 +148,15 @@ struct Coordinator::State {
     sendStandbys();
   }
 
-  bool idleStandby(const Member& m) const { return m.role == Role::kStandby && m.channel && !m.retired; }
+  bool usableStandby(const Member& m) const { return m.role == Role::kStandby && m.channel && !m.retired; }
+  bool idleStandby(const Member& m) const { return usableStandby(m) && !m.reserved; }
 
-  std::vector<uint64_t> idleStandbys() const {
+  // In registration order; with `withReserved`, the standbys a held REPLACE
+  // reserved count too (they are its to use).
+  std::vector<uint64_t> idleStandbys(bool withReserved = false) const {
     std::vector<uint64_t> out;
     for (auto& [mid, m] : members)
-      if (idleStandby(m)) out.push_back(mid);
+      if (withReserved ? usableStandby(m) : idleStandby(m)) out.push_back(mid);
     std::sort(out.begin(), out.end(),
               [&](uint64_t a, uint64_t b) { return members.at(a).joinOrder < members.at(b).joinOrder; });
     return out;
@@ -232,6 +238,7 @@ struct Coordinator::State {
                 members.at(mid).eager ? " (eager)" : "");
       sendView(mid, "registered as a standby");
       if (members.at(mid).eager) sendStandbys();
+      if (replaceHeldUntil) tryRecover();  // a held REPLACE may be complete now
     } else if (rankOf.size() == nranks) {
       form();
     }
@@ -320,7 +327,13 @@ struct Coordinator::State {
     return waiting;
   }
 
+  void releaseReservations() {
+    replaceHeldUntil.reset();
+    for (auto& [mid, m] : members) m.reserved = false;
+  }
+
   void refuseAll(const std::vector<uint64_t>& waiting, const std::string& what, const std::string& why) {
+    releaseReservations();
     log::warn("coordinator: {} refused: {}", what, why);
     for (uint64_t m : waiting) {
       members.at(m).ask = Member::Ask::kNone;
@@ -334,6 +347,7 @@ struct Coordinator::State {
     for (uint64_t m : failed) members.erase(m);
     for (uint64_t m : promoted) members.at(m).role = Role::kRank;
     for (auto& [mid, mm] : members) mm.ask = Member::Ask::kNone;
+    releaseReservations();
     view = std::move(next);
     failed.clear();
     epoch = issued = std::max(issued, epoch) + 1;
@@ -561,22 +575,38 @@ struct Coordinator::State {
   }
 
   void tryRecover() {
-    if (failed.empty() || (pending && pending->voting)) return;  // the vote decides first
+    if (failed.empty()) return releaseReservations();
+    if (pending && pending->voting) return;  // the vote decides first
     auto waiting = everyoneAsked(Member::Ask::kRecover);
-    if (!waiting) return;
+    if (!waiting) return releaseReservations();
     uint32_t policy = members.at((*waiting)[0]).askArg;
     for (uint64_t m : *waiting)
       if (members.at(m).askArg != policy)
         return refuseAll(*waiting, "recovery", "the surviving ranks asked for different recovery policies");
     if (policy > static_cast<uint32_t>(RecoverPolicy::kReplaceOrShrink))
       return refuseAll(*waiting, "recovery", fmt::format("unknown recovery policy {}", policy));
-    std::vector<uint64_t> standbys = idleStandbys();
+    std::vector<uint64_t> standbys = idleStandbys(true);
     auto p = static_cast<RecoverPolicy>(policy);
-    if (p == RecoverPolicy::kReplace && standbys.size() < failed.size())
+    if (p == RecoverPolicy::kReplace && standbys.size() < failed.size()) {
+      // Held while a launcher refills its pool: the idle standbys are
+      // reserved (so the launcher sees the pool short and starts more) and
+      // each registration tries again, until the wait runs out.
+      if (opt.replaceWaitMs > 0 && !replaceHeldUntil) {
+        replaceHeldUntil = Clock::now() + std::chrono::milliseconds(opt.replaceWaitMs);
+        log::info("coordinator: REPLACE needs {} standby(s), {} registered; holding it up to {} ms for more",
+                  failed.size(), standbys.size(), opt.replaceWaitMs);
+      }
+      if (replaceHeldUntil && Clock::now() < *replaceHeldUntil) {
+        for (uint64_t sb : standbys) members.at(sb).reserved = true;
+        return;
+      }
       return refuseAll(*waiting, "recovery",
-                       fmt::format("REPLACE needs {} standby(s) for the failed rank(s), {} registered; "
+                       fmt::format("REPLACE needs {} standby(s) for the failed rank(s), {} registered{}; "
                                    "use SHRINK or REPLACE_OR_SHRINK",
-                                   failed.size(), standbys.size()));
+                                   failed.size(), standbys.size(),
+                                   opt.replaceWaitMs > 0 ? fmt::format(" after waiting {} ms", opt.replaceWaitMs)
+                                                         : std::string()));
+    }
     std::vector<uint64_t> next;
     std::vector<uint64_t> promoted;
     std::string story;
@@ -671,6 +701,9 @@ struct Coordinator::State {
                        pending->voting ? fmt::format(", voting: {} yes, {} gave up, {} lost", pending->votedYes.size(),
                                                      pending->gaveUp.size(), pending->lost.size())
                                        : "");
+    if (replaceHeldUntil)
+      s += fmt::format("  REPLACE held for {} failed rank(s): {} standby(s) reserved, {} ms left to wait for more\n",
+                       failed.size(), idleStandbys(true).size(), std::max<int64_t>(0, msUntil(*replaceHeldUntil)));
     if (!lastAbort.empty()) s += fmt::format("  last aborted reconfiguration: {}\n", lastAbort);
     if (!lastFailure.empty()) s += fmt::format("  last failure: {}\n", lastFailure);
     return s;
@@ -781,7 +814,7 @@ void Coordinator::run() {
     {
       std::set<uint64_t> idle;
       for (auto& [mid, m] : s.members)
-        if (m.role == Role::kStandby) idle.insert(m.pid);
+        if (m.role == Role::kStandby && !m.reserved) idle.insert(m.pid);
       std::set<uint64_t> inView;
       for (uint64_t mid : s.view)
         if (s.members.count(mid)) inView.insert(s.members.at(mid).pid);
@@ -789,6 +822,7 @@ void Coordinator::run() {
       idleStandbyPids_ = std::move(idle);
       viewPids_ = std::move(inView);
     }
+    if (s.replaceHeldUntil && Clock::now() >= *s.replaceHeldUntil) s.tryRecover();  // refuses it
     if (Clock::now() >= nextBeat) {
       nextBeat = Clock::now() + std::chrono::milliseconds(s.opt.heartbeatMs);
       CoordMessage beat;
@@ -833,6 +867,7 @@ CoordinatorOptions coordinatorOptionsFromEnv() {
   o.heartbeatMs = params::heartbeatMs();
   o.heartbeatTimeoutMs = params::heartbeatTimeoutMs();
   o.handshakeTimeoutMs = params::handshakeTimeoutMs();
+  o.replaceWaitMs = params::replaceWaitMs();
   return o;
 }
 

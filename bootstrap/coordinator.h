@@ -26,13 +26,17 @@ struct CoordinatorOptions {
   int64_t heartbeatMs = 500;
   int64_t heartbeatTimeoutMs = 3000;
   int64_t handshakeTimeoutMs = 5000;
+  // A REPLACE short of standbys is held this long, the idle ones reserved,
+  // while more register (a launcher refilling its pool); 0 refuses at once.
+  int64_t replaceWaitMs = 0;
 };
 
 class Coordinator {
  public:
   Coordinator(const UniqueIdData& id, Fd listenFd, const CoordinatorOptions& options);
   ~Coordinator();  // stops the thread; members see their connection close
-  // Process ids of registered standbys not (yet) promoted into a view.
+  // Process ids of registered standbys not (yet) promoted into a view nor
+  // reserved for a REPLACE that waits for more standbys.
   std::set<uint64_t> idleStandbyPids() const;
   // Process ids of the current view's members, failed ones included until
   // a new view replaces them.

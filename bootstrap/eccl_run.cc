@@ -24,6 +24,7 @@
 #include "bootstrap/unique_id.h"
 #include "common/clock.h"
 #include "common/error.h"
+#include "common/params.h"
 
 namespace {
 
@@ -38,28 +39,54 @@ struct Child {
   pid_t pid = -1;
   int outFd = -1, errFd = -1;
   std::string outLine, errLine;
+  std::string lastErrLine;  // said why, if it failed
   bool exited = false;
   int status = 0;
   eccl::Clock::time_point spawned;
   bool seenIdle = false;  // registered as an idle standby at some point
 };
 
-// Writes complete lines with a "[rank] " prefix; keeps partial lines.
-void pump(int fd, const std::string& label, std::string& pending, FILE* sink, bool flushAll) {
-  char buf[65536];
-  ssize_t n = fd >= 0 ? ::read(fd, buf, sizeof(buf)) : 0;
-  if (n > 0) pending.append(buf, static_cast<size_t>(n));
+// Writes complete lines with a "[rank] " prefix; keeps partial lines and
+// the last complete one in `last`.
+void pump(const std::string& label, std::string& pending, std::string& last, FILE* sink, bool flushAll) {
   size_t start = 0, nl;
   while ((nl = pending.find('\n', start)) != std::string::npos) {
     fprintf(sink, "[%s] %.*s\n", label.c_str(), static_cast<int>(nl - start), pending.data() + start);
+    if (nl > start) last.assign(pending, start, nl - start);
     start = nl + 1;
   }
   pending.erase(0, start);
   if (flushAll && !pending.empty()) {
     fprintf(sink, "[%s] %s\n", label.c_str(), pending.c_str());
+    last = pending;
     pending.clear();
   }
   fflush(sink);
+}
+
+// Forwards what an exited child left in its pipes (without blocking: a
+// process it started may still hold them) and closes those at end of file.
+void drainExited(Child& c) {
+  for (int* fd : {&c.outFd, &c.errFd}) {
+    bool isOut = fd == &c.outFd;
+    std::string& pending = isOut ? c.outLine : c.errLine;
+    std::string ignored;
+    while (*fd >= 0) {
+      pollfd p{*fd, POLLIN, 0};
+      if (::poll(&p, 1, 0) <= 0) break;
+      char buf[65536];
+      ssize_t n = ::read(*fd, buf, sizeof(buf));
+      if (n > 0) {
+        pending.append(buf, static_cast<size_t>(n));
+        pump(c.label, pending, isOut ? ignored : c.lastErrLine, isOut ? stdout : stderr, false);
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      pump(c.label, pending, isOut ? ignored : c.lastErrLine, isOut ? stdout : stderr, true);
+      close(*fd);
+      *fd = -1;
+    }
+  }
 }
 
 bool isLocalHost(const std::string& h) { return h.empty() || h == "localhost" || h == "127.0.0.1" || h == "::1"; }
@@ -192,6 +219,19 @@ int main(int argc, char** argv) {
   } catch (const CLI::ValidationError& e) {
     fprintf(stderr, "eccl-run: %s\n", e.what());
     return 2;
+  }
+  // A pool being refilled is short only for a moment: the coordinator holds
+  // a REPLACE that lacks standbys while the refills register (the members'
+  // recovery waits up to ECCL_TIMEOUT_MS; the hold ends well before).
+  if (refill && !getenv("ECCL_REPLACE_WAIT_MS")) {
+    int64_t timeoutMs = 30000;
+    try {
+      timeoutMs = eccl::params::timeoutMs();
+    } catch (const eccl::Error& e) {
+      fprintf(stderr, "eccl-run: %s\n", e.what());
+      return 2;
+    }
+    setenv("ECCL_REPLACE_WAIT_MS", std::to_string(timeoutMs / 2).c_str(), 1);
   }
   // The coordinator lives here, never in a rank: killing any rank leaves it up.
   std::string idText;
@@ -356,11 +396,13 @@ int main(int argc, char** argv) {
         std::string& pending = isOut ? c->outLine : c->errLine;
         char buf[65536];
         ssize_t n = ::read(fd, buf, sizeof(buf));
+        std::string ignored;
+        std::string& last = isOut ? ignored : c->lastErrLine;
         if (n > 0) {
           pending.append(buf, static_cast<size_t>(n));
-          pump(-1, c->label, pending, isOut ? stdout : stderr, false);
+          pump(c->label, pending, last, isOut ? stdout : stderr, false);
         } else {
-          pump(-1, c->label, pending, isOut ? stdout : stderr, true);
+          pump(c->label, pending, last, isOut ? stdout : stderr, true);
           close(fd);
           fd = -1;
         }
@@ -378,14 +420,17 @@ int main(int argc, char** argv) {
         --running;
         if (!c.injected && WIFEXITED(status) && WEXITSTATUS(status) == 0) jobEnding = true;
         const char* what = c.standby ? "standby" : "rank";
-        if (c.injected)
-          ;  // expected: the launcher did it
+        bool failedItself = !c.injected && (WIFSIGNALED(status) || WEXITSTATUS(status) != 0);
+        if (failedItself) drainExited(c);  // its last words, for the line below
+        std::string said = c.lastErrLine.empty() ? "" : "; it said: " + c.lastErrLine;
+        if (!failedItself)
+          ;  // exited cleanly, or the launcher did it
         else if (WIFSIGNALED(status))
-          fprintf(stderr, "eccl-run: %s %s (pid %d) was killed by signal %d (%s)\n", what, c.label.c_str(), pid,
-                  WTERMSIG(status), strsignal(WTERMSIG(status)));
-        else if (WEXITSTATUS(status) != 0)
-          fprintf(stderr, "eccl-run: %s %s (pid %d) exited with status %d\n", what, c.label.c_str(), pid,
-                  WEXITSTATUS(status));
+          fprintf(stderr, "eccl-run: %s %s (pid %d) was killed by signal %d (%s)%s\n", what, c.label.c_str(), pid,
+                  WTERMSIG(status), strsignal(WTERMSIG(status)), said.c_str());
+        else
+          fprintf(stderr, "eccl-run: %s %s (pid %d) exited with status %d%s\n", what, c.label.c_str(), pid,
+                  WEXITSTATUS(status), said.c_str());
       }
     }
   }
@@ -397,7 +442,8 @@ int main(int argc, char** argv) {
       char buf[65536];
       ssize_t n;
       while ((n = ::read(*fd, buf, sizeof(buf))) > 0) pending.append(buf, static_cast<size_t>(n));
-      pump(-1, c.label, pending, fd == &c.outFd ? stdout : stderr, true);
+      std::string ignored;
+      pump(c.label, pending, fd == &c.outFd ? ignored : c.lastErrLine, fd == &c.outFd ? stdout : stderr, true);
       close(*fd);
     }
   }

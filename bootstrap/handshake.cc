@@ -79,10 +79,13 @@ void authenticateAsClient(int fd, const Secret& secret, const Hello& hello, Dead
   encodeHello(hello, clientNonce, helloBytes);
   sendAll(fd, helloBytes, kHelloBytes, deadline, what);
   uint8_t reply[sizeof(Nonce) + sizeof(Mac)];
+  // A peer that closes here either died or refused our hello (another
+  // job's id, a member it does not know); a wrong secret would still have
+  // answered. Both are the peer's failure, not proof of an impostor.
   try {
     recvAll(fd, reply, sizeof(reply), deadline, what);
   } catch (const Error& e) {
-    fail(ecclAuthError, "{}: the peer closed the connection during authentication (wrong job secret?): {}",
+    fail(e.code(), "{}: the peer closed the connection during authentication (it died, or refused our hello): {}",
          what, e.what());
   }
   Nonce serverNonce;
@@ -94,11 +97,13 @@ void authenticateAsClient(int fd, const Secret& secret, const Hello& hello, Dead
     fail(ecclAuthError, "{}: the peer failed to prove the job secret", what);
   Mac mine = proof(secret, 'C', helloBytes, serverNonce);
   sendAll(fd, mine.data(), mine.size(), deadline, what);
+  // A rejection is an explicit 0 (authenticateAsServer); a closed
+  // connection without it is a peer that died mid-handshake.
   uint8_t verdict = 0;
   try {
     recvAll(fd, &verdict, 1, deadline, what);
-  } catch (const Error&) {
-    verdict = 0;
+  } catch (const Error& e) {
+    fail(e.code(), "{}: the peer closed the connection before accepting our proof: {}", what, e.what());
   }
   if (verdict != 1) fail(ecclAuthError, "{}: the peer rejected our proof of the job secret (wrong secret?)", what);
   if (sessionKey) *sessionKey = sessionKeyOf(secret, helloBytes, serverNonce);

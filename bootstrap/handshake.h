@@ -22,7 +22,8 @@ struct Hello {
 };
 
 // Connector side: throws ecclAuthError if the acceptor cannot prove the
-// secret or rejects ours.
+// secret or rejects ours; ecclRemoteError or ecclTimeout if it closes or
+// goes silent mid-handshake (a dead peer is no impostor).
 // Both sides may ask for a session key (bound to this connection's nonces)
 // to authenticate every later message on it.
 void authenticateAsClient(int fd, const Secret& secret, const Hello& hello, Deadline deadline,

@@ -41,6 +41,10 @@ const std::vector<Param>& all() {
       {"ECCL_HEARTBEAT_TIMEOUT_MS", "int", "3000",
        "A member silent for this long is declared failed by the coordinator (and a member "
        "that stops hearing the coordinator for this long reports it)."},
+      {"ECCL_REPLACE_WAIT_MS", "int", "0",
+       "Coordinator: how long a REPLACE recovery that finds fewer idle standbys than failed ranks is "
+       "held, with the idle ones reserved, while more standbys register (0: refused at once). "
+       "eccl-run --refill sets it to half of ECCL_TIMEOUT_MS unless it is set."},
       {"ECCL_STANDBY_TIMEOUT_MS", "int", "3600000",
        "How long ecclCommInitStandby waits for promotion before it gives up."},
       {"ECCL_PREPARE", "string", "lazy",
@@ -83,6 +87,7 @@ int64_t timeoutMs() { return getInt("ECCL_TIMEOUT_MS"); }
 int64_t heartbeatMs() { return getInt("ECCL_HEARTBEAT_MS"); }
 int64_t heartbeatTimeoutMs() { return getInt("ECCL_HEARTBEAT_TIMEOUT_MS"); }
 int64_t standbyTimeoutMs() { return getInt("ECCL_STANDBY_TIMEOUT_MS"); }
+int64_t replaceWaitMs() { return getInt("ECCL_REPLACE_WAIT_MS"); }
 std::string envRole() { return getString("ECCL_ROLE"); }
 bool prepareEager() {
   std::string v = getString("ECCL_PREPARE");

@@ -23,6 +23,7 @@ int64_t timeoutMs();
 int64_t heartbeatMs();
 int64_t heartbeatTimeoutMs();
 int64_t standbyTimeoutMs();
+int64_t replaceWaitMs();
 std::string envRole();
 bool prepareEager();
 int socketsPerPeer();

@@ -112,7 +112,7 @@ bool waitFd(int fd, short events, Deadline deadline) {
 
 }  // namespace
 
-Fd connectTo(const SockAddr& addr, Deadline deadline, const std::string& what) {
+Fd connectTo(const SockAddr& addr, Deadline deadline, const std::string& what, const std::function<bool()>& giveUp) {
   int lastErr = 0;
   do {
     Fd fd(::socket(addr.storage.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
@@ -134,6 +134,7 @@ Fd connectTo(const SockAddr& addr, Deadline deadline, const std::string& what) {
     }
     if (lastErr != ECONNREFUSED && lastErr != EAGAIN && lastErr != ETIMEDOUT)
       fail(ecclSystemError, "{}: connect to {} failed: {}", what, addr.str(), strerror(lastErr));
+    if (giveUp && giveUp()) fail(ecclRemoteError, "{}: connect to {} abandoned: the peer is gone", what, addr.str());
     ::usleep(20 * 1000);
   } while (Clock::now() < deadline);
   fail(ecclTimeout, "{}: could not connect to {} before the deadline ({})", what, addr.str(),

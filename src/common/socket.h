@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 
 #include <cstddef>
+#include <functional>
 #include <string>
 #include <utility>
 
@@ -44,8 +45,10 @@ class Fd {
 // Listens on addr (port 0 picks one); returns the socket and the bound address.
 std::pair<Fd, SockAddr> listenOn(const SockAddr& addr, int backlog = 512);
 // Connects, retrying refused connections until the deadline (the listener
-// may not be up yet). The socket is returned blocking with TCP_NODELAY.
-Fd connectTo(const SockAddr& addr, Deadline deadline, const std::string& what);
+// may not be up yet) or until `giveUp` says the peer is known to be gone.
+// The socket is returned blocking with TCP_NODELAY.
+Fd connectTo(const SockAddr& addr, Deadline deadline, const std::string& what,
+             const std::function<bool()>& giveUp = {});
 // Accepts one connection, waiting at most until the deadline; empty Fd on timeout.
 Fd acceptUntil(int listenFd, Deadline deadline, SockAddr* peer);
 

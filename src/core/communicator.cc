@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <optional>
 
 #include "bootstrap/coord_client.h"
 #include "bootstrap/coordinator.h"
@@ -70,7 +71,7 @@ Communicator::Communicator(int nranks, const ecclUniqueId& id, int rank, const C
     }
     fail(ecclTimeout, "{}{}{}", e.what(), status.empty() ? "" : "; coordinator: ", status.substr(0, status.find('\n')));
   }
-  applyView(first);
+  enterViewAtInit(first);
   log::info("rank {} of {} ready at {} (epoch {})", rank_, size(), device_->address(), view_.epoch);
 }
 
@@ -88,7 +89,7 @@ Communicator::Communicator(const ecclUniqueId& id, const CommOptions& o, int64_t
       return;
     }
     if (v.rank >= 0) {
-      applyView(v);
+      enterViewAtInit(v);
       break;
     }
     if (eager_) worker_->post([this, entries = v.entries] { connectStandbys(entries); });
@@ -142,6 +143,21 @@ void Communicator::join(const ecclUniqueId& id, bootstrap::Role role, int rank, 
   });
 }
 
+// A process at init holds its rank once the coordinator has put it in a
+// view; a member of that view that died or hung meanwhile is a failure of
+// the view, recovered like any other, not of this process's init (exiting
+// here would turn one failure into two, and a REPLACE short of standbys).
+// The communicator is returned revoked: its first op and
+// ecclCommGetAsyncError report the failure, and ecclCommRecover goes on.
+void Communicator::enterViewAtInit(const bootstrap::ViewUpdate& v) {
+  try {
+    applyView(v);
+  } catch (const Error& e) {
+    if (e.code() != ecclRemoteError && e.code() != ecclTimeout && e.code() != ecclAuthError) throw;
+    log::warn("rank {} holds its rank at epoch {}, but its view is already broken: {}", v.rank, v.epoch, e.what());
+  }
+}
+
 // Makes `v` the current view: leavers' connections close, joiners are added,
 // ops of the old epoch die, and everything else is inherited untouched. The
 // peers of the ring and latency algorithms are connected before returning
@@ -192,7 +208,7 @@ void Communicator::applyView(const bootstrap::ViewUpdate& v) {
       }
     MutexLock lock(errorMu_);
     if (asyncError_ == ecclSuccess) {
-      asyncError_ = ecclRemoteError;
+      asyncError_ = e.code() == ecclTimeout ? ecclTimeout : ecclRemoteError;
       asyncMessage_ = fmt::format("communicator revoked at epoch {}: {}", v.epoch, e.what());
     }
     throw;
@@ -205,11 +221,23 @@ void Communicator::applyView(const bootstrap::ViewUpdate& v) {
 }
 
 // The lower member id dials, so dial everything we dial first, then wait
-// for the connections the others open to us.
+// for the connections the others open to us. A peer that fails does not
+// stop the rest: a live peer may be waiting for our dial (giving up would
+// leave it to its deadline and get a live member declared failed), and the
+// links that do open are inherited by the view that recovers from this one.
+// Throws the first failure once every peer is settled.
 void Communicator::connectPeers(std::vector<transport::MemberId> peers, Deadline deadline) {
   std::stable_partition(peers.begin(), peers.end(), [this](transport::MemberId m) { return self_ < m; });
-  for (transport::MemberId m : peers)
-    if (m != self_) device_->connectNow(m, deadline);
+  std::optional<Error> first;
+  for (transport::MemberId m : peers) {
+    if (m == self_) continue;
+    try {
+      device_->connectNow(m, deadline);
+    } catch (const Error& e) {
+      if (!first) first = e;
+    }
+  }
+  if (first) throw *first;
 }
 
 void Communicator::recover(ecclRecoverPolicy_t policy) {
@@ -225,11 +253,13 @@ void Communicator::recover(ecclRecoverPolicy_t policy) {
   bootstrap::ViewUpdate v = client_->awaitView(deadlineAfterMs(timeoutMs_), fmt::format("ecclCommRecover (rank {})", rank_));
   auto agreed = Clock::now();
   uint32_t oldEpoch = view_.epoch;
-  applyView(v);
   {
     MutexLock lock(prepMu_);
     prep_ = Preparation{};  // a preparation the failure aborted is over
   }
+  // A member of the new view may be gone already: the view stands, revoked,
+  // and the error tells the caller to recover again from it.
+  applyView(v);
   reconfig_.connectionsPrepared = 0;
   reconfig_.prepareMs = 0;
   finishReconfiguration(start, agreed, oldEpoch, "recovered");

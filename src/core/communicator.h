@@ -107,6 +107,7 @@ class Communicator {
   void onPeerFailure(transport::MemberId member, ecclResult_t code, const std::string& reason);
   void join(const ecclUniqueId& id, bootstrap::Role role, int rank, int nranks, const CommOptions& o);
   void applyView(const bootstrap::ViewUpdate& v);
+  void enterViewAtInit(const bootstrap::ViewUpdate& v);
   void connectPeers(std::vector<transport::MemberId> peers, Deadline deadline);
   // Reconfiguration news from the coordinator (client thread: must not block).
   void onReconfiguration(const bootstrap::CoordMessage& m);

@@ -22,7 +22,12 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 [[noreturn]] void die(const std::string& what, ecclComm_t comm) {
-  fprintf(stderr, "chaos_worker: %s%s%s\n", what.c_str(), comm ? ": " : "", comm ? ecclGetLastError(comm) : "");
+  fprintf(stderr, "chaos_worker: %s: %s\n", what.c_str(), ecclGetLastError(comm));
+  exit(1);
+}
+
+[[noreturn]] void dieOfCheck(const std::string& what) {
+  fprintf(stderr, "chaos_worker: %s\n", what.c_str());
   exit(1);
 }
 
@@ -62,7 +67,8 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   ecclComm_t comm;
-  if (ecclCommInitFromEnv(&comm) != ecclSuccess) die("ecclCommInitFromEnv", nullptr);
+  if (ecclResult_t r = ecclCommInitFromEnv(&comm); r != ecclSuccess)
+    die(std::string("ecclCommInitFromEnv (") + ecclGetErrorString(r) + ")", nullptr);
   std::vector<int64_t> v(count);
   uint64_t checked = 0, failures = 0;
   int64_t iteration = 0;  // within the current epoch; every member of a view starts at 0
@@ -79,9 +85,8 @@ int main(int argc, char** argv) {
       for (size_t i = 0; i < count; ++i) {
         int64_t want = int64_t(n) * (n + 1) / 2 * 1000003 + n * (static_cast<int64_t>(i) * 7 + iteration);
         if (v[i] != want)
-          die("epoch " + std::to_string(epoch) + " iteration " + std::to_string(iteration) + " element " +
-                  std::to_string(i) + ": got " + std::to_string(v[i]) + ", want " + std::to_string(want),
-              nullptr);
+          dieOfCheck("epoch " + std::to_string(epoch) + " iteration " + std::to_string(iteration) + " element " +
+                  std::to_string(i) + ": got " + std::to_string(v[i]) + ", want " + std::to_string(want));
       }
       ++checked;
       ++iteration;

@@ -159,6 +159,10 @@ class TcpDevice final : public Device {
   void progress() override;
   void failPeer(MemberId member, ecclResult_t code, const std::string& reason) override {
     MutexLock lock(mu_);
+    // A notice can outrun the view that names the member (the coordinator
+    // fails a rank while this process is still entering that view): it is
+    // kept and applied when the member is added.
+    if (!peers_.count(member)) failedBeforeKnown_[member] = {code, reason};
     failPeerLocked(member, code, reason, /*flood=*/true);
   }
   void abort(const std::string& reason) override;
@@ -234,6 +238,7 @@ class TcpDevice final : public Device {
   ecclResult_t revokedCode_ ECCL_GUARDED_BY(mu_) = ecclSuccess;
   std::string revokedReason_ ECCL_GUARDED_BY(mu_);
   std::map<MemberId, Peer> peers_ ECCL_GUARDED_BY(mu_);
+  std::map<MemberId, std::pair<ecclResult_t, std::string>> failedBeforeKnown_ ECCL_GUARDED_BY(mu_);
   std::map<uint64_t, Lane*> lanesByToken_ ECCL_GUARDED_BY(mu_);
   uint64_t nextToken_ ECCL_GUARDED_BY(mu_) = 1;
   std::map<InboxKey, Inbox> inbox_ ECCL_GUARDED_BY(mu_);
@@ -304,6 +309,11 @@ void TcpDevice::addPeer(MemberId member, const std::string& address, const std::
       p.lanes.push_back(std::move(lane));
     }
   }
+  if (auto early = failedBeforeKnown_.find(member); early != failedBeforeKnown_.end()) {
+    auto [code, reason] = early->second;
+    failedBeforeKnown_.erase(early);
+    failPeerLocked(member, code, reason, /*flood=*/false);
+  }
   cv_.notifyAll();  // the accept thread may be waiting for this member
 }
 
@@ -335,7 +345,11 @@ void TcpDevice::connectPeer(MemberId member) {
     Deadline deadline = deadlineAfterMs(opt_.handshakeTimeoutMs);
     for (int i = 0; i < opt_.lanes; ++i) {
       std::string what = fmt::format("connecting lane {} to peer {}", i, label);
-      Fd fd = connectTo(addr, deadline, what);
+      Fd fd = connectTo(addr, deadline, what, [this, member] {
+        MutexLock lock(mu_);
+        auto it = peers_.find(member);
+        return stopping_ || it == peers_.end() || it->second.state != Peer::State::kConnecting;
+      });
       bootstrap::Hello hello{bootstrap::Purpose::kData, opt_.jobId, opt_.self, member, static_cast<uint32_t>(i)};
       bootstrap::authenticateAsClient(fd.get(), opt_.secret, hello, deadline, what);
       fds.push_back(std::move(fd));
@@ -746,8 +760,15 @@ void TcpDevice::connectNow(MemberId member, Deadline deadline) {
     if (p.state == Peer::State::kUp) return;
     if (p.state == Peer::State::kFailed || p.state == Peer::State::kLeft)
       fail(p.failCode, "connecting to peer {}: {}", p.label, p.failReason);
-    if (!cv_.waitUntil(mu_, deadline) && Clock::now() >= deadline)
-      fail(ecclTimeout, "peer {} did not connect before the deadline", p.label);
+    if (!cv_.waitUntil(mu_, deadline) && Clock::now() >= deadline) {
+      // Every live member dials whatever it must (connectPeers goes on past
+      // failures), so a view member still silent here is stopped or cut
+      // off: like a wait's deadline, this declares it failed. A candidate's
+      // silence only fails this call; the coordinator judges candidates.
+      std::string why = fmt::format("peer {} did not connect before the deadline", p.label);
+      if (p.role == PeerRole::kViewMember) failPeerLocked(member, ecclTimeout, why, true);
+      fail(ecclTimeout, "{}", why);
+    }
   }
 }
 
@@ -775,6 +796,7 @@ void TcpDevice::failPeerLocked(MemberId member, ecclResult_t code, const std::st
   p.state = Peer::State::kFailed;
   p.failCode = code;
   p.failReason = reason;
+  cv_.notifyAll();  // connectNow may be waiting for this peer to dial us
   log::warn("member {}: {}", opt_.self, reason);
   for (auto& lane : p.lanes) {
     for (auto& item : lane->sendQueue)

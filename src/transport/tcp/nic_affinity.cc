@@ -15,6 +15,11 @@ void bindThreadNearNic(const std::string& ifname) {
     hwloc_topology_t t = nullptr;
     if (hwloc_topology_init(&t) != 0) return static_cast<hwloc_topology_t>(nullptr);
     hwloc_topology_set_io_types_filter(t, HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
+    // NICs come from sysfs. The GPU plugins are not needed and are costly:
+    // the GL one opens an X display (a TCP connection to port 6000 from
+    // every rank), the others initialise device runtimes.
+    for (const char* plugin : {"gl", "opencl", "cuda", "nvml", "rsmi", "levelzero"})
+      hwloc_topology_set_components(t, HWLOC_TOPOLOGY_COMPONENTS_FLAG_BLACKLIST, plugin);
     if (hwloc_topology_load(t) != 0) {
       hwloc_topology_destroy(t);
       return static_cast<hwloc_topology_t>(nullptr);
