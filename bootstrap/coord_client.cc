@@ -105,6 +105,15 @@ void CoordClient::requestGrow(uint32_t epoch, uint32_t count) {
   post(std::move(m));
 }
 
+void CoordClient::requestReconfigure(uint32_t epoch, uint64_t uuid, const std::vector<uint64_t>& members) {
+  CoordMessage m;
+  m.kind = CoordKind::kReconfigure;
+  m.epoch = epoch;
+  m.uuid = uuid;
+  m.members = members;
+  post(std::move(m));
+}
+
 void CoordClient::requestMigration(int rank) {
   CoordMessage m;
   m.kind = CoordKind::kMigrate;
@@ -156,6 +165,12 @@ void CoordClient::leave() {
   }
 }
 
+void CoordClient::interrupt(const std::string& why) {
+  MutexLock lock(mu_);
+  if (!interrupted_) interrupted_ = why;
+  cv_.notifyAll();
+}
+
 bool CoordClient::evicted() const {
   MutexLock lock(mu_);
   return evicted_.has_value();
@@ -175,9 +190,11 @@ ViewUpdate CoordClient::awaitView(Deadline deadline, const std::string& what) {
       v.why = std::move(m.text);
       v.joining = m.kind == CoordKind::kPrepare;
       v.leavers = std::move(m.members);
+      v.uuid = m.uuid;
       return v;
     }
     if (evicted_) fail(ecclEvicted, "{}: evicted by {}: {}", what, coordinator_, *evicted_);
+    if (interrupted_) fail(ecclRemoteError, "{}: interrupted: {}", what, *interrupted_);
     if (lost_) fail(ecclRemoteError, "{}: lost {}: {}", what, coordinator_, *lost_);
     if (!cv_.waitUntil(mu_, deadline) && Clock::now() >= deadline)
       fail(ecclTimeout, "{}: no answer from {} before the deadline", what, coordinator_);
@@ -191,6 +208,10 @@ void CoordClient::deliver(CoordMessage m) {
   {
     MutexLock lock(mu_);
     if (m.kind == CoordKind::kView || m.kind == CoordKind::kError) {
+      // An idle standby hears of every view change; only the latest of
+      // those rankless views matters, so they do not pile up unread.
+      if (m.kind == CoordKind::kView && m.rank < 0)
+        std::erase_if(answers_, [](const CoordMessage& q) { return q.kind == CoordKind::kView && q.rank < 0; });
       answers_.push_back(std::move(m));
       cv_.notifyAll();
       return;

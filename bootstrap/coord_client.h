@@ -29,6 +29,7 @@ struct ViewUpdate {
   // and `entries` are the next view, `leavers` the members it replaces.
   bool joining = false;
   std::vector<uint64_t> leavers;
+  uint64_t uuid = 0;  // the named reconfiguration that made this view (0: another cause)
 };
 
 struct JoinRequest {
@@ -62,12 +63,16 @@ class CoordClient {
   void report(uint64_t failedMember, const std::string& reason);
   void requestRecover(uint32_t epoch, uint32_t policy);
   void requestGrow(uint32_t epoch, uint32_t count);
+  void requestReconfigure(uint32_t epoch, uint64_t uuid, const std::vector<uint64_t>& members);
   void requestMigration(int rank);
   void prepared(uint32_t nextEpoch);
   void requestSwitchover(uint32_t nextEpoch);  // a leaver at its last boundary
   void reportSwitched(uint32_t nextEpoch, bool urgent);
   void reportSwitchFailed(uint32_t nextEpoch, const std::string& why);
   void leave();  // orderly exit: no failure is declared for us
+  // Every wait for the coordinator, now and later, fails with `why`
+  // (the communicator was revoked by its owner).
+  void interrupt(const std::string& why);
   bool evicted() const;
 
  private:
@@ -89,6 +94,7 @@ class CoordClient {
   std::deque<CoordMessage> answers_ ECCL_GUARDED_BY(mu_);  // views and errors, in order
   std::optional<std::string> evicted_ ECCL_GUARDED_BY(mu_);
   std::optional<std::string> lost_ ECCL_GUARDED_BY(mu_);
+  std::optional<std::string> interrupted_ ECCL_GUARDED_BY(mu_);
   Callbacks callbacks_ ECCL_GUARDED_BY(mu_);
   std::vector<uint64_t> failedBeforeCallbacks_ ECCL_GUARDED_BY(mu_);
   std::vector<CoordMessage> reconfigBeforeCallbacks_ ECCL_GUARDED_BY(mu_);

@@ -28,6 +28,7 @@ const char* coordKindName(CoordKind kind) {
     case CoordKind::kStandbys: return "standbys";
     case CoordKind::kSwitched: return "switched";
     case CoordKind::kSwitchFailed: return "switch-failed";
+    case CoordKind::kReconfigure: return "reconfigure";
   }
   return "unknown";
 }
@@ -42,6 +43,7 @@ std::vector<uint8_t> encodeCoordMessage(const CoordMessage& m) {
   w.u32(m.policy);
   w.u64(m.member);
   w.u64(m.pid);
+  w.u64(m.uuid);
   w.str(m.address);
   w.str(m.text);
   w.u32(static_cast<uint32_t>(m.entries.size()));
@@ -59,12 +61,12 @@ std::optional<CoordMessage> decodeCoordMessage(const uint8_t* p, size_t n, std::
   CoordMessage m;
   uint32_t kind, role, count;
   if (!r.u32(&kind) || !r.u32(&role) || !r.i64(&m.rank) || !r.u32(&m.nranks) || !r.u32(&m.epoch) ||
-      !r.u32(&m.policy) || !r.u64(&m.member) || !r.u64(&m.pid) || !r.str(&m.address, kMaxAddressBytes) ||
+      !r.u32(&m.policy) || !r.u64(&m.member) || !r.u64(&m.pid) || !r.u64(&m.uuid) || !r.str(&m.address, kMaxAddressBytes) ||
       !r.str(&m.text, kMaxCoordText)) {
     *why = "coordinator message header is truncated or a field is too long";
     return std::nullopt;
   }
-  if (kind < 1 || kind > static_cast<uint32_t>(CoordKind::kSwitchFailed)) {
+  if (kind < 1 || kind > static_cast<uint32_t>(CoordKind::kReconfigure)) {
     *why = fmt::format("unknown coordinator message kind {}", kind);
     return std::nullopt;
   }

@@ -38,6 +38,9 @@ enum class CoordKind : uint32_t {
   // tell the outcome of their vote; the coordinator only settles split votes.
   kSwitched = 20,      // member -> coord: epoch (next); every member voted yes, it is in that view now
   kSwitchFailed = 21,  // member -> coord: epoch, text; its vote missed someone, it waits for the decision
+  // A membership named outright (c10d's reconfigure): every member named in
+  // `members` asks with the same list and uuid; the view becomes that list.
+  kReconfigure = 22,   // member or standby -> coord: epoch (its view, 0 for a standby), uuid, members (rank order)
 };
 
 enum class Role : uint32_t { kRank = 1, kStandby = 2, kTool = 3 };
@@ -57,6 +60,7 @@ struct CoordMessage {
   uint32_t policy = 0;
   uint64_t member = 0;
   uint64_t pid = 0;
+  uint64_t uuid = 0;  // kReconfigure: the caller's name for the new membership
   std::string address;
   std::string text;
   std::vector<ViewEntry> entries;  // indexed by rank

@@ -88,6 +88,16 @@ struct Coordinator::State {
   std::string lastAbort;
   // A REPLACE short of standbys, held (opt.replaceWaitMs) until this time.
   std::optional<Clock::time_point> replaceHeldUntil;
+  // Memberships named outright (kReconfigure), by asker; each uuid names
+  // one view at most, ever.
+  struct ReconfigureAsk {
+    uint64_t uuid = 0;
+    std::vector<uint64_t> members;
+  };
+  std::map<uint64_t, ReconfigureAsk> reconfigureAsks;
+  std::map<uint64_t, uint32_t> usedUuids;  // uuid -> the epoch it made
+  std::map<uint64_t, std::string> refusedUuids;  // uuid -> why: a late caller hears the same
+  uint64_t viewUuid = 0;                  // the uuid that made the current view (0: another cause)
 
   std::string label(uint64_t member) const {
     auto it = std::find(view.begin(), view.end(), member);
@@ -121,6 +131,7 @@ struct Coordinator::State {
     v.nranks = static_cast<uint32_t>(view.size());
     v.entries = entries();
     v.text = why;
+    v.uuid = viewUuid;
     send(it->second, v);
   }
 
@@ -249,6 +260,7 @@ struct Coordinator::State {
     auto it = members.find(member);
     if (it == members.end()) return;
     std::string who = label(member);
+    refuseReconfigurationsNaming(member, fmt::format("{} failed: {}", who, reason));
     bool wasEager = it->second.eager && idleStandby(it->second);
     bool voter = pending && pending->voting && (inView(member) || isJoiner(member));
     if (pending && (inView(member) || isJoiner(member))) {
@@ -343,7 +355,8 @@ struct Coordinator::State {
 
   // The single place a new view becomes current.
   void commitView(std::vector<uint64_t> next, const std::vector<uint64_t>& promoted, const std::string& story,
-                  const std::vector<uint64_t>& leavers) {
+                  const std::vector<uint64_t>& leavers, uint64_t uuid = 0) {
+    viewUuid = uuid;
     for (uint64_t m : failed) members.erase(m);
     for (uint64_t m : promoted) members.at(m).role = Role::kRank;
     for (auto& [mid, mm] : members) mm.ask = Member::Ask::kNone;
@@ -574,6 +587,101 @@ struct Coordinator::State {
     }
   }
 
+  std::string describeMembers(const std::vector<uint64_t>& list) const {
+    std::string out;
+    for (uint64_t m : list) out += fmt::format("{}{:016x}", out.empty() ? "[" : ", ", m);
+    return out + "]";
+  }
+
+  // Refuses every ask of `uuid` (all of them when 0 is not meant) with `why`.
+  void refuseReconfiguration(uint64_t uuid, const std::string& why) {
+    std::vector<uint64_t> askers;
+    for (auto& [asker, ask] : reconfigureAsks)
+      if (ask.uuid == uuid) askers.push_back(asker);
+    log::warn("coordinator: reconfiguration {:016x} refused: {}", uuid, why);
+    refusedUuids.emplace(uuid, why);
+    for (uint64_t a : askers) {
+      reconfigureAsks.erase(a);
+      sendError(a, fmt::format("reconfiguration {:016x} refused: {}", uuid, why));
+    }
+  }
+
+  void refuseReconfigurationsNaming(uint64_t member, const std::string& why) {
+    std::set<uint64_t> uuids;
+    for (auto& [asker, ask] : reconfigureAsks)
+      if (asker == member || std::count(ask.members.begin(), ask.members.end(), member)) uuids.insert(ask.uuid);
+    for (uint64_t u : uuids) refuseReconfiguration(u, fmt::format("a member it names is gone: {}", why));
+  }
+
+  // Why `m` cannot be in a named membership, or "".
+  std::string unfitForReconfiguration(uint64_t m) const {
+    auto it = members.find(m);
+    if (it == members.end() || fenced.count(m))
+      return fmt::format("member {:016x} is not registered with this job (it exited, failed, or belongs to another job)", m);
+    if (isFailed(m)) return fmt::format("{} has failed", label(m));
+    if (!inView(m) && !usableStandby(it->second))
+      return fmt::format("member {:016x} is neither in the current view nor an idle standby", m);
+    return "";
+  }
+
+  // A membership named outright: the view becomes `members`, in that order,
+  // once every member it names has asked with the same list and uuid.
+  // Members of the current view it leaves out are leavers; standbys it names
+  // are promoted; connections between members kept are inherited.
+  void onReconfigure(uint64_t from, const CoordMessage& msg) {
+    auto fail = [&](const std::string& why) { sendError(from, fmt::format("reconfiguration {:016x} refused: {}", msg.uuid, why)); };
+    if (auto refused = refusedUuids.find(msg.uuid); refused != refusedUuids.end()) return fail(refused->second);
+    if (auto used = usedUuids.find(msg.uuid); used != usedUuids.end())
+      return fail(fmt::format("uuid {:016x} already made epoch {}; every reconfiguration needs a fresh uuid", msg.uuid,
+                              used->second));
+    if (view.empty() && !rankOf.empty())
+      return fail("the job is forming from ranks registered by init; a reconfiguration cannot form it");
+    if (inView(from) && msg.epoch != epoch)
+      return fail(fmt::format("asked at epoch {}, the current epoch is {}", msg.epoch, epoch));
+    std::set<uint64_t> distinct(msg.members.begin(), msg.members.end());
+    if (msg.members.empty() || distinct.size() != msg.members.size())
+      return fail(fmt::format("the membership {} is empty or names a member twice", describeMembers(msg.members)));
+    if (!distinct.count(from)) return fail(fmt::format("the asker {} is not in the membership it names", label(from)));
+    for (uint64_t m : msg.members)
+      if (std::string why = unfitForReconfiguration(m); !why.empty()) return fail(why);
+    reconfigureAsks[from] = {msg.uuid, msg.members};
+    // Everyone asking with this uuid must name the same membership.
+    for (auto& [asker, ask] : reconfigureAsks) {
+      if (asker == from || ask.uuid != msg.uuid || ask.members == msg.members) continue;
+      return refuseReconfiguration(
+          msg.uuid, fmt::format("callers disagree: {} named {}, {} named {}", label(asker),
+                                describeMembers(ask.members), label(from), describeMembers(msg.members)));
+    }
+    for (uint64_t m : msg.members) {
+      auto a = reconfigureAsks.find(m);
+      if (a == reconfigureAsks.end() || a->second.uuid != msg.uuid) return;  // still waiting for m
+    }
+    commitReconfiguration(msg.uuid, msg.members);
+  }
+
+  void commitReconfiguration(uint64_t uuid, const std::vector<uint64_t>& next) {
+    if (pending) abortPending(fmt::format("superseded by reconfiguration {:016x}", uuid));
+    std::vector<uint64_t> leavers, promoted;
+    for (uint64_t m : view)
+      if (!std::count(next.begin(), next.end(), m) && !isFailed(m)) leavers.push_back(m);
+    for (uint64_t m : next)
+      if (!inView(m)) promoted.push_back(m);
+    size_t kept = next.size() - promoted.size();
+    std::string story = fmt::format("reconfiguration {:016x}: {} kept, {} joined, {} left{}", uuid, kept,
+                                    promoted.size(), leavers.size() + failed.size(),
+                                    failed.empty() ? "" : fmt::format(" ({} failed)", failed.size()));
+    for (uint64_t m : next) reconfigureAsks.erase(m);
+    usedUuids[uuid] = std::max(issued, epoch) + 1;
+    // The members of a view a leaver leaves forget it, like a migration's.
+    for (uint64_t l : leavers) members.at(l).role = Role::kRank;
+    commitView(next, promoted, story, leavers, uuid);
+    // Asks for other memberships by members of this view are superseded.
+    std::set<uint64_t> stale;
+    for (auto& [asker, ask] : reconfigureAsks)
+      if (inView(asker)) stale.insert(ask.uuid);
+    for (uint64_t u : stale) refuseReconfiguration(u, fmt::format("superseded by epoch {} ({})", epoch, story));
+  }
+
   void tryRecover() {
     if (failed.empty()) return releaseReservations();
     if (pending && pending->voting) return;  // the vote decides first
@@ -649,6 +757,8 @@ struct Coordinator::State {
       case CoordKind::kSwitched:
       case CoordKind::kSwitchFailed:
         return onVote(from, msg);
+      case CoordKind::kReconfigure:
+        return onReconfigure(from, msg);
       case CoordKind::kMigrate: {
         std::string refused = startMigration(msg.rank, label(from));
         if (!refused.empty()) {
@@ -701,6 +811,10 @@ struct Coordinator::State {
                        pending->voting ? fmt::format(", voting: {} yes, {} gave up, {} lost", pending->votedYes.size(),
                                                      pending->gaveUp.size(), pending->lost.size())
                                        : "");
+    for (auto& [asker, ask] : reconfigureAsks)
+      s += fmt::format("  reconfiguration {:016x} asked by {} for {}\n", ask.uuid, label(asker), describeMembers(ask.members));
+    for (auto& [asker, ask] : reconfigureAsks)
+      s += fmt::format("  reconfiguration {:016x} asked by {} for {}\n", ask.uuid, label(asker), describeMembers(ask.members));
     if (replaceHeldUntil)
       s += fmt::format("  REPLACE held for {} failed rank(s): {} standby(s) reserved, {} ms left to wait for more\n",
                        failed.size(), idleStandbys(true).size(), std::max<int64_t>(0, msUntil(*replaceHeldUntil)));

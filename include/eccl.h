@@ -141,6 +141,37 @@ ecclResult_t ecclMigrationRecv(void* recvbuff, size_t count, ecclDataType_t data
  * new ranks appended at the end. Returns when the new view is active. */
 ecclResult_t ecclCommGrow(ecclComm_t comm, int count);
 
+/* This member's identity in its job: unique, stable across views, never
+ * reused (a failed member is never readmitted). Processes exchange it to
+ * name each other in ecclCommReconfigure. */
+ecclResult_t ecclCommMemberId(ecclComm_t comm, uint64_t* memberId);
+/* Registers this process as a standby and returns at once: the handle has
+ * a member id but no rank (collectives return ecclInvalidUsage) until a view
+ * takes it in, through ecclCommAwaitPromotion or ecclCommReconfigure. */
+ecclResult_t ecclCommRegisterStandby(ecclComm_t* comm, ecclUniqueId commId, const ecclConfig_t* config);
+/* A standby from ecclCommRegisterStandby: waits up to timeoutMs (<= 0:
+ * ECCL_STANDBY_TIMEOUT_MS) for a recovery, grow or migration to promote it.
+ * ecclCommInitStandby is ecclCommRegisterStandby and this wait. */
+ecclResult_t ecclCommAwaitPromotion(ecclComm_t comm, int64_t timeoutMs);
+/* Makes the view exactly `members` (member ids, in rank order), as a delta:
+ * called by every process it names, with the same list and the same uuid
+ * (never used before: each names one new epoch); returns when the new view
+ * is active here. Members of the current view it leaves out leave the view
+ * (dead or alive); standbys it names become ranks; connections between
+ * members kept are inherited. Works on a revoked communicator (after a
+ * failure) and forms the first view from standbys alone. Callers that
+ * disagree about the list, a reused uuid, or a named member that is not an
+ * idle standby or a live member of the view, get ecclInvalidUsage saying
+ * which; a named member that dies meanwhile fails it for everyone with
+ * ecclInvalidUsage naming it. timeoutMs <= 0: the communicator's timeout. */
+ecclResult_t ecclCommReconfigure(ecclComm_t comm, const uint64_t* members, int count, uint64_t uuid,
+                                 int64_t timeoutMs);
+/* Ends the communicator for good from any thread, without freeing it: a
+ * call blocked on it now, and every later one, returns ecclRemoteError.
+ * Free it afterwards with ecclCommDestroy or ecclCommAbort, once no other
+ * thread is inside a call on it. */
+ecclResult_t ecclCommRevoke(ecclComm_t comm);
+
 typedef struct {
   size_t size;                   /* set to sizeof(ecclCommStats_t) */
   uint32_t epoch;                /* the current view */

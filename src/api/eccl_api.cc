@@ -176,6 +176,45 @@ ecclResult_t ecclCommSwitchover(ecclComm_t comm) {
   return guarded(comm, "ecclCommSwitchover", [&] { impl(comm, "ecclCommSwitchover").switchover(); });
 }
 
+ecclResult_t ecclCommMemberId(ecclComm_t comm, uint64_t* memberId) {
+  return guarded(comm, "ecclCommMemberId", [&] {
+    Communicator& c = impl(comm, "ecclCommMemberId");
+    if (!memberId) fail(ecclInvalidArgument, "ecclCommMemberId: memberId is NULL");
+    *memberId = c.memberId();
+  });
+}
+
+ecclResult_t ecclCommRegisterStandby(ecclComm_t* comm, ecclUniqueId id, const ecclConfig_t* config) {
+  return guarded(nullptr, "ecclCommRegisterStandby", [&] {
+    if (!comm) fail(ecclInvalidArgument, "ecclCommRegisterStandby: comm is NULL");
+    *comm = nullptr;
+    eccl::CommOptions options = optionsFrom(config, "ecclCommRegisterStandby");
+    auto handle = std::make_unique<ecclComm>();
+    handle->impl = new Communicator(id, options, options.timeoutMs, /*wait=*/false);
+    *comm = handle.release();
+  });
+}
+
+ecclResult_t ecclCommAwaitPromotion(ecclComm_t comm, int64_t timeoutMs) {
+  return guarded(comm, "ecclCommAwaitPromotion", [&] {
+    impl(comm, "ecclCommAwaitPromotion")
+        .awaitPromotion(eccl::deadlineAfterMs(timeoutMs > 0 ? timeoutMs : eccl::params::standbyTimeoutMs()));
+  });
+}
+
+ecclResult_t ecclCommReconfigure(ecclComm_t comm, const uint64_t* members, int count, uint64_t uuid,
+                                 int64_t timeoutMs) {
+  return guarded(comm, "ecclCommReconfigure", [&] {
+    Communicator& c = impl(comm, "ecclCommReconfigure");
+    if (!members || count < 1) fail(ecclInvalidArgument, "ecclCommReconfigure: members is NULL or count {} < 1", count);
+    c.reconfigure(std::vector<uint64_t>(members, members + count), uuid, timeoutMs);
+  });
+}
+
+ecclResult_t ecclCommRevoke(ecclComm_t comm) {
+  return guarded(nullptr, "ecclCommRevoke", [&] { impl(comm, "ecclCommRevoke").revoke("ecclCommRevoke"); });
+}
+
 ecclResult_t ecclCommGrow(ecclComm_t comm, int count) {
   return guarded(comm, "ecclCommGrow", [&] { impl(comm, "ecclCommGrow").grow(count); });
 }

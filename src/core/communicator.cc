@@ -75,27 +75,12 @@ Communicator::Communicator(int nranks, const ecclUniqueId& id, int rank, const C
   log::info("rank {} of {} ready at {} (epoch {})", rank_, size(), device_->address(), view_.epoch);
 }
 
-Communicator::Communicator(const ecclUniqueId& id, const CommOptions& o, int64_t promotionTimeoutMs)
+Communicator::Communicator(const ecclUniqueId& id, const CommOptions& o, int64_t promotionTimeoutMs, bool wait)
     : timeoutMs_(o.timeoutMs > 0 ? o.timeoutMs : params::timeoutMs()) {
   eager_ = params::prepareEager();
+  standby_ = true;
   join(id, bootstrap::Role::kStandby, -1, 0, o);
-  Deadline until = deadlineAfterMs(promotionTimeoutMs > 0 ? promotionTimeoutMs : params::standbyTimeoutMs());
-  for (;;) {
-    bootstrap::ViewUpdate v = client_->awaitView(until, "standby waiting for promotion");
-    if (v.joining) {
-      becomeJoiner(v);
-      joinedEpoch_ = v.epoch;
-      log::info("standby chosen to take rank {} at epoch {} ({})", rank_, v.epoch, v.why);
-      return;
-    }
-    if (v.rank >= 0) {
-      enterViewAtInit(v);
-      break;
-    }
-    if (eager_) worker_->post([this, entries = v.entries] { connectStandbys(entries); });
-  }
-  joinedEpoch_ = view_.epoch;
-  log::info("standby promoted to rank {} of {} at epoch {} ({})", rank_, size(), view_.epoch, lastWhy_);
+  if (wait) awaitPromotion(deadlineAfterMs(promotionTimeoutMs > 0 ? promotionTimeoutMs : params::standbyTimeoutMs()));
 }
 
 void Communicator::join(const ecclUniqueId& id, bootstrap::Role role, int rank, int nranks, const CommOptions& o) {
@@ -317,6 +302,8 @@ ecclResult_t Communicator::asyncError() const {
 }
 
 void Communicator::checkUsable() const {
+  if (standby_)
+    fail(ecclInvalidUsage, "this standby (member {:016x}) has no rank yet: it is waiting to be promoted", self_);
   if (joining_)
     fail(ecclInvalidUsage, "rank {} is joining at epoch {}: call ecclCommSwitchover before any collective", rank_,
          view_.epoch + 1);

@@ -35,11 +35,15 @@ class Communicator {
  public:
   // A rank of the first view.
   Communicator(int nranks, const ecclUniqueId& id, int rank, const CommOptions& options);
-  // A standby: registers, then returns once promoted into a view.
-  Communicator(const ecclUniqueId& id, const CommOptions& options, int64_t promotionTimeoutMs);
+  // A standby: registers, then (with `wait`) returns once promoted into a
+  // view; without it, returns at once and awaitPromotion or reconfigure
+  // takes it into a view later.
+  Communicator(const ecclUniqueId& id, const CommOptions& options, int64_t promotionTimeoutMs, bool wait = true);
   ~Communicator();
 
   int rank() const { return rank_; }
+  transport::MemberId memberId() const { return self_; }
+  bool isStandby() const { return standby_; }
   int size() const { return static_cast<int>(view_.rankToMember.size()); }
   uint32_t epoch() const { return view_.epoch; }
   transport::Device& device() { return *device_; }
@@ -75,6 +79,16 @@ class Communicator {
   ecclPrepareState_t prepareStatus(std::string* why, int* leavingRank) const;
   void switchover();
   void grow(int count);
+  // Membership named outright (src/elastic/membership.cc): the view becomes
+  // `members` in that order, once every member named asks with the same
+  // list and uuid; a standby calls it to be taken in.
+  void reconfigure(const std::vector<transport::MemberId>& members, uint64_t uuid, int64_t timeoutMs);
+  // A standby: waits until a view takes it in (recovery, grow, migration or
+  // a named reconfiguration).
+  void awaitPromotion(Deadline until);
+  // Ends this communicator for good from any thread, without freeing it:
+  // blocked and later calls fail with `why`.
+  void revoke(const std::string& why);
   void migrationSend(const void* buf, size_t bytes);
   void migrationRecv(void* buf, size_t bytes);
 
@@ -169,6 +183,7 @@ class Communicator {
   Mutex reporterMu_;
   bootstrap::CoordClient* reporter_ ECCL_GUARDED_BY(reporterMu_) = nullptr;
   bool eager_ = false;          // a standby keeping connections to the members open
+  bool standby_ = false;        // registered as a standby and not yet in a view
   bool joining_ = false;        // a joiner before its switchover
   std::string leftView_;        // why this member is no longer in the view (migrated away)
   uint64_t migrationSendSeq_ = 0, migrationRecvSeq_ = 0;
