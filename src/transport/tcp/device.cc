@@ -163,6 +163,12 @@ class TcpDevice final : public Device {
     // fails a rank while this process is still entering that view): it is
     // kept and applied when the member is added.
     if (!peers_.count(member)) failedBeforeKnown_[member] = {code, reason};
+    // What the member sent before it died is read first: a survivor that
+    // reported another's failure and then exited often raced its own
+    // notice, and the notice names the real culprit.
+    if (auto it = peers_.find(member); it != peers_.end() && it->second.state != Peer::State::kFailed)
+      for (auto& lane : it->second.lanes)
+        if (lane->fd && it->second.state != Peer::State::kFailed) readLocked(*lane);
     failPeerLocked(member, code, reason, /*flood=*/true);
   }
   void abort(const std::string& reason) override;
