@@ -223,6 +223,23 @@ ecclResult_t ecclRecv(void* recvbuff, size_t count, ecclDataType_t datatype, int
                       ecclComm_t comm, ecclStream_t stream);
 ecclResult_t ecclBarrier(ecclComm_t comm);
 
+/* Non-blocking point-to-point on host buffers: post and return at once;
+ * sends and receives between two ranks are matched in issue order, like
+ * ecclSend/ecclRecv (and with them). The buffer belongs to the request
+ * until it completes. Not inside a group. */
+typedef struct ecclRequest* ecclRequest_t;
+ecclResult_t ecclIsend(const void* sendbuff, size_t count, ecclDataType_t datatype, int peer, ecclComm_t comm,
+                       ecclRequest_t* request);
+ecclResult_t ecclIrecv(void* recvbuff, size_t count, ecclDataType_t datatype, int peer, ecclComm_t comm,
+                       ecclRequest_t* request);
+/* *done = 1 once the request has completed; the result is its outcome
+ * (a failed request is done, with the error a blocking call would give). */
+ecclResult_t ecclTest(ecclRequest_t request, int* done);
+/* Blocks until the request completes, up to the communicator's timeout. */
+ecclResult_t ecclWait(ecclRequest_t request);
+/* Frees a completed request (a pending one: ecclInvalidUsage). */
+ecclResult_t ecclRequestFree(ecclRequest_t request);
+
 /* Boundary-send logs: sends to chosen peers are teed into a host-memory log
  * (one arena allocated at configure time), tagged by iteration and
  * micro-batch, so a replacement for a failed peer can be fed again. */

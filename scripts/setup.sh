@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# Installs the Debian packages eccl builds and tests with (idempotent).
+# Installs what eccl builds and tests with (idempotent): Debian packages,
+# then a project-local, git-ignored virtual environment (.venv) with the
+# pinned torch, torchft and pytest the PyTorch backend is built and tested
+# against (the torch wheel is large; it installs in about two minutes).
 set -euo pipefail
-packages=(cmake ninja-build g++ clang pkg-config iproute2
+cd "$(dirname "$0")/.."
+packages=(cmake ninja-build g++ clang pkg-config iproute2 python3 python3-venv python3-dev
   libibverbs-dev librdmacm-dev libhwloc-dev openmpi-bin libopenmpi-dev libgloo-dev
   libgtest-dev libbenchmark-dev libssl-dev libisal-dev libcli11-dev nlohmann-json3-dev libfmt-dev)
 missing=()
@@ -13,4 +17,21 @@ if [ ${#missing[@]} -gt 0 ]; then
   sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+python_pins=(torch==2.15.0 torchft-nightly==2026.10.26 pytest==9.2.0 numpy==2.4.6)
+venv_ok() {
+  [ -x .venv/bin/python ] && .venv/bin/python - "${python_pins[@]}" <<'PY' 2>/dev/null
+import sys
+from importlib.metadata import version
+for pin in sys.argv[1:]:
+    name, want = pin.split("==")
+    if version(name) != want:
+        sys.exit(1)
+PY
+}
+if ! venv_ok; then
+  echo "setup: installing ${python_pins[*]} into .venv"
+  [ -x .venv/bin/python ] || python3 -m venv .venv
+  .venv/bin/pip install -q --disable-pip-version-check "${python_pins[@]}"
 fi

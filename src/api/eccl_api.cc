@@ -30,10 +30,7 @@ void recordError(ecclComm_t comm, const std::string& message) {
 
 namespace {
 
-Communicator& impl(ecclComm_t comm, const char* fn) {
-  if (!comm || !comm->impl) fail(ecclInvalidArgument, "{}: comm is NULL", fn);
-  return *comm->impl;
-}
+using eccl::api::impl;
 
 void checkStream(ecclStream_t stream, const char* fn) {
   if (stream != nullptr)

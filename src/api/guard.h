@@ -25,9 +25,25 @@ struct ecclMoePlan {
   std::unique_ptr<eccl::moe::DispatchPlan> impl;
 };
 
+// A non-blocking send or receive (p2p_api.cc).
+struct ecclRequest {
+  ecclComm_t comm = nullptr;
+  eccl::transport::RequestPtr request;
+  int peer = -1;
+  bool isSend = false;
+  bool finished = false;
+  ecclResult_t code = ecclSuccess;
+  std::string error;
+};
+
 namespace eccl::api {
 
 void recordError(ecclComm_t comm, const std::string& message);
+
+inline Communicator& impl(ecclComm_t comm, const char* fn) {
+  if (!comm || !comm->impl) fail(ecclInvalidArgument, "{}: comm is NULL", fn);
+  return *comm->impl;
+}
 
 template <typename F>
 ecclResult_t guarded(ecclComm_t comm, const char* function, F&& body) noexcept {

@@ -555,6 +555,19 @@ transport::RequestPtr Communicator::postRecv(void* buf, size_t bytes, int peer) 
   return device_->irecv(view_.rankToMember[peer], seq, 0, buf, bytes);
 }
 
+bool Communicator::testP2p(const transport::RequestPtr& r, int peer, bool isSend) {
+  auto logged = isSend ? pendingLogs_.find(r.get()) : pendingLogs_.end();
+  try {
+    if (!device_->test(r, {})) return false;
+  } catch (const Error& e) {
+    if (logged != pendingLogs_.end()) log_->abandon(logged->second.reservation), pendingLogs_.erase(logged);
+    throw Error(e.code(), fmt::format("{} {} rank {} (rank {}, epoch {}): {}", isSend ? "send" : "recv",
+                                      isSend ? "to" : "from", peer, rank_, view_.epoch, e.what()));
+  }
+  if (logged != pendingLogs_.end()) log_->commit(logged->second.reservation, logged->second.crc), pendingLogs_.erase(logged);
+  return true;
+}
+
 void Communicator::waitP2p(const transport::RequestPtr& r, int peer, bool isSend) {
   auto logged = isSend ? pendingLogs_.find(r.get()) : pendingLogs_.end();
   try {

@@ -64,6 +64,8 @@ class Communicator {
   transport::RequestPtr postSend(const void* buf, size_t bytes, int peer, ecclDataType_t type = ecclUint8);
   transport::RequestPtr postRecv(void* buf, size_t bytes, int peer);
   void waitP2p(const transport::RequestPtr& request, int peer, bool isSend);
+  // Non-blocking completion test of a posted send or receive; throws its failure.
+  bool testP2p(const transport::RequestPtr& request, int peer, bool isSend);
 
   // Throws the stored failure if the communicator is revoked.
   void checkUsable() const;

@@ -1,0 +1,112 @@
+// torch_eccl._C: the backend class and the calls the Python package needs.
+#include <pybind11/chrono.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <mutex>
+
+#include "process_group.h"
+
+namespace py = pybind11;
+
+namespace torch_eccl {
+namespace {
+
+// A standby promoted before torch made its process group (its rank is not
+// known until then): the next backend this process makes adopts it.
+std::mutex promotedMu;
+ecclComm_t promoted = nullptr;
+std::string promotedJob;
+
+std::pair<int, int> awaitStandby(const std::string& job, int64_t timeoutMs, int64_t opTimeoutMs) {
+  ecclUniqueId id;
+  TORCH_CHECK_VALUE(ecclUniqueIdFromString(job.c_str(), &id) == ecclSuccess, "eccl: malformed job id: ",
+                    ecclGetLastError(nullptr));
+  ecclConfig_t config{};
+  config.size = sizeof(config);
+  config.timeoutMs = opTimeoutMs;
+  ecclComm_t comm = nullptr;
+  TORCH_CHECK_WITH(DistBackendError, ecclCommRegisterStandby(&comm, id, &config) == ecclSuccess,
+                   "eccl: registering a standby failed: ", ecclGetLastError(nullptr));
+  if (ecclCommAwaitPromotion(comm, timeoutMs) != ecclSuccess) {
+    std::string why = ecclGetLastError(comm);
+    ecclCommDestroy(comm);
+    TORCH_CHECK_WITH(DistBackendError, false, "eccl: standby was not promoted: ", why);
+  }
+  int rank = -1, size = 0;
+  ecclCommUserRank(comm, &rank);
+  ecclCommCount(comm, &size);
+  std::lock_guard<std::mutex> lock(promotedMu);
+  TORCH_CHECK(!promoted, "eccl: a promoted standby is already waiting for its process group");
+  promoted = comm;
+  promotedJob = job;
+  return {rank, size};
+}
+
+c10::intrusive_ptr<c10d::Backend> createBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                                std::chrono::milliseconds timeout, const std::string& job,
+                                                bool standby, bool adoptPromoted) {
+  Setup s;
+  s.store = store;
+  s.rank = rank;
+  s.size = size;
+  s.timeout = timeout;
+  s.jobId = job;
+  s.standby = standby;
+  if (adoptPromoted) {
+    std::lock_guard<std::mutex> lock(promotedMu);
+    if (promoted) {
+      int r = -1, n = 0;
+      ecclCommUserRank(promoted, &r);
+      ecclCommCount(promoted, &n);
+      TORCH_CHECK_VALUE(r == rank && n == size, "eccl: the promoted standby holds rank ", r, " of ", n,
+                        ", but the process group is made for rank ", rank, " of ", size);
+      s.adopt = promoted;
+      s.jobId = promotedJob;
+      promoted = nullptr;
+    }
+  }
+  return c10::make_intrusive<ProcessGroupEccl>(s);
+}
+
+}  // namespace
+}  // namespace torch_eccl
+
+PYBIND11_MODULE(_C, m) {
+  using torch_eccl::ProcessGroupEccl;
+  py::module_::import("torch.distributed");
+  auto release = py::call_guard<py::gil_scoped_release>();
+  m.def("create_backend", &torch_eccl::createBackend, release, py::arg("store"), py::arg("rank"), py::arg("size"),
+        py::arg("timeout"), py::arg("job"), py::arg("standby"), py::arg("adopt_promoted"));
+  m.def("await_standby", &torch_eccl::awaitStandby, release, py::arg("job"), py::arg("timeout_ms"),
+        py::arg("op_timeout_ms"));
+  m.def("make_job", [] {
+    ecclUniqueId id;
+    TORCH_CHECK_WITH(DistBackendError, ecclGetUniqueId(&id) == ecclSuccess, "eccl: cannot make a job: ",
+                     ecclGetLastError(nullptr));
+    char text[512];
+    TORCH_CHECK(ecclUniqueIdToString(&id, text, sizeof(text)) == ecclSuccess, "eccl: ", ecclGetLastError(nullptr));
+    return std::string(text);
+  });
+  m.def("version", [] {
+    int v = 0;
+    ecclGetVersion(&v);
+    return v;
+  });
+  py::class_<ProcessGroupEccl, c10d::Backend, c10::intrusive_ptr<ProcessGroupEccl>>(m, "ProcessGroupEccl")
+      .def_property_readonly("member_id", &ProcessGroupEccl::memberId)
+      .def_property_readonly("job_id", &ProcessGroupEccl::jobId)
+      .def("is_standby", &ProcessGroupEccl::isStandby, release)
+      .def(
+          "recover",
+          [](ProcessGroupEccl& pg, int policy) { return pg.recover(static_cast<ecclRecoverPolicy_t>(policy)); },
+          release, py::arg("policy"))
+      .def("prepare", &ProcessGroupEccl::prepare, release, py::arg("rank"))
+      .def("prepare_status", &ProcessGroupEccl::prepareStatus, release)
+      .def("switchover", &ProcessGroupEccl::switchover, release)
+      .def("migration_send", &ProcessGroupEccl::migrationSend, release, py::arg("tensor"))
+      .def("migration_recv", &ProcessGroupEccl::migrationRecv, release, py::arg("tensor"))
+      .def("grow", &ProcessGroupEccl::grow, release, py::arg("count"))
+      .def("await_promotion", &ProcessGroupEccl::awaitPromotion, release, py::arg("timeout"))
+      .def("stats", &ProcessGroupEccl::stats, release);
+}

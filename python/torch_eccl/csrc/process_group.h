@@ -1,0 +1,129 @@
+// ProcessGroupEccl: torch.distributed's "eccl" backend, a c10d::Backend
+// over eccl's C API. Collectives and point-to-point run on the driver
+// thread (work.h); the elastic calls (recover, reconfigure, migration,
+// grow) run there too, after the ops issued before them.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "eccl.h"
+#include "work.h"
+
+namespace torch_eccl {
+
+// How a process group finds its eccl communicator.
+struct Setup {
+  c10::intrusive_ptr<c10d::Store> store;  // rendezvous (rank 0 publishes the job id), may be null
+  int rank = 0, size = 1;
+  std::chrono::milliseconds timeout{0};
+  std::string jobId;         // the job's unique id as text ("": from the store)
+  bool standby = false;      // register as a standby (reconfigure regime): no rank until a view names it
+  ecclComm_t adopt = nullptr;  // a communicator promoted before torch made the group
+};
+
+class ProcessGroupEccl : public c10d::Backend {
+ public:
+  explicit ProcessGroupEccl(const Setup& setup);
+  ~ProcessGroupEccl() override;
+
+  const std::string getBackendName() const override { return "eccl"; }
+  bool supportsReconfigure() const override { return true; }
+  bool supportsSplitting() const override { return false; }
+  void setTimeout(std::chrono::milliseconds timeout) override;
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts = {}) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts = {}) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                     const c10d::AllreduceCoalescedOptions& opts = {}) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts = {}) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts = {}) override;
+  c10::intrusive_ptr<c10d::Work> all_gather_single(at::Tensor& output, at::Tensor& input,
+                                                   const c10d::AllgatherOptions& opts = {}) override;
+  c10::intrusive_ptr<c10d::Work> all_gather_single_coalesced(std::vector<at::Tensor>& outputs,
+                                                             std::vector<at::Tensor>& inputs,
+                                                             const c10d::AllgatherOptions& opts = {}) override;
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                     std::vector<at::Tensor>& inputs,
+                                                     const c10d::AllgatherOptions& opts = {}) override;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts = {}) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts = {}) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts = {}) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_single(at::Tensor& output, at::Tensor& input,
+                                                       const c10d::ReduceScatterOptions& opts = {}) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_single_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::ReduceScatterOptions& opts = {}) override;
+  c10::intrusive_ptr<c10d::Work> all_to_all_single(at::Tensor& output, at::Tensor& input,
+                                                   std::vector<int64_t>& outputSplitSizes,
+                                                   std::vector<int64_t>& inputSplitSizes,
+                                                   const c10d::AllToAllOptions& opts = {}) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts = {}) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dstRank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts = {}) override;
+
+  // Fault tolerance (c10d's reconfigure API, done as eccl's delta).
+  c10d::ReconfigureHandle get_reconfigure_handle() const override;
+  c10::intrusive_ptr<c10d::Work> reconfigure(const c10d::ReconfigureOptions& opts) override;
+  void abort() override;     // ends the communicator now: pending and later work fails
+  void shutdown() override;  // finishes queued work, then leaves the job in order
+  c10d::ErrorType getError() override;
+
+  // What reconfigure cannot express (torch_eccl's Python API).
+  std::map<std::string, double> recover(ecclRecoverPolicy_t policy);
+  void prepare(int rank);
+  std::pair<std::string, int> prepareStatus();
+  std::map<std::string, double> switchover();
+  void migrationSend(const at::Tensor& t);
+  void migrationRecv(at::Tensor& t);
+  std::map<std::string, double> grow(int count);
+  std::map<std::string, double> awaitPromotion(std::chrono::milliseconds timeout);
+  std::map<std::string, double> stats();
+  uint64_t memberId() const { return member_; }
+  std::string jobId() const { return jobText_; }
+  bool isStandby();
+
+ private:
+  // Queues `run` as one op of this group; its work is returned at once.
+  c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, const char* name, std::vector<at::Tensor> outputs,
+                                         std::vector<at::Tensor> inputs, std::function<void()> run);
+  c10::intrusive_ptr<c10d::Work> enqueueP2p(c10d::OpType type, const char* name, const at::Tensor& t, int peer,
+                                            bool isSend);
+  // Runs `run` on the driver thread after everything queued, and waits.
+  void runNow(const char* name, std::function<void()> run);
+  // Throws a DistBackendError with eccl's message if `r` failed.
+  void check(ecclResult_t r, const char* what) const;
+  void refreshRankAndSize();
+  void requireRank(const char* what) const;
+  int checkedPeer(int64_t peer, const char* what) const;
+  std::map<std::string, double> statsLocked();
+  std::vector<uint64_t> membersNamed(const c10d::ReconfigureOptions& opts) const;
+
+  ecclComm_t comm_ = nullptr;
+  uint64_t member_ = 0;
+  std::string jobText_;
+  uint64_t jobId_ = 0;
+  std::chrono::milliseconds timeout_;
+  bool ended_ = false;  // aborted or shut down
+  std::mutex endMu_;
+  std::unique_ptr<Driver> driver_;
+};
+
+}  // namespace torch_eccl

@@ -1,0 +1,92 @@
+// Non-blocking point-to-point: post now, test or wait later. A caller that
+// runs several kinds of work on one thread (the PyTorch backend) keeps a
+// receive pending without blocking the collectives it issues after it.
+#include "api/guard.h"
+#include "core/group.h"
+
+using eccl::Communicator;
+using eccl::fail;
+using eccl::api::guarded;
+using eccl::api::impl;
+
+namespace {
+
+// Sends and receives are matched in issue order per peer, like ecclSend/ecclRecv.
+void post(ecclComm_t comm, const char* fn, const void* buf, size_t count, ecclDataType_t type, int peer, bool isSend,
+          ecclRequest_t* request) {
+  Communicator& c = impl(comm, fn);
+  if (!request) fail(ecclInvalidArgument, "{}: request is NULL", fn);
+  *request = nullptr;
+  size_t bytes = Communicator::checkedBytes(count, type, 1, fn);
+  Communicator::checkBuffer(buf, count, isSend ? "sendbuff" : "recvbuff");
+  c.checkRank(peer, fn);
+  if (peer == c.rank()) fail(ecclInvalidUsage, "{}: rank {} cannot post to itself", fn, peer);
+  if (eccl::group::active()) fail(ecclInvalidUsage, "{}: not inside ecclGroupStart/ecclGroupEnd (use ecclSend/ecclRecv)", fn);
+  auto r = std::make_unique<ecclRequest>();
+  r->comm = comm;
+  r->peer = peer;
+  r->isSend = isSend;
+  r->request = isSend ? c.postSend(buf, bytes, peer, type) : c.postRecv(const_cast<void*>(buf), bytes, peer);
+  *request = r.release();
+}
+
+// Records the outcome once; later calls return it again.
+template <typename F>
+ecclResult_t settle(ecclRequest_t r, const char* fn, F&& check) {
+  if (!r) return guarded(nullptr, fn, [&] { fail(ecclInvalidArgument, "{}: request is NULL", fn); });
+  if (r->finished) {
+    if (r->code != ecclSuccess) eccl::api::recordError(r->comm, r->error);
+    return r->code;
+  }
+  bool done = false;
+  ecclResult_t code = guarded(r->comm, fn, [&] { done = check(); });
+  if (code != ecclSuccess || done) {
+    r->finished = true;
+    r->code = code;
+    if (code != ecclSuccess) r->error = ecclGetLastError(r->comm);
+  }
+  return code;
+}
+
+}  // namespace
+
+extern "C" {
+
+ecclResult_t ecclIsend(const void* buf, size_t count, ecclDataType_t type, int peer, ecclComm_t comm,
+                       ecclRequest_t* request) {
+  return guarded(comm, "ecclIsend", [&] { post(comm, "ecclIsend", buf, count, type, peer, true, request); });
+}
+
+ecclResult_t ecclIrecv(void* buf, size_t count, ecclDataType_t type, int peer, ecclComm_t comm,
+                       ecclRequest_t* request) {
+  return guarded(comm, "ecclIrecv", [&] { post(comm, "ecclIrecv", buf, count, type, peer, false, request); });
+}
+
+ecclResult_t ecclTest(ecclRequest_t request, int* done) {
+  if (!done) return guarded(nullptr, "ecclTest", [] { fail(ecclInvalidArgument, "ecclTest: done is NULL"); });
+  *done = 0;
+  ecclResult_t r = settle(request, "ecclTest", [&] {
+    return impl(request->comm, "ecclTest").testP2p(request->request, request->peer, request->isSend);
+  });
+  *done = request && request->finished;
+  return r;
+}
+
+ecclResult_t ecclWait(ecclRequest_t request) {
+  return settle(request, "ecclWait", [&] {
+    impl(request->comm, "ecclWait").waitP2p(request->request, request->peer, request->isSend);
+    return true;
+  });
+}
+
+ecclResult_t ecclRequestFree(ecclRequest_t request) {
+  return guarded(request ? request->comm : nullptr, "ecclRequestFree", [&] {
+    if (!request) return;
+    if (!request->finished)
+      fail(ecclInvalidUsage, "ecclRequestFree: the {} is still pending (its buffer may still be in use); test or wait "
+                             "until it completes", request->isSend ? "send" : "receive");
+    delete request;
+  });
+}
+
+}  // extern "C"
