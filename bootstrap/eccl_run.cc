@@ -346,9 +346,12 @@ int main(int argc, char** argv) {
     bool poolCovers = unreplaced + 1 <= idle.size();
     if (chaosMs > 0 && !jobEnding && !timedOut && chaosKills < chaosMax && eccl::Clock::now() >= nextChaos &&
         poolCovers) {
+      // Only members of the current view: a rank killed before the job
+      // formed (or a process not yet in any view) can never be replaced.
       std::vector<Child*> ranks;
       for (auto& c : children)
-        if (!c.exited && !c.injected && !available(c)) ranks.push_back(&c);
+        if (!c.exited && !c.injected && !available(c) && inView.count(static_cast<uint64_t>(c.pid)))
+          ranks.push_back(&c);
       if (!ranks.empty()) {
         Child* victim = ranks[std::uniform_int_distribution<size_t>(0, ranks.size() - 1)(chaosRng)];
         victim->injected = true;

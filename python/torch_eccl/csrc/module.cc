@@ -76,6 +76,10 @@ PYBIND11_MODULE(_C, m) {
   using torch_eccl::ProcessGroupEccl;
   py::module_::import("torch.distributed");
   auto release = py::call_guard<py::gil_scoped_release>();
+  py::module_::import("atexit").attr("register")(py::cpp_function([] {
+    py::gil_scoped_release noGil;
+    ProcessGroupEccl::endAllAtExit();
+  }));
   m.def("create_backend", &torch_eccl::createBackend, release, py::arg("store"), py::arg("rank"), py::arg("size"),
         py::arg("timeout"), py::arg("job"), py::arg("standby"), py::arg("adopt_promoted"));
   m.def("await_standby", &torch_eccl::awaitStandby, release, py::arg("job"), py::arg("timeout_ms"),

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
+#include <set>
 #include <variant>
 
 #include "handle.h"
@@ -16,6 +18,9 @@ namespace torch_eccl {
 namespace {
 
 const char* kJobKey = "eccl/unique_id";
+
+std::mutex liveMu;
+std::set<ProcessGroupEccl*> live;
 
 std::string idToText(const ecclUniqueId& id) {
   char text[512];
@@ -79,18 +84,40 @@ ProcessGroupEccl::ProcessGroupEccl(const Setup& s)
   check(ecclCommMemberId(comm_, &member_), "member id");
   refreshRankAndSize();
   driver_ = std::make_unique<Driver>();
+  std::lock_guard<std::mutex> lock(liveMu);
+  live.insert(this);
+}
+
+// Runs from Python's atexit, before the interpreter finalizes and before
+// C atexit handlers (OpenSSL's cleanup, registered when Python loaded it,
+// would pull the locks from under the communicator's HMAC-ing threads):
+// every thread of every live group is stopped and joined here.
+void ProcessGroupEccl::endAllAtExit() {
+  std::lock_guard<std::mutex> lock(liveMu);
+  for (ProcessGroupEccl* pg : live) {
+    pg->abort();
+    pg->driver_.reset();
+    if (pg->comm_) ecclCommAbort(pg->comm_);
+    pg->comm_ = nullptr;
+  }
 }
 
 ProcessGroupEccl::~ProcessGroupEccl() {
+  {
+    std::lock_guard<std::mutex> lock(liveMu);
+    live.erase(this);
+  }
   bool ended;
   {
     std::lock_guard<std::mutex> lock(endMu_);
     ended = ended_;
     ended_ = true;
   }
-  if (!ended) driver_->drain();
-  driver_->stop("the process group was destroyed");
-  driver_.reset();
+  if (driver_) {
+    if (!ended) driver_->drain();
+    driver_->stop("the process group was destroyed");
+    driver_.reset();
+  }
   if (comm_) (ended ? ecclCommAbort(comm_) : ecclCommDestroy(comm_));
 }
 
@@ -163,7 +190,7 @@ c10d::ErrorType ProcessGroupEccl::getError() {
 void ProcessGroupEccl::abort() {
   {
     std::lock_guard<std::mutex> lock(endMu_);
-    if (ended_) return;
+    if (ended_ || !comm_) return;
     ended_ = true;
   }
   ecclCommRevoke(comm_);  // wakes the op in flight; safe from this thread
@@ -174,7 +201,7 @@ void ProcessGroupEccl::abort() {
 void ProcessGroupEccl::shutdown() {
   {
     std::lock_guard<std::mutex> lock(endMu_);
-    if (ended_) return;
+    if (ended_ || !comm_) return;
     ended_ = true;
   }
   driver_->drain();

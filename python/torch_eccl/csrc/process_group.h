@@ -99,6 +99,11 @@ class ProcessGroupEccl : public c10d::Backend {
   uint64_t memberId() const { return member_; }
   std::string jobId() const { return jobText_; }
   bool isStandby();
+  // Interpreter exit with groups still alive (no destroy_process_group):
+  // their driver threads must stop before Python finalizes, or the last
+  // reference to a tensor dropped there would need the GIL of a dying
+  // interpreter. Ends every live group as abort() does.
+  static void endAllAtExit();
 
  private:
   // Queues `run` as one op of this group; its work is returned at once.
