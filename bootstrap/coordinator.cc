@@ -663,7 +663,7 @@ struct Coordinator::State {
     if (pending) abortPending(fmt::format("superseded by reconfiguration {:016x}", uuid));
     std::vector<uint64_t> leavers, promoted;
     for (uint64_t m : view)
-      if (!std::count(next.begin(), next.end(), m) && !isFailed(m)) leavers.push_back(m);
+      if (!std::count(next.begin(), next.end(), m) && !isFailed(m) && members.count(m)) leavers.push_back(m);
     for (uint64_t m : next)
       if (!inView(m)) promoted.push_back(m);
     size_t kept = next.size() - promoted.size();
@@ -878,7 +878,16 @@ void Coordinator::run() {
         error = e.what();
       }
       uint64_t mid = owners[i];
-      for (auto& msg : got) s.onMessage(mid, msg);
+      for (auto& msg : got) {
+        // A bug in handling one message must not take the job's only
+        // coordinator down with it: the message is dropped, loudly.
+        try {
+          s.onMessage(mid, msg);
+        } catch (const std::exception& e) {
+          log::warn("coordinator: internal error handling a {} message from member {:016x} (dropped): {}",
+                    coordKindName(msg.kind), mid, e.what());
+        }
+      }
       it = s.members.find(mid);
       if (it == s.members.end()) continue;
       if (!error.empty()) {
@@ -890,12 +899,25 @@ void Coordinator::run() {
                          std::count(s.pending->next.begin(), s.pending->next.end(), mid));
           std::string why = fmt::format("{} left the job during the reconfiguration", s.label(mid));
           bool voting = needed && s.pending->voting;
+          bool pendingLeaver = s.pending && std::count(s.pending->leavers.begin(), s.pending->leavers.end(), mid);
           if (voting) s.noteLossDuringVote(mid, why);
           else if (needed) s.abortPending(why);
+          s.refuseReconfigurationsNaming(mid, why);
           it = s.members.find(mid);
           if (s.view.empty()) s.rankOf.erase(mid);
+          // A member of the view that left in order still leaves its rank
+          // empty: the others' recovery must replace or drop it. It counts
+          // as failed for that, silently: nobody is told (its goodbyes have
+          // told its peers, and a notice could overtake them and fail
+          // their last ops).
+          bool departed = s.inView(mid) && !s.isFailed(mid) && !voting && !pendingLeaver;
+          if (departed) {
+            s.failed.push_back(mid);
+            s.lastFailure = fmt::format("{} left the job (it destroyed its communicator)", s.label(mid));
+          }
           s.members.erase(it);
           if (voting) s.decideVote();
+          if (departed) s.tryRecover();
         } else {
           s.declareFailed(mid, "its connection to the coordinator closed (process exited or was killed)");
         }

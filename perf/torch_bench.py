@@ -205,7 +205,7 @@ def _leaver(cycle: int, n: int) -> int:
     return 1 + cycle % (n - 1)  # rank 0 stays: its process hosts the first group's store
 
 
-def reconfigure_body(index, n_all, job, store_port, n, cycles, backend):
+def reconfigure_body(index, n_all, job, store_port, n, cycles, backend, eager):
     """n members and one spare. In each cycle one member's process leaves,
     the spare takes its rank, and the leaver makes a new group in the
     reconfigure regime (the next spare). Every member times its reconfigure
@@ -223,6 +223,8 @@ def reconfigure_body(index, n_all, job, store_port, n, cycles, backend):
 
     def join(spare: bool, rank: int):
         os.environ["ECCL_ROLE"] = "standby" if spare else "rank"
+        # A warm standby keeps idle connections to every member (ECCL_PREPARE=eager).
+        os.environ["ECCL_PREPARE"] = "eager" if eager and spare else "lazy"
         torch_eccl._env_job_taken = False
         if backend == "eccl":
             dist.init_process_group("eccl", rank=0 if spare else rank, world_size=1 if spare else n,
@@ -312,25 +314,28 @@ def cmd_reconfigure(a):
 
     n, cycles = a.np, a.cycles
     results = {}
-    for backend in ("eccl", "gloo"):
+    for name, backend, eager in (("eccl", "eccl", False), ("eccl eager", "eccl", True), ("gloo", "gloo", False)):
         store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=TIMEOUT)
-        per = launch(n + 1, reconfigure_body, torch_eccl.make_job(), store.port, n, cycles, backend)
+        per = launch(n + 1, reconfigure_body, torch_eccl.make_job(), store.port, n, cycles, backend, eager)
         flat = [t for p in per for t in p["times"]]
-        results[backend] = {"median_ms": statistics.median(flat), "max_ms": max(flat),
-                            "opened": sorted({o for p in per for o in p["opened"]})}
+        results[name] = {"median_ms": statistics.median(flat), "max_ms": max(flat),
+                         "opened": sorted({o for p in per for o in p["opened"]})}
     per = launch(n + 1, full_init_body, free_port_range(cycles + 2), n, cycles)
     flat = [t for p in per for t in p["times"]]
     results["destroy+init"] = {"median_ms": statistics.median(flat), "max_ms": max(flat)}
     if a.json:
         return {"np": n, "cycles": cycles, **results}
-    e, g, f = results["eccl"], results["gloo"], results["destroy+init"]
+    g, f = results["gloo"], results["destroy+init"]
     print(f"# replacing one member of {n}: reconfigure + first allreduce, {cycles} cycles, each member's time")
-    print(f"  eccl reconfigure   median {e['median_ms']:8.2f} ms  max {e['max_ms']:8.2f} ms  "
-          f"connections a member opened: {e['opened']}")
-    print(f"  gloo reconfigure   median {g['median_ms']:8.2f} ms  max {g['max_ms']:8.2f} ms")
-    print(f"  destroy + init     median {f['median_ms']:8.2f} ms  max {f['max_ms']:8.2f} ms")
-    print(f"  eccl is {g['median_ms'] / e['median_ms']:.1f}x faster than Gloo's reconfigure and "
-          f"{f['median_ms'] / e['median_ms']:.1f}x faster than destroy + init (medians)")
+    for name in ("eccl", "eccl eager", "gloo", "destroy+init"):
+        r = results[name]
+        opened = f"  connections a member opened: {r['opened']}" if "opened" in r else ""
+        print(f"  {name + ' reconfigure' if name != 'destroy+init' else 'destroy + init':22} median {r['median_ms']:8.2f} ms"
+              f"  max {r['max_ms']:8.2f} ms{opened}")
+    for name in ("eccl", "eccl eager"):
+        e = results[name]
+        print(f"  {name}: {g['median_ms'] / e['median_ms']:.1f}x faster than Gloo's reconfigure, "
+              f"{f['median_ms'] / e['median_ms']:.1f}x faster than destroy + init (medians)")
     return None
 
 

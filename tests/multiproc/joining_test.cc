@@ -328,3 +328,40 @@ TEST_F(HeldReplace, AHeldReplaceIsRefusedWhenTheWaitRunsOut) {
 
 }  // namespace
 }  // namespace eccl::test
+
+namespace eccl::test {
+namespace {
+
+// A member that destroys its communicator in the middle of the job (an
+// orderly goodbye, not a crash) leaves its rank empty: the others' next op
+// fails naming it, and REPLACE fills the rank from the standby.
+TEST_F(ElasticTest, AMemberThatLeavesInOrderIsReplacedByRecovery) {
+  constexpr int leaver = 1;
+  ProcessGroup group(n + 1, [&](int index, int, const ecclUniqueId& id) {
+    ecclComm_t comm;
+    if (index == n) {
+      RANK_OK(ecclCommInitStandby(&comm, id, nullptr), nullptr);
+      RANK_CHECK(statsOf(comm).rank == leaver, "the standby took rank " + std::to_string(statsOf(comm).rank));
+      checkAllreduce(comm, 2);
+      RANK_OK(ecclCommDestroy(comm), comm);
+      return;
+    }
+    RANK_OK(ecclCommInitRank(&comm, n, id, index), nullptr);
+    checkAllreduce(comm);
+    if (index == leaver) {
+      RANK_OK(ecclCommDestroy(comm), nullptr);
+      return;
+    }
+    std::string why = failingAllreduce(comm);
+    RANK_CHECK(why.find("rank 1") != std::string::npos, "error does not name rank 1: " + why);
+    recoverUntilWhole(comm);
+    RANK_CHECK(statsOf(comm).epoch == 2, "epoch " + std::to_string(statsOf(comm).epoch));
+    checkAllreduce(comm, 2);
+    RANK_OK(ecclCommDestroy(comm), comm);
+  });
+  auto outcomes = group.wait(std::chrono::seconds(60));
+  EXPECT_TRUE(allSucceeded(outcomes)) << describe(outcomes);
+}
+
+}  // namespace
+}  // namespace eccl::test

@@ -124,6 +124,7 @@ struct Peer {
   std::vector<std::unique_ptr<Lane>> lanes;
   uint32_t nextLane = 0;
   Clock::time_point lastPong{};  // the peer's progress thread answered a ping
+  bool leftReported = false;     // left in order, then an op needed it
 };
 
 class TcpDevice final : public Device {
@@ -200,6 +201,8 @@ class TcpDevice final : public Device {
   void failPeerLocked(MemberId member, ecclResult_t code, const std::string& reason, bool flood)
       ECCL_REQUIRES(mu_);
   void markLeftLocked(Peer& peer) ECCL_REQUIRES(mu_);
+  void leftPeerNeededLocked(Peer& peer) ECCL_REQUIRES(mu_);
+  void floodNoticeLocked(MemberId member, const std::string& reason) ECCL_REQUIRES(mu_);
   void discardOrphanedPayloadsLocked() ECCL_REQUIRES(mu_);
   void queueControlLocked(Lane& lane, FrameType type, std::vector<uint8_t> payload) ECCL_REQUIRES(mu_);
   void revokeLocked(ecclResult_t code, const std::string& reason) ECCL_REQUIRES(mu_);
@@ -505,6 +508,7 @@ RequestPtr TcpDevice::isend(MemberId member, uint64_t seq, uint32_t tag, const v
   }
   if (p.state == Peer::State::kFailed || p.state == Peer::State::kLeft) {
     completeLocked(r, p.failCode, p.failReason);
+    if (p.state == Peer::State::kLeft && !r->survivesRevocation) leftPeerNeededLocked(p);
     return r;
   }
   const size_t lanes = p.lanes.size();
@@ -584,6 +588,7 @@ RequestPtr TcpDevice::irecv(MemberId member, uint64_t seq, uint32_t tag, void* b
   }
   if (p.state == Peer::State::kFailed || p.state == Peer::State::kLeft) {
     completeLocked(r, p.failCode, p.failReason);
+    if (p.state == Peer::State::kLeft && !r->survivesRevocation) leftPeerNeededLocked(p);
     return r;
   }
   Inbox& box = inbox_[key];
@@ -817,16 +822,23 @@ void TcpDevice::failPeerLocked(MemberId member, ecclResult_t code, const std::st
     if (box->second.request) completeLocked(box->second.request, code, reason);
     box = inbox_.erase(box);
   }
-  if (wasLeft || closing_) return;  // an orderly leaver is nobody's failure, nor is a peer of one
+  // Nothing is anyone's failure once we are closing ourselves. A peer that
+  // left in order is nobody's failure either, until someone says otherwise:
+  // a notice about it (the coordinator's, or a peer's that needed it) means
+  // the view is broken, and ops waiting on others must end too.
+  if (closing_ || (wasLeft && !flood)) return;
   if (p.role == PeerRole::kCandidate) {
     cv_.notifyAll();
     return;  // not in the view: the coordinator decides what its loss means
   }
   if (onPeerFailure) onPeerFailure(member, code, reason);
   revokeLocked(code == ecclTimeout ? ecclTimeout : ecclRemoteError, reason);
-  if (!flood) return;
-  // Tell everyone we are connected to, so ranks that wait on a live
-  // neighbour of the failed member learn its name at once.
+  if (flood) floodNoticeLocked(member, reason);
+}
+
+// Tells everyone we are connected to, so ranks that wait on a live
+// neighbour of the failed member learn its name at once.
+void TcpDevice::floodNoticeLocked(MemberId member, const std::string& reason) {
   for (auto& [id, other] : peers_) {
     if (id == member || other.state == Peer::State::kFailed || other.lanes.empty() ||
         other.role == PeerRole::kCandidate)
@@ -859,11 +871,24 @@ void TcpDevice::markLeftLocked(Peer& p) {
   p.failReason = reason;
   // Its goodbye followed its last data on every lane, so whole messages it
   // sent before leaving stay receivable; only what can never arrive fails.
+  bool needed = false;
   for (auto box = inbox_.begin(); box != inbox_.end();) {
     bool lost = box->first.peer == p.id && box->second.received < box->second.total;
-    if (lost && box->second.request) completeLocked(box->second.request, ecclRemoteError, reason);
+    if (lost && box->second.request) completeLocked(box->second.request, ecclRemoteError, reason), needed = true;
     box = lost ? inbox_.erase(box) : std::next(box);
   }
+  if (needed) leftPeerNeededLocked(p);
+}
+
+// An op needed a member that left in order (mid-job, not at its end): the
+// view is broken like after a failure, and everyone must hear it, or ranks
+// waiting on us wait for the deadline.
+void TcpDevice::leftPeerNeededLocked(Peer& p) {
+  if (p.leftReported || closing_ || p.role == PeerRole::kCandidate) return;
+  p.leftReported = true;
+  if (onPeerFailure) onPeerFailure(p.id, ecclRemoteError, p.failReason);
+  revokeLocked(ecclRemoteError, p.failReason);
+  floodNoticeLocked(p.id, p.failReason);
 }
 
 void TcpDevice::queueControlLocked(Lane& lane, FrameType type, std::vector<uint8_t> payload) {
