@@ -56,6 +56,7 @@ CoordClient::~CoordClient() {
 void CoordClient::setCallbacks(Callbacks callbacks) {
   std::vector<uint64_t> early;
   std::vector<CoordMessage> earlyReconfig;
+  std::optional<std::vector<ViewEntry>> earlyStandbyView;
   std::string reason;
   Callbacks cb;
   {
@@ -65,7 +66,10 @@ void CoordClient::setCallbacks(Callbacks callbacks) {
     early.swap(failedBeforeCallbacks_);
     earlyReconfig.swap(reconfigBeforeCallbacks_);
     reason = failedReason_;
+    for (const auto& q : answers_)  // the standby view that came before the callbacks
+      if (q.kind == CoordKind::kView && q.rank < 0) earlyStandbyView = q.entries;
   }
+  if (earlyStandbyView && cb.onStandbyView) cb.onStandbyView(*earlyStandbyView);
   if (!early.empty() && cb.onFailed) cb.onFailed(early, reason);
   for (auto& m : earlyReconfig)
     if (cb.onReconfiguration) cb.onReconfiguration(m);
@@ -210,10 +214,16 @@ void CoordClient::deliver(CoordMessage m) {
     if (m.kind == CoordKind::kView || m.kind == CoordKind::kError) {
       // An idle standby hears of every view change; only the latest of
       // those rankless views matters, so they do not pile up unread.
-      if (m.kind == CoordKind::kView && m.rank < 0)
+      bool standbyView = m.kind == CoordKind::kView && m.rank < 0;
+      if (standbyView)
         std::erase_if(answers_, [](const CoordMessage& q) { return q.kind == CoordKind::kView && q.rank < 0; });
-      answers_.push_back(std::move(m));
+      answers_.push_back(m);
       cv_.notifyAll();
+      if (!standbyView || !callbacks_.onStandbyView) return;
+      cb = callbacks_;
+    }
+    if (m.kind == CoordKind::kView) {
+      cb.onStandbyView(m.entries);
       return;
     }
     if (m.kind == CoordKind::kFailed && !callbacks_.onFailed) {

@@ -49,6 +49,10 @@ class CoordClient {
     std::function<void(const std::string& reason)> onEvicted;
     // Reconfiguration news: prepare, prepare ready/failed, standby lists.
     std::function<void(const CoordMessage&)> onReconfiguration;
+    // A standby hears of each new view (it is queued for awaitView too):
+    // an eager one connects to the members at once, whether or not anyone
+    // waits on it.
+    std::function<void(const std::vector<ViewEntry>&)> onStandbyView;
   };
 
   // Connects, proves the secret, sends the join; throws naming the coordinator.

@@ -122,9 +122,26 @@ std::vector<std::string> launchArgs(const std::string& host, const std::vector<s
 struct Fault {
   int rank = 0;
   double seconds = 0;
+  std::string pattern;  // --kill-when: fire once the rank's output contains this
+  bool triggered = false;
   int signal = SIGKILL;
   bool done = false;
 };
+
+// "RANK:TEXT", e.g. "2:step 40".
+Fault parseOutputFault(const std::string& spec, int np) {
+  Fault f;
+  size_t colon = spec.find(':');
+  char* end = nullptr;
+  if (colon == std::string::npos || colon + 1 == spec.size())
+    throw CLI::ValidationError("fault '" + spec + "' must be RANK:TEXT");
+  const std::string rankText = spec.substr(0, colon);
+  f.rank = static_cast<int>(std::strtol(rankText.c_str(), &end, 10));
+  if (rankText.empty() || *end || f.rank < 0 || f.rank >= np)
+    throw CLI::ValidationError("fault '" + spec + "': rank out of range");
+  f.pattern = spec.substr(colon + 1);
+  return f;
+}
 
 // "RANK@SECONDS", e.g. "2@3.5".
 Fault parseFault(const std::string& spec, int sig, int np) {
@@ -185,6 +202,10 @@ int main(int argc, char** argv) {
   app.add_option("--seed", seed, "seed of the chaos schedule");
   app.add_option("--kill", kills, "fault injection: SIGKILL rank R after S seconds (R@S, repeatable)")->allow_extra_args(false);
   app.add_option("--stop", stops, "fault injection: SIGSTOP rank R after S seconds (R@S, repeatable)")->allow_extra_args(false);
+  std::vector<std::string> killWhens;
+  app.add_option("--kill-when", killWhens,
+                 "fault injection: SIGKILL rank R once its output contains TEXT (R:TEXT, repeatable)")
+      ->allow_extra_args(false);
   // Everything from the program name on belongs to the program.
   app.prefix_command();
   // mpirun's spelling "-np N" is the one people type; CLI11 takes one-letter
@@ -216,6 +237,7 @@ int main(int argc, char** argv) {
   try {
     for (auto& k : kills) faults.push_back(parseFault(k, SIGKILL, np));
     for (auto& k : stops) faults.push_back(parseFault(k, SIGSTOP, np));
+    for (auto& k : killWhens) faults.push_back(parseOutputFault(k, np));
   } catch (const CLI::ValidationError& e) {
     fprintf(stderr, "eccl-run: %s\n", e.what());
     return 2;
@@ -313,7 +335,7 @@ int main(int argc, char** argv) {
   while (running > 0) {
     double elapsed = std::chrono::duration<double>(eccl::Clock::now() - started).count();
     for (auto& f : faults) {
-      if (f.done || elapsed < f.seconds) continue;
+      if (f.done || (f.pattern.empty() ? elapsed < f.seconds : !f.triggered)) continue;
       f.done = true;
       Child& c = children[f.rank];
       if (c.exited) continue;
@@ -403,6 +425,10 @@ int main(int argc, char** argv) {
         std::string& last = isOut ? ignored : c->lastErrLine;
         if (n > 0) {
           pending.append(buf, static_cast<size_t>(n));
+          for (auto& f : faults)
+            if (!f.pattern.empty() && !f.triggered && !c->standby && c->rank == f.rank &&
+                pending.find(f.pattern) != std::string::npos)
+              f.triggered = true;
           pump(c->label, pending, last, isOut ? stdout : stderr, false);
         } else {
           pump(c->label, pending, last, isOut ? stdout : stderr, true);

@@ -17,7 +17,7 @@ if [ -d build/python/torch_eccl ]; then
   .venv/bin/python -m torch.distributed.run --nproc-per-node 4 python/examples/ddp_elastic.py --steps 150 --step-ms 0 \
     2>&1 | grep -E "done after"
   echo "=== DDP on eccl under eccl-run: 4 ranks and a standby, rank 2 killed mid-run"
-  ECCL_SOCKET_IFNAME=lo build/bootstrap/eccl-run -np 4 --standby 1 --kill 2@14 --timeout 300 \
+  ECCL_SOCKET_IFNAME=lo build/bootstrap/eccl-run -np 4 --standby 1 --kill-when "2:step 40" --timeout 300 \
     .venv/bin/python python/examples/ddp_elastic.py --steps 150 --step-ms 100 2>&1 |
     grep -E "failed:|recovered|joined|done after|eccl-run"
 fi

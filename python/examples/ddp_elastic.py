@@ -9,7 +9,7 @@ training goes on. The final parameters equal a failure-free run bit for bit.
 Failure-free (baseline), any launcher that sets torch's environment:
     torchrun --nproc-per-node 4 ddp_elastic.py --out base.pt
 With a standby and a kill, under eccl-run:
-    eccl-run -np 4 --standby 1 --kill 2@8 python ddp_elastic.py --out elastic.pt
+    eccl-run -np 4 --standby 1 --kill-when "2:step 40" python ddp_elastic.py --out elastic.pt
 """
 
 from __future__ import annotations
@@ -103,6 +103,8 @@ def main():
             torch.nn.functional.mse_loss(ddp(x), y).backward()
             opt.step()
             step += 1
+            if step % 10 == 0:
+                print(f"rank {rank}: step {step}", flush=True)
             time.sleep(args.step_ms / 1000)
         except RuntimeError as e:
             t0 = time.monotonic()

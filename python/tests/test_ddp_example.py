@@ -31,8 +31,8 @@ def test_ddp_with_a_killed_rank_ends_equal_to_a_failure_free_run(tmp_path):
     rc, out = run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", EXAMPLE,
                    "--steps", "150", "--step-ms", "0", "--out", str(base)], timeout=240)
     assert rc == 0, out
-    rc, out = run([eccl_run, "-np", "4", "--standby", "1", "--kill", "2@14", "--timeout", "240",
-                   sys.executable, EXAMPLE, "--steps", "150", "--step-ms", "100", "--out", str(elastic)], timeout=300)
+    rc, out = run([eccl_run, "-np", "4", "--standby", "1", "--kill-when", "2:step 40", "--timeout", "240",
+                   sys.executable, EXAMPLE, "--steps", "150", "--step-ms", "20", "--out", str(elastic)], timeout=300)
     assert rc == 0, out
     for r in (0, 1, 3):
         assert re.search(rf"\[{r}\] rank {r}: recovered into epoch 2", out), out
@@ -41,5 +41,5 @@ def test_ddp_with_a_killed_rank_ends_equal_to_a_failure_free_run(tmp_path):
     assert len(done) == 4 and len(set(done)) == 1, out
     a, b = torch.load(base), torch.load(elastic)
     assert len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b)), "parameters differ from the failure-free run"
-    failed_at = re.findall(r"rank \d: step (\d+) failed", out)
-    print(f"rank 2 was killed at step {failed_at[0] if failed_at else '?'} of 150")
+    failed_at = [int(s) for s in re.findall(r"rank \d: step (\d+) failed", out)]
+    assert failed_at and min(failed_at) >= 40, f"rank 2 was not killed mid-run: {failed_at}\n{out}"

@@ -125,6 +125,9 @@ void Communicator::join(const ecclUniqueId& id, bootstrap::Role role, int rank, 
         device_->abort(fmt::format("evicted: {}", reason));
       },
       [this](const bootstrap::CoordMessage& m) { onReconfiguration(m); },
+      [this](const std::vector<bootstrap::ViewEntry>& entries) {
+        if (eager_) worker_->post([this, entries] { connectStandbys(entries); });
+      },
   });
 }
 

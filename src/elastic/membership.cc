@@ -26,7 +26,8 @@ void Communicator::awaitPromotion(Deadline until) {
       enterViewAtInit(v);
       break;
     }
-    if (eager_) worker_->post([this, entries = v.entries] { connectStandbys(entries); });
+    // (An eager standby connects to the view's members from the client's
+    // callback, as each view is announced.)
   }
   joinedEpoch_ = view_.epoch;
   log::info("standby promoted to rank {} of {} at epoch {} ({})", rank_, size(), view_.epoch, lastWhy_);

@@ -77,7 +77,7 @@ intrusive_ptr<c10d::Work> ProcessGroupEccl::allreduce(std::vector<at::Tensor>& t
     preScale(f, red);
     check(ecclAllReduce(f.data(), f.data(), f.count(), type, red.op, comm_, nullptr), "allreduce");
     f.writeBack();
-  });
+  }, opts.asyncOp);
 }
 
 // Tensors of one dtype are reduced as one flat buffer (one op, one pass);
@@ -118,7 +118,7 @@ intrusive_ptr<c10d::Work> ProcessGroupEccl::allreduce_coalesced(std::vector<at::
                            "allreduce_coalesced");
                      f.writeBack();
                    }
-                 });
+                 }, opts.asyncOp);
 }
 
 intrusive_ptr<c10d::Work> ProcessGroupEccl::broadcast(std::vector<at::Tensor>& tensors,
@@ -132,7 +132,7 @@ intrusive_ptr<c10d::Work> ProcessGroupEccl::broadcast(std::vector<at::Tensor>& t
     Flat f(t, isRoot);
     check(ecclBroadcast(f.data(), f.data(), f.bytes(), ecclUint8, root, comm_, nullptr), "broadcast");
     if (!isRoot) f.writeBack();
-  });
+  }, opts.asyncOp);
 }
 
 intrusive_ptr<c10d::Work> ProcessGroupEccl::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) {
@@ -146,12 +146,12 @@ intrusive_ptr<c10d::Work> ProcessGroupEccl::reduce(std::vector<at::Tensor>& tens
     preScale(f, red);
     check(ecclReduce(f.data(), f.data(), f.count(), type, red.op, root, comm_, nullptr), "reduce");
     if (rank_ == root) f.writeBack();
-  });
+  }, opts.asyncOp);
 }
 
 intrusive_ptr<c10d::Work> ProcessGroupEccl::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                       std::vector<at::Tensor>& inputs,
-                                                      const c10d::AllgatherOptions&) {
+                                                      const c10d::AllgatherOptions& opts) {
   checkSingle(inputs, "allgather");
   TORCH_CHECK_VALUE(outputs.size() == 1, "eccl allgather: takes one output list per process, got ", outputs.size());
   TORCH_CHECK_VALUE(static_cast<int>(outputs[0].size()) == size_, "eccl allgather: the output list has ",
@@ -167,11 +167,11 @@ intrusive_ptr<c10d::Work> ProcessGroupEccl::allgather(std::vector<std::vector<at
     at::Tensor all = at::empty({static_cast<int64_t>(f.bytes()) * size_}, at::TensorOptions().dtype(at::kByte));
     check(ecclAllGather(f.data(), all.data_ptr(), f.bytes(), ecclUint8, comm_, nullptr), "allgather");
     unpackBytes(all, outs);
-  });
+  }, opts.asyncOp);
 }
 
 intrusive_ptr<c10d::Work> ProcessGroupEccl::all_gather_single(at::Tensor& output, at::Tensor& input,
-                                                              const c10d::AllgatherOptions&) {
+                                                              const c10d::AllgatherOptions& opts) {
   checkTensor(output, "all_gather_into_tensor");
   checkTensor(input, "all_gather_into_tensor");
   TORCH_CHECK_TYPE(output.scalar_type() == input.scalar_type(), "eccl all_gather_into_tensor: output dtype ",
@@ -183,12 +183,12 @@ intrusive_ptr<c10d::Work> ProcessGroupEccl::all_gather_single(at::Tensor& output
     Flat i(in, true), o(out, false);
     check(ecclAllGather(i.data(), o.data(), i.bytes(), ecclUint8, comm_, nullptr), "all_gather_into_tensor");
     o.writeBack();
-  });
+  }, opts.asyncOp);
 }
 
 intrusive_ptr<c10d::Work> ProcessGroupEccl::all_gather_single_coalesced(std::vector<at::Tensor>& outputs,
                                                                         std::vector<at::Tensor>& inputs,
-                                                                        const c10d::AllgatherOptions&) {
+                                                                        const c10d::AllgatherOptions& opts) {
   TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "eccl all_gather_into_tensor_coalesced: ", outputs.size(),
                     " outputs for ", inputs.size(), " inputs");
   for (size_t k = 0; k < inputs.size(); ++k) {
@@ -206,12 +206,12 @@ intrusive_ptr<c10d::Work> ProcessGroupEccl::all_gather_single_coalesced(std::vec
                            "all_gather_into_tensor_coalesced");
                      o.writeBack();
                    }
-                 });
+                 }, opts.asyncOp);
 }
 
 intrusive_ptr<c10d::Work> ProcessGroupEccl::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
                                                                 std::vector<at::Tensor>& inputs,
-                                                                const c10d::AllgatherOptions&) {
+                                                                const c10d::AllgatherOptions& opts) {
   checkTensors(inputs, "allgather_coalesced");
   TORCH_CHECK_VALUE(static_cast<int>(outputs.size()) == size_, "eccl allgather_coalesced: ", outputs.size(),
                     " output lists for ", size_, " ranks");
@@ -227,7 +227,7 @@ intrusive_ptr<c10d::Work> ProcessGroupEccl::allgather_coalesced(std::vector<std:
     at::Tensor all = at::empty({mine.numel() * size_}, mine.options());
     check(ecclAllGather(mine.data_ptr(), all.data_ptr(), mine.numel(), ecclUint8, comm_, nullptr), "allgather_coalesced");
     for (int r = 0; r < size_; ++r) unpackBytes(all.narrow(0, r * mine.numel(), mine.numel()), outputs[r]);
-  });
+  }, opts.asyncOp);
 }
 
 intrusive_ptr<c10d::Work> ProcessGroupEccl::gather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -261,7 +261,7 @@ intrusive_ptr<c10d::Work> ProcessGroupEccl::gather(std::vector<std::vector<at::T
       flats[root].buffer().copy_(mine.buffer());
       for (auto& f : flats) f.writeBack();
     }
-  });
+  }, opts.asyncOp);
 }
 
 intrusive_ptr<c10d::Work> ProcessGroupEccl::scatter(std::vector<at::Tensor>& outputs,
@@ -294,7 +294,7 @@ intrusive_ptr<c10d::Work> ProcessGroupEccl::scatter(std::vector<at::Tensor>& out
         [this](ecclResult_t rc, const char* w) { check(rc, w); }, "scatter");
     if (rank_ == root) mine.buffer().copy_(flats[root].buffer());
     mine.writeBack();
-  });
+  }, opts.asyncOp);
 }
 
 intrusive_ptr<c10d::Work> ProcessGroupEccl::reduce_scatter(std::vector<at::Tensor>& outputs,
@@ -316,7 +316,7 @@ intrusive_ptr<c10d::Work> ProcessGroupEccl::reduce_scatter(std::vector<at::Tenso
     Flat o(out, false);
     check(ecclReduceScatter(all.data(), o.data(), o.count(), type, red.op, comm_, nullptr), "reduce_scatter");
     o.writeBack();
-  });
+  }, opts.asyncOp);
 }
 
 intrusive_ptr<c10d::Work> ProcessGroupEccl::reduce_scatter_single(at::Tensor& output, at::Tensor& input,
@@ -336,7 +336,7 @@ intrusive_ptr<c10d::Work> ProcessGroupEccl::reduce_scatter_single(at::Tensor& ou
     preScale(i, red);
     check(ecclReduceScatter(i.data(), o.data(), o.count(), type, red.op, comm_, nullptr), "reduce_scatter_tensor");
     o.writeBack();
-  });
+  }, opts.asyncOp);
 }
 
 intrusive_ptr<c10d::Work> ProcessGroupEccl::reduce_scatter_single_coalesced(std::vector<at::Tensor>& outputs,
@@ -365,13 +365,13 @@ intrusive_ptr<c10d::Work> ProcessGroupEccl::reduce_scatter_single_coalesced(std:
                            "reduce_scatter_tensor_coalesced");
                      o.writeBack();
                    }
-                 });
+                 }, opts.asyncOp);
 }
 
 intrusive_ptr<c10d::Work> ProcessGroupEccl::all_to_all_single(at::Tensor& output, at::Tensor& input,
                                                               std::vector<int64_t>& outputSplits,
                                                               std::vector<int64_t>& inputSplits,
-                                                              const c10d::AllToAllOptions&) {
+                                                              const c10d::AllToAllOptions& opts) {
   checkTensor(output, "all_to_all_single");
   checkTensor(input, "all_to_all_single");
   TORCH_CHECK_TYPE(output.scalar_type() == input.scalar_type(), "eccl all_to_all_single: output dtype ",
@@ -412,11 +412,11 @@ intrusive_ptr<c10d::Work> ProcessGroupEccl::all_to_all_single(at::Tensor& output
                                        recvDispls.data(), ecclUint8, comm_, nullptr),
                          "all_to_all_single");
                    o.writeBack();
-                 });
+                 }, opts.asyncOp);
 }
 
 intrusive_ptr<c10d::Work> ProcessGroupEccl::alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
-                                                     const c10d::AllToAllOptions&) {
+                                                     const c10d::AllToAllOptions& opts) {
   checkTensors(outputs, "all_to_all");
   checkTensors(inputs, "all_to_all");
   TORCH_CHECK_VALUE(static_cast<int>(outputs.size()) == size_ && static_cast<int>(inputs.size()) == size_,
@@ -441,7 +441,7 @@ intrusive_ptr<c10d::Work> ProcessGroupEccl::alltoall(std::vector<at::Tensor>& ou
                                        recvCounts.data(), recvDispls.data(), ecclUint8, comm_, nullptr),
                          "all_to_all");
                    unpackBytes(got, outputs);
-                 });
+                 }, opts.asyncOp);
 }
 
 // Messages between two ranks are matched in the order they were issued;
@@ -498,8 +498,8 @@ intrusive_ptr<c10d::Work> ProcessGroupEccl::recvAnysource(std::vector<at::Tensor
   TORCH_CHECK(false, "eccl: receiving from any source is not supported (name the source rank)");
 }
 
-intrusive_ptr<c10d::Work> ProcessGroupEccl::barrier(const c10d::BarrierOptions&) {
-  return enqueue(OpType::BARRIER, "barrier", {}, {}, [this] { check(ecclBarrier(comm_), "barrier"); });
+intrusive_ptr<c10d::Work> ProcessGroupEccl::barrier(const c10d::BarrierOptions& opts) {
+  return enqueue(OpType::BARRIER, "barrier", {}, {}, [this] { check(ecclBarrier(comm_), "barrier"); }, opts.asyncOp);
 }
 
 }  // namespace torch_eccl

@@ -162,9 +162,11 @@ int ProcessGroupEccl::checkedPeer(int64_t peer, const char* what) const {
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupEccl::enqueue(c10d::OpType type, const char* name,
                                                          std::vector<at::Tensor> outputs,
-                                                         std::vector<at::Tensor> inputs, std::function<void()> run) {
+                                                         std::vector<at::Tensor> inputs, std::function<void()> run,
+                                                         bool async) {
   requireRank(name);
   auto work = c10::make_intrusive<EcclWork>(rank_, type, name, std::move(outputs), std::move(inputs));
+  if (!async && driver_->runInlineIfIdle(work, run)) return work;
   driver_->post(work, std::move(run));
   return work;
 }

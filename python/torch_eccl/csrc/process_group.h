@@ -107,8 +107,10 @@ class ProcessGroupEccl : public c10d::Backend {
 
  private:
   // Queues `run` as one op of this group; its work is returned at once.
+  // `async`: the op's asyncOp option (false: the caller waits at once, so
+  // it may run inline on the caller's thread).
   c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, const char* name, std::vector<at::Tensor> outputs,
-                                         std::vector<at::Tensor> inputs, std::function<void()> run);
+                                         std::vector<at::Tensor> inputs, std::function<void()> run, bool async = true);
   c10::intrusive_ptr<c10d::Work> enqueueP2p(c10d::OpType type, const char* name, const at::Tensor& t, int peer,
                                             bool isSend);
   // Runs `run` on the driver thread after everything queued, and waits.

@@ -87,6 +87,26 @@ void Driver::postPolled(c10::intrusive_ptr<EcclWork> work, std::function<Poller(
                                                                "eccl " + work->label() + ": " + stopped)));
 }
 
+bool Driver::runInlineIfIdle(const c10::intrusive_ptr<EcclWork>& work, const std::function<void()>& run) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!stopped_.empty() || !queue_.empty() || running_ || pendingCount_ != 0) return false;
+    running_ = true;  // the driver thread takes no task meanwhile
+  }
+  try {
+    run();
+    work->succeed();
+  } catch (...) {
+    work->failWith(std::current_exception());
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    running_ = false;
+  }
+  cv_.notify_all();
+  return true;
+}
+
 void Driver::stop(const std::string& why) {
   std::deque<Task> dropped;
   {
@@ -141,14 +161,15 @@ void Driver::loop() {
     Task task;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      auto ready = [&] { return !queue_.empty() || (exit_ && pending_.empty()); };
+      // running_ set by someone else: a caller runs an op inline; wait.
+      auto ready = [&] { return (!queue_.empty() && !running_) || (exit_ && pending_.empty() && !running_); };
       if (pending_.empty()) {
         cv_.wait(lock, ready);
       } else if (!cv_.wait_for(lock, interval, ready)) {
         interval = std::min(interval * 2, std::chrono::microseconds(1000));
         continue;
       }
-      if (queue_.empty()) return;  // exiting, nothing queued or pending
+      if (queue_.empty()) return;  // exiting, nothing queued, pending or running
       task = std::move(queue_.front());
       queue_.pop_front();
       running_ = true;

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -201,6 +202,9 @@ class TcpDevice final : public Device {
   void failPeerLocked(MemberId member, ecclResult_t code, const std::string& reason, bool flood)
       ECCL_REQUIRES(mu_);
   void markLeftLocked(Peer& peer) ECCL_REQUIRES(mu_);
+  void acceptLaneLocked(MemberId from, uint32_t lane, Fd fd, const std::string& what) ECCL_REQUIRES(mu_);
+  void installParkedLocked(MemberId member) ECCL_REQUIRES(mu_);
+  void dropExpiredParkedLocked() ECCL_REQUIRES(mu_);
   void leftPeerNeededLocked(Peer& peer) ECCL_REQUIRES(mu_);
   void floodNoticeLocked(MemberId member, const std::string& reason) ECCL_REQUIRES(mu_);
   void discardOrphanedPayloadsLocked() ECCL_REQUIRES(mu_);
@@ -248,6 +252,15 @@ class TcpDevice final : public Device {
   std::string revokedReason_ ECCL_GUARDED_BY(mu_);
   std::map<MemberId, Peer> peers_ ECCL_GUARDED_BY(mu_);
   std::map<MemberId, std::pair<ecclResult_t, std::string>> failedBeforeKnown_ ECCL_GUARDED_BY(mu_);
+  std::set<MemberId> candidateFailed_ ECCL_GUARDED_BY(mu_);  // failed while only a candidate
+  struct Parked {
+    MemberId from;
+    uint32_t lane;
+    Fd fd;
+    Deadline deadline;
+    std::string what;
+  };
+  std::vector<Parked> parked_ ECCL_GUARDED_BY(mu_);  // authenticated, from a member not known yet
   std::map<uint64_t, Lane*> lanesByToken_ ECCL_GUARDED_BY(mu_);
   uint64_t nextToken_ ECCL_GUARDED_BY(mu_) = 1;
   std::map<InboxKey, Inbox> inbox_ ECCL_GUARDED_BY(mu_);
@@ -318,6 +331,13 @@ void TcpDevice::addPeer(MemberId member, const std::string& address, const std::
       p.lanes.push_back(std::move(lane));
     }
   }
+  // A candidate's failure was nobody's (an eager standby's warm-up dial that
+  // did not get through): once the view names it, it gets a fresh start.
+  if (role == PeerRole::kViewMember && p.state == Peer::State::kFailed && candidateFailed_.erase(member)) {
+    for (auto& lane : p.lanes) closeLaneLocked(*lane), lane->opened = false, lane->saidGoodbye = false;
+    p.state = Peer::State::kIdle;
+  }
+  installParkedLocked(member);
   if (auto early = failedBeforeKnown_.find(member); early != failedBeforeKnown_.end()) {
     auto [code, reason] = early->second;
     failedBeforeKnown_.erase(early);
@@ -828,6 +848,7 @@ void TcpDevice::failPeerLocked(MemberId member, ecclResult_t code, const std::st
   // the view is broken, and ops waiting on others must end too.
   if (closing_ || (wasLeft && !flood)) return;
   if (p.role == PeerRole::kCandidate) {
+    candidateFailed_.insert(member);
     cv_.notifyAll();
     return;  // not in the view: the coordinator decides what its loss means
   }
@@ -1205,10 +1226,18 @@ void TcpDevice::onControlLocked(Lane& lane) {
                  fmt::format("peer {} failed (reported by {}: {})", it->second.label, p.label, reason), true);
 }
 
+// Accepts and authenticates connections. One that comes from a member this
+// device does not know yet (it read the address table before we did) is
+// parked rather than waited for here, so the connections behind it are
+// accepted meanwhile; addPeer installs it, or it is dropped at its deadline.
 void TcpDevice::acceptLoop() {
   while (!stopping_) {
     SockAddr from;
-    Fd fd = acceptUntil(listenFd_.get(), deadlineAfterMs(200), &from);
+    Fd fd = acceptUntil(listenFd_.get(), deadlineAfterMs(100), &from);
+    {
+      MutexLock lock(mu_);
+      dropExpiredParkedLocked();
+    }
     if (!fd) continue;
     std::string what = fmt::format("member {}: incoming connection from {}", opt_.self, from.str());
     try {
@@ -1218,22 +1247,52 @@ void TcpDevice::acceptLoop() {
         fail(ecclAuthError, "{}: hello is for member {}, purpose {}", what, hello.toMember,
              static_cast<int>(hello.purpose));
       MutexLock lock(mu_);
-      // The peer may have read the address table before we did.
-      while (!peers_.count(hello.fromMember) && !stopping_ && Clock::now() < deadline)
-        cv_.waitUntil(mu_, std::min(deadline, Clock::now() + std::chrono::milliseconds(50)));
-      auto it = peers_.find(hello.fromMember);
-      if (it == peers_.end())
-        fail(ecclAuthError, "{}: member {} is not a member of this communicator", what, hello.fromMember);
-      Peer& p = it->second;
-      if (hello.lane >= p.lanes.size() || p.lanes[hello.lane]->opened || p.state == Peer::State::kFailed ||
-          p.state == Peer::State::kLeft || hello.fromMember >= opt_.self)
-        fail(ecclAuthError, "{}: unexpected lane {} from member {}", what, hello.lane, hello.fromMember);
-      installLaneLocked(p, hello.lane, std::move(fd));
+      if (!peers_.count(hello.fromMember)) {
+        parked_.push_back({hello.fromMember, hello.lane, std::move(fd), deadline, what});
+        continue;
+      }
+      acceptLaneLocked(hello.fromMember, hello.lane, std::move(fd), what);
     } catch (const std::exception& e) {
       MutexLock lock(mu_);
       stats_.connectionsRejected++;
       log::warn("rejected {}", e.what());
     }
+  }
+}
+
+void TcpDevice::acceptLaneLocked(MemberId from, uint32_t laneIndex, Fd fd, const std::string& what) {
+  Peer& p = peers_.at(from);
+  if (laneIndex >= p.lanes.size() || p.lanes[laneIndex]->opened || p.state == Peer::State::kFailed ||
+      p.state == Peer::State::kLeft || from >= opt_.self)
+    fail(ecclAuthError, "{}: unexpected lane {} from member {}", what, laneIndex, from);
+  installLaneLocked(p, laneIndex, std::move(fd));
+}
+
+void TcpDevice::installParkedLocked(MemberId member) {
+  for (auto it = parked_.begin(); it != parked_.end();) {
+    if (it->from != member) {
+      ++it;
+      continue;
+    }
+    try {
+      acceptLaneLocked(it->from, it->lane, std::move(it->fd), it->what);
+    } catch (const Error& e) {
+      stats_.connectionsRejected++;
+      log::warn("rejected {}", e.what());
+    }
+    it = parked_.erase(it);
+  }
+}
+
+void TcpDevice::dropExpiredParkedLocked() {
+  for (auto it = parked_.begin(); it != parked_.end();) {
+    if (!stopping_ && Clock::now() < it->deadline) {
+      ++it;
+      continue;
+    }
+    stats_.connectionsRejected++;
+    log::warn("rejected {}: member {} is not a member of this communicator", it->what, it->from);
+    it = parked_.erase(it);
   }
 }
 
