@@ -672,8 +672,10 @@ struct Coordinator::State {
                                     failed.empty() ? "" : fmt::format(" ({} failed)", failed.size()));
     for (uint64_t m : next) reconfigureAsks.erase(m);
     usedUuids[uuid] = std::max(issued, epoch) + 1;
-    // The members of a view a leaver leaves forget it, like a migration's.
-    for (uint64_t l : leavers) members.at(l).role = Role::kRank;
+    // A member left out stays registered as a standby: a later membership
+    // may name it again (torchft's quorum leaves out a replica that was
+    // late and takes it back at the next quorum).
+    for (uint64_t l : leavers) members.at(l).role = Role::kStandby;
     commitView(next, promoted, story, leavers, uuid);
     // Asks for other memberships by members of this view are superseded.
     std::set<uint64_t> stale;

@@ -131,6 +131,9 @@ class Communicator {
   void addPreparedPeersLocked() ECCL_REQUIRES(prepMu_);
   void connectStandbys(std::vector<bootstrap::ViewEntry> standbys);  // background job
   void becomeJoiner(const bootstrap::ViewUpdate& v);
+  // A named reconfiguration left this member out: it drops its links and
+  // is a standby of the job again (a later one may name it).
+  void returnToStandby(const bootstrap::ViewUpdate& v);
   // The switchover's parts (src/elastic/reconfigure.cc).
   void leaveAtSwitchover(uint32_t nextEpoch);
   bootstrap::ViewUpdate awaitSwitchDecision();

@@ -60,6 +60,7 @@ void Communicator::reconfigure(const std::vector<transport::MemberId>& members, 
   for (;;) {
     v = client_->awaitView(deadline, what);
     if (v.uuid == uuid && v.rank >= 0) break;
+    if (v.rank < 0 && !standby_) returnToStandby(v);
     // A standby hears of every other view change; a member may be handed
     // a view another cause made first (it is current: take it, keep waiting).
     if (v.rank >= 0 && !standby_) applyView(v);
@@ -71,11 +72,32 @@ void Communicator::reconfigure(const std::vector<transport::MemberId>& members, 
   }
   bool wasStandby = standby_;
   standby_ = false;
+  {
+    MutexLock lock(reporterMu_);
+    reporter_ = client_.get();  // a member again: its peers' failures are news
+  }
   applyView(v);  // a member named that died meanwhile: the view stands, revoked
   if (wasStandby) joinedEpoch_ = v.epoch;
   reconfig_.connectionsPrepared = 0;
   reconfig_.prepareMs = 0;
   finishReconfiguration(start, agreed, oldEpoch, "reconfigured");
+}
+
+void Communicator::returnToStandby(const bootstrap::ViewUpdate& v) {
+  {
+    MutexLock lock(reporterMu_);
+    reporter_ = nullptr;  // the members close their links to this one; nobody failed
+  }
+  for (transport::MemberId m : view_.rankToMember)
+    if (m != self_) device_->removePeer(m);
+  view_.rankToMember.clear();
+  rank_ = -1;
+  standby_ = true;
+  {
+    MutexLock lock(errorMu_);
+    if (asyncError_ != ecclEvicted) asyncError_ = ecclSuccess, asyncMessage_.clear();
+  }
+  log::info("member {:016x} was left out at epoch {} ({}): a standby again", self_, v.epoch, v.why);
 }
 
 void Communicator::revoke(const std::string& why) {

@@ -101,6 +101,7 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("member_id", &ProcessGroupEccl::memberId)
       .def_property_readonly("job_id", &ProcessGroupEccl::jobId)
       .def("is_standby", &ProcessGroupEccl::isStandby, release)
+      .def("last_error", &ProcessGroupEccl::lastError)
       .def(
           "recover",
           [](ProcessGroupEccl& pg, int policy) { return pg.recover(static_cast<ecclRecoverPolicy_t>(policy)); },

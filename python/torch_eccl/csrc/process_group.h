@@ -98,6 +98,9 @@ class ProcessGroupEccl : public c10d::Backend {
   std::map<std::string, double> stats();
   uint64_t memberId() const { return member_; }
   std::string jobId() const { return jobText_; }
+  // What went wrong last on this communicator (a failure found by an op or
+  // a notice): torchft's errored() reports it.
+  std::string lastError() const { return comm_ ? ecclGetLastError(comm_) : "the process group was shut down"; }
   bool isStandby();
   // Interpreter exit with groups still alive (no destroy_process_group):
   // their driver threads must stop before Python finalizes, or the last
