@@ -47,6 +47,7 @@ struct Coordinator::State {
     bool eager = false;   // a standby that keeps connections to the members open
     bool retired = false; // a joiner of an aborted migration: no longer a standby
     bool reserved = false; // held for a REPLACE that waits for more standbys
+    bool leftOut = false;  // left out of a named membership; has not yet asked as the standby it now is
   };
 
   // A reconfiguration being prepared (expected migration): the next view
@@ -159,7 +160,9 @@ struct Coordinator::State {
     sendStandbys();
   }
 
-  bool usableStandby(const Member& m) const { return m.role == Role::kStandby && m.channel && !m.retired; }
+  bool usableStandby(const Member& m) const {
+    return m.role == Role::kStandby && m.channel && !m.retired && !m.leftOut;
+  }
   bool idleStandby(const Member& m) const { return usableStandby(m) && !m.reserved; }
 
   // In registration order; with `withReserved`, the standbys a held REPLACE
@@ -619,7 +622,7 @@ struct Coordinator::State {
     if (it == members.end() || fenced.count(m))
       return fmt::format("member {:016x} is not registered with this job (it exited, failed, or belongs to another job)", m);
     if (isFailed(m)) return fmt::format("{} has failed", label(m));
-    if (!inView(m) && !usableStandby(it->second))
+    if (!inView(m) && !usableStandby(it->second) && !it->second.leftOut)
       return fmt::format("member {:016x} is neither in the current view nor an idle standby", m);
     return "";
   }
@@ -630,6 +633,14 @@ struct Coordinator::State {
   // are promoted; connections between members kept are inherited.
   void onReconfigure(uint64_t from, const CoordMessage& msg) {
     auto fail = [&](const std::string& why) { sendError(from, fmt::format("reconfiguration {:016x} refused: {}", msg.uuid, why)); };
+    // A member left out of the last membership that asks before it has
+    // heard so (it asks as a member, epoch != 0) asks again once it has
+    // dropped its old links: until then the others must not dial it, or
+    // it would close their new links with its old ones.
+    if (auto it = members.find(from); it != members.end() && it->second.leftOut) {
+      if (msg.epoch != 0) return;
+      it->second.leftOut = false;
+    }
     if (auto refused = refusedUuids.find(msg.uuid); refused != refusedUuids.end()) return fail(refused->second);
     if (auto used = usedUuids.find(msg.uuid); used != usedUuids.end())
       return fail(fmt::format("uuid {:016x} already made epoch {}; every reconfiguration needs a fresh uuid", msg.uuid,
@@ -675,7 +686,10 @@ struct Coordinator::State {
     // A member left out stays registered as a standby: a later membership
     // may name it again (torchft's quorum leaves out a replica that was
     // late and takes it back at the next quorum).
-    for (uint64_t l : leavers) members.at(l).role = Role::kStandby;
+    for (uint64_t l : leavers) {
+      members.at(l).role = Role::kStandby;
+      members.at(l).leftOut = true;
+    }
     commitView(next, promoted, story, leavers, uuid);
     // Asks for other memberships by members of this view are superseded.
     std::set<uint64_t> stale;

@@ -195,7 +195,7 @@ def driver_main(a) -> int:
         argv = [sys.executable, HERE, "--replica", str(i), "--pg", a.pg, "--steps", str(a.steps), "--step-ms", str(a.step_ms),
                 "--lighthouse", f"http://localhost:{port}", "--out", a.out, "--timeout", str(a.timeout),
                 "--min-replicas", str(a.min_replicas), "--attempt", str(attempt),
-                "--kill", f"{kill_replica}:{kill_step}"]
+                f"--kill={kill_replica}:{kill_step}"]
         return Proc(f"replica{i}.{attempt}", argv, env, on_line)
 
     start = time.time()

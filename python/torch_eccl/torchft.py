@@ -86,7 +86,7 @@ class ProcessGroupEccl(ProcessGroupWrapper):
         backend = self._member()
         if opts.timeout is None:
             opts.timeout = self._timeout
-        backend.reconfigure(opts).wait()
+        backend.reconfigure_now(opts)
         self._rank = rendezvous.rank
         self._uuid = rendezvous.uuid
         self._global_ranks = rendezvous.global_ranks

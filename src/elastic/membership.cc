@@ -60,7 +60,10 @@ void Communicator::reconfigure(const std::vector<transport::MemberId>& members, 
   for (;;) {
     v = client_->awaitView(deadline, what);
     if (v.uuid == uuid && v.rank >= 0) break;
-    if (v.rank < 0 && !standby_) returnToStandby(v);
+    if (v.rank < 0 && !standby_) {
+      returnToStandby(v);
+      client_->requestReconfigure(0, uuid, members);  // the coordinator waits for this ask, as a standby's
+    }
     // A standby hears of every other view change; a member may be handed
     // a view another cause made first (it is current: take it, keep waiting).
     if (v.rank >= 0 && !standby_) applyView(v);

@@ -156,6 +156,41 @@ TEST_F(NamedReconfigure, ShrinkThenGrowByName) {
   munmap(board, sizeof(Board));
 }
 
+// A live member left out of a membership (torchft's quorum leaves out a
+// replica that was late) is a standby of the job again: the next
+// membership names it, and only its partners open links to it.
+TEST_F(NamedReconfigure, AMemberLeftOutIsNamedAgainLater) {
+  constexpr int n = 4, late = 3;
+  Board* board = mapBoard();
+  ProcessGroup group(n, [&](int index, int, const ecclUniqueId& id) {
+    ecclComm_t comm;
+    RANK_OK(ecclCommInitRank(&comm, n, id, index), nullptr);
+    publish(board, index, comm);
+    checkAllreduce(comm);
+    std::vector<uint64_t> all = await(board, {0, 1, 2, 3});
+    if (index != late) {
+      std::vector<uint64_t> without = await(board, {0, 1, 2});
+      RANK_OK(ecclCommReconfigure(comm, without.data(), 3, 0x1a7e0002, 0), comm);
+      RANK_CHECK(statsOf(comm).nranks == 3 && statsOf(comm).epoch == 2, "shrunk");
+      checkAllreduce(comm, 2);
+      ++board->done;
+    } else {
+      waitUntilDone(board, n - 1);  // it was late: the others went on without it
+    }
+    RANK_OK(ecclCommReconfigure(comm, all.data(), n, 0x1a7e0003, 0), comm);
+    ecclCommStats_t s = statsOf(comm);
+    RANK_CHECK(s.rank == index && s.nranks == n && s.epoch == 3, "back at rank " + std::to_string(s.rank));
+    if (index != late)
+      RANK_CHECK(s.connectionsOpened <= static_cast<uint64_t>(kLanes),
+                 "a member kept opened " + std::to_string(s.connectionsOpened) + " connections");
+    checkAllreduce(comm, 3);
+    RANK_OK(ecclCommDestroy(comm), comm);
+  });
+  auto outcomes = group.wait(std::chrono::seconds(60));
+  EXPECT_TRUE(allSucceeded(outcomes)) << describe(outcomes);
+  munmap(board, sizeof(Board));
+}
+
 // No ranks at all: three standbys name each other and form epoch 1.
 TEST_F(NamedReconfigure, StandbysAloneFormTheFirstView) {
   constexpr int n = 3;

@@ -102,6 +102,7 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("job_id", &ProcessGroupEccl::jobId)
       .def("is_standby", &ProcessGroupEccl::isStandby, release)
       .def("last_error", &ProcessGroupEccl::lastError)
+      .def("reconfigure_now", &ProcessGroupEccl::reconfigureNow, release, py::arg("opts"))
       .def(
           "recover",
           [](ProcessGroupEccl& pg, int policy) { return pg.recover(static_cast<ecclRecoverPolicy_t>(policy)); },

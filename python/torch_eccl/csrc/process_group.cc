@@ -355,6 +355,12 @@ std::vector<uint64_t> ProcessGroupEccl::membersNamed(const c10d::ReconfigureOpti
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupEccl::reconfigure(const c10d::ReconfigureOptions& opts) {
+  return startReconfigure(opts, true);
+}
+
+void ProcessGroupEccl::reconfigureNow(const c10d::ReconfigureOptions& opts) { startReconfigure(opts, false)->wait(); }
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupEccl::startReconfigure(const c10d::ReconfigureOptions& opts, bool async) {
   std::vector<uint64_t> members = membersNamed(opts);
   TORCH_CHECK_VALUE(std::count(members.begin(), members.end(), member_) == 1, "eccl reconfigure: this process (member ",
                     member_, ") is not named in the handles");
@@ -362,11 +368,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupEccl::reconfigure(const c10d::Reconfi
   uint64_t uuid = static_cast<uint64_t>(opts.uuid);
   auto work = c10::make_intrusive<EcclWork>(rank_, c10d::OpType::UNKNOWN, "reconfigure", std::vector<at::Tensor>{},
                                             std::nullopt);
-  driver_->post(work, [this, members, uuid, timeoutMs] {
+  std::function<void()> run = [this, members, uuid, timeoutMs] {
     check(ecclCommReconfigure(comm_, members.data(), static_cast<int>(members.size()), uuid, timeoutMs),
           "reconfigure");
     refreshRankAndSize();
-  });
+  };
+  if (!async && driver_->runInlineIfIdle(work, run)) return work;
+  driver_->post(work, std::move(run));
   return work;
 }
 

@@ -82,6 +82,9 @@ class ProcessGroupEccl : public c10d::Backend {
   // Fault tolerance (c10d's reconfigure API, done as eccl's delta).
   c10d::ReconfigureHandle get_reconfigure_handle() const override;
   c10::intrusive_ptr<c10d::Work> reconfigure(const c10d::ReconfigureOptions& opts) override;
+  // reconfigure, waited for at once: on the caller's thread when no op is
+  // queued (two thread hand-offs fewer; torchft waits at once anyway).
+  void reconfigureNow(const c10d::ReconfigureOptions& opts);
   void abort() override;     // ends the communicator now: pending and later work fails
   void shutdown() override;  // finishes queued work, then leaves the job in order
   c10d::ErrorType getError() override;
@@ -125,6 +128,7 @@ class ProcessGroupEccl : public c10d::Backend {
   int checkedPeer(int64_t peer, const char* what) const;
   std::map<std::string, double> statsLocked();
   std::vector<uint64_t> membersNamed(const c10d::ReconfigureOptions& opts) const;
+  c10::intrusive_ptr<c10d::Work> startReconfigure(const c10d::ReconfigureOptions& opts, bool async);
 
   ecclComm_t comm_ = nullptr;
   uint64_t member_ = 0;
