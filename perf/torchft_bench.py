@@ -159,7 +159,7 @@ def cmd_kill(a) -> dict:
             raise RuntimeError(f"torchft_bench kill ({kind}) failed:\n{r.stdout[-4000:]}\n{r.stderr[-2000:]}")
         out[kind] = {"recovery_ms": int(m.group(1)), "skipped_steps": int(m.group(2))}
     if not a.json:
-        print(f"# a replica group of {a.replicas} SIGKILLed mid-allreduce under torchft_lighthouse "
+        print(f"# one of {a.replicas} replica groups SIGKILLed mid-allreduce under torchft_lighthouse "
               "(heartbeat timeout 1000 ms, join timeout 500 ms)")
         for kind, r in out.items():
             print(f"  {kind:>5}: kill to the survivors' first committed step without it {r['recovery_ms']} ms "

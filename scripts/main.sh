@@ -4,7 +4,8 @@
 # goes on and ends bit-identical to a failure-free run), the all_reduce_perf
 # table over 4 local ranks, and the same elastic story through PyTorch: DDP
 # on the "eccl" backend, a failure-free torchrun run, then a run where rank 2
-# is killed and a standby takes over; both print the same parameter hash.
+# is killed and a standby takes over; both print the same parameter hash;
+# then torchft's Manager over eccl: a replica group killed, restarted, healed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -20,4 +21,7 @@ if [ -d build/python/torch_eccl ]; then
   ECCL_SOCKET_IFNAME=lo build/bootstrap/eccl-run -np 4 --standby 1 --kill-when "2:step 40" --timeout 300 \
     .venv/bin/python python/examples/ddp_elastic.py --steps 150 --step-ms 100 2>&1 |
     grep -E "failed:|recovered|joined|done after|eccl-run"
+  echo "=== torchft over eccl: 3 replica groups under torchft_lighthouse, replica 1 killed mid-allreduce and restarted"
+  ECCL_BUILD_DIR=$PWD/build .venv/bin/python python/examples/torchft_train.py --pg eccl --replicas 3 --steps 160 \
+    --kill 1:20 --out build/torchft_train 2>&1 | grep -E "^\[driver\]|^torchft_train"
 fi
