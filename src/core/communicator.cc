@@ -8,6 +8,7 @@
 #include "bootstrap/coord_client.h"
 #include "bootstrap/coordinator.h"
 #include "common/crypto.h"
+#include "elastic/delta.h"
 #include "bootstrap/unique_id.h"
 #include "coll/algorithms.h"
 #include "coll/reduce.h"
@@ -155,8 +156,8 @@ void Communicator::applyView(const bootstrap::ViewUpdate& v) {
   transport::DeviceStats before = device_->stats();
   std::vector<transport::MemberId> next;
   for (const auto& e : v.entries) next.push_back(e.member);
-  for (transport::MemberId m : view_.rankToMember)
-    if (m != self_ && std::find(next.begin(), next.end(), m) == next.end()) device_->removePeer(m);
+  elastic::DeltaPlan plan = elastic::planDelta(view_.rankToMember, next, self_, v.rank);
+  for (transport::MemberId m : plan.close) device_->removePeer(m);
   transport::DeviceStats afterClose = device_->stats();
   for (size_t r = 0; r < v.entries.size(); ++r)
     if (v.entries[r].member != self_)
@@ -178,10 +179,8 @@ void Communicator::applyView(const bootstrap::ViewUpdate& v) {
     MutexLock lock(errorMu_);
     if (asyncError_ != ecclEvicted) asyncError_ = ecclSuccess, asyncMessage_.clear();
   }
-  std::vector<transport::MemberId> needed;
-  for (int peer : coll::latencyPeers(rank_, size())) needed.push_back(next[peer]);
   try {
-    connectPeers(needed, deadlineAfterMs(timeoutMs_));
+    connectPeers(plan.connect, deadlineAfterMs(timeoutMs_));
   } catch (const Error& e) {
     // A member of the new view is gone already (it died after its vote):
     // the view stands, revoked, and the caller recovers from it. This

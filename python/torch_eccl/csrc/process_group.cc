@@ -65,7 +65,7 @@ std::chrono::milliseconds effectiveTimeout(std::chrono::milliseconds pgTimeout) 
 }  // namespace
 
 ProcessGroupEccl::ProcessGroupEccl(const Setup& s)
-    : c10d::Backend(s.rank, s.size), timeout_(effectiveTimeout(s.timeout)) {
+    : c10d::Backend(s.rank, s.size), timeout_(effectiveTimeout(s.timeout)), reconfigurable_(s.standby) {
   ecclConfig_t config{};
   config.size = sizeof(config);
   config.timeoutMs = timeout_.count();
@@ -318,7 +318,30 @@ std::map<std::string, double> ProcessGroupEccl::awaitPromotion(std::chrono::mill
   return out;
 }
 
+// A group of the reconfigure regime outlives abort() (torchft aborts a
+// broken group, then reconfigures it): the aborted member is gone for good
+// (its peers saw it end), so the next handle or reconfiguration registers a
+// new standby of the same job in its place.
+void ProcessGroupEccl::renewIfAborted() {
+  std::lock_guard<std::mutex> lock(endMu_);
+  if (!ended_ || !reconfigurable_ || !comm_) return;
+  driver_.reset();
+  ecclCommAbort(comm_);
+  comm_ = nullptr;
+  ecclConfig_t config{};
+  config.size = sizeof(config);
+  config.timeoutMs = timeout_.count();
+  ecclUniqueId id = idFromText(jobText_);
+  ecclResult_t r = ecclCommRegisterStandby(&comm_, id, &config);
+  TORCH_CHECK_WITH(DistBackendError, r == ecclSuccess, "eccl: registering a standby after abort failed: ",
+                   ecclGetLastError(nullptr));
+  check(ecclCommMemberId(comm_, &member_), "member id");
+  driver_ = std::make_unique<Driver>();
+  ended_ = false;
+}
+
 c10d::ReconfigureHandle ProcessGroupEccl::get_reconfigure_handle() const {
+  const_cast<ProcessGroupEccl*>(this)->renewIfAborted();  // c10d declares this const
   ecclCommStats_t s{};
   s.size = sizeof(s);
   ecclCommGetStats(comm_, &s);
@@ -361,6 +384,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupEccl::reconfigure(const c10d::Reconfi
 void ProcessGroupEccl::reconfigureNow(const c10d::ReconfigureOptions& opts) { startReconfigure(opts, false)->wait(); }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupEccl::startReconfigure(const c10d::ReconfigureOptions& opts, bool async) {
+  renewIfAborted();
   std::vector<uint64_t> members = membersNamed(opts);
   TORCH_CHECK_VALUE(std::count(members.begin(), members.end(), member_) == 1, "eccl reconfigure: this process (member ",
                     member_, ") is not named in the handles");

@@ -85,7 +85,8 @@ class ProcessGroupEccl : public c10d::Backend {
   // reconfigure, waited for at once: on the caller's thread when no op is
   // queued (two thread hand-offs fewer; torchft waits at once anyway).
   void reconfigureNow(const c10d::ReconfigureOptions& opts);
-  void abort() override;     // ends the communicator now: pending and later work fails
+  void abort() override;     // ends the communicator now: pending and later work fails (a group of the
+                             // reconfigure regime takes a new member at its next handle or reconfigure)
   void shutdown() override;  // finishes queued work, then leaves the job in order
   c10d::ErrorType getError() override;
 
@@ -129,6 +130,7 @@ class ProcessGroupEccl : public c10d::Backend {
   std::map<std::string, double> statsLocked();
   std::vector<uint64_t> membersNamed(const c10d::ReconfigureOptions& opts) const;
   c10::intrusive_ptr<c10d::Work> startReconfigure(const c10d::ReconfigureOptions& opts, bool async);
+  void renewIfAborted();
 
   ecclComm_t comm_ = nullptr;
   uint64_t member_ = 0;
@@ -136,6 +138,7 @@ class ProcessGroupEccl : public c10d::Backend {
   uint64_t jobId_ = 0;
   std::chrono::milliseconds timeout_;
   bool ended_ = false;  // aborted or shut down
+  const bool reconfigurable_;  // made in the reconfigure regime: abort() is followed by a new member
   std::mutex endMu_;
   std::unique_ptr<Driver> driver_;
 };
