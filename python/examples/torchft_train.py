@@ -88,7 +88,7 @@ def replica_main(a) -> int:
         rank=0,
         world_size=1,
         lighthouse_addr=a.lighthouse,
-        use_async_quorum=False,
+        use_async_quorum=a.async_quorum,
         timeout=timeout,
         quorum_timeout=timedelta(seconds=a.timeout * 3),
         connect_timeout=timeout,
@@ -195,6 +195,7 @@ def driver_main(a) -> int:
         argv = [sys.executable, HERE, "--replica", str(i), "--pg", a.pg, "--steps", str(a.steps), "--step-ms", str(a.step_ms),
                 "--lighthouse", f"http://localhost:{port}", "--out", a.out, "--timeout", str(a.timeout),
                 "--min-replicas", str(a.min_replicas), "--attempt", str(attempt),
+                *(["--async-quorum"] if a.async_quorum else []),
                 f"--kill={kill_replica}:{kill_step}"]
         return Proc(f"replica{i}.{attempt}", argv, env, on_line)
 
@@ -274,6 +275,8 @@ def main() -> int:
     ap.add_argument("--kill", default="-1:-1", help="R:S: replica R SIGKILLs itself in step S, as the others enter "
                     "that step's allreduce; the driver restarts it")
     ap.add_argument("--out", default="torchft_train_out")
+    ap.add_argument("--async-quorum", action="store_true",
+                    help="torchft's default: the quorum (and the reconfiguration) overlaps the forward pass")
     ap.add_argument("--timeout", type=float, default=10.0, help="collective and quorum timeout, seconds")
     ap.add_argument("--heartbeat-timeout-ms", type=int, default=1000)
     ap.add_argument("--join-timeout-ms", type=int, default=500)
