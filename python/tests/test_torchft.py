@@ -31,10 +31,10 @@ import torch.distributed as dist
 import torch_eccl
 import world
 
-process_group_test = pytest.importorskip("torchft.process_group_test")
-from torchft.process_group import ReconfigureOptions, reconfigure_with_store  # noqa: E402
+import torchft.process_group_test as process_group_test  # scripts/setup.sh pins torchft and parameterized
+from torchft.process_group import ReconfigureOptions, reconfigure_with_store
 
-from torch_eccl.torchft import ProcessGroupEccl  # noqa: E402
+from torch_eccl.torchft import ProcessGroupEccl
 
 HERE = os.path.dirname(__file__)
 EXAMPLE = os.path.join(HERE, "..", "examples", "torchft_train.py")
@@ -185,6 +185,8 @@ def test_a_member_sits_out_a_quorum_and_comes_back_touching_only_its_links():
 def _example(pg: str, out_dir: str, *args: str) -> str:
     env = dict(os.environ)
     env.pop("ECCL_UNIQUE_ID", None)  # the example runs its own `ecclcoord serve`
+    # The build that made this torch_eccl (<build>/python/torch_eccl) holds the ecclcoord it needs.
+    env.setdefault("ECCL_BUILD_DIR", os.path.dirname(os.path.dirname(torch_eccl.__path__[0])))
     env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(torch_eccl.__path__[0]), env.get("PYTHONPATH", "")])
     r = subprocess.run([sys.executable, EXAMPLE, "--pg", pg, "--out", out_dir, *args], env=env,
                        capture_output=True, text=True, timeout=300)
@@ -192,7 +194,6 @@ def _example(pg: str, out_dir: str, *args: str) -> str:
     return r.stdout.strip().splitlines()[-1]
 
 
-@pytest.mark.skipif(not os.environ.get("ECCL_BUILD_DIR"), reason="needs ECCL_BUILD_DIR (for ecclcoord)")
 def test_manager_under_lighthouse_a_killed_replica_group_rejoins(tmp_path):
     # 100 ms of "compute" per step: torchft's lighthouse takes the restarted replica back only if its
     # request is in before the others' next ones, which a loaded machine must not make a close race.
@@ -205,7 +206,6 @@ def test_manager_under_lighthouse_a_killed_replica_group_rejoins(tmp_path):
     assert m and int(m.group(1)) >= 1 and int(m.group(2)) >= 1, summary
 
 
-@pytest.mark.skipif(not os.environ.get("ECCL_BUILD_DIR"), reason="needs ECCL_BUILD_DIR (for ecclcoord)")
 def test_manager_training_matches_torchft_gloo_without_failures(tmp_path):
     """The same failure-free run on eccl and on torchft's ProcessGroupGloo
     ends with the same parameters (within float rounding: the allreduce

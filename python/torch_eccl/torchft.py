@@ -97,9 +97,6 @@ class ProcessGroupEccl(ProcessGroupWrapper):
             self._pg = pg
         return _DummyWork(None)
 
-    def size(self) -> int:
-        return self.parent.size()
-
     def errored(self) -> Optional[Exception]:
         """None, as for torchft's ProcessGroupGloo: a failure reaches torchft
         through the op it broke (its Work raises, naming the failed member,

@@ -75,7 +75,7 @@ void Communicator::reconfigure(const std::vector<transport::MemberId>& members, 
   }
   bool wasStandby = standby_;
   standby_ = false;
-  {
+  if (wasStandby) {
     MutexLock lock(reporterMu_);
     reporter_ = client_.get();  // a member again: its peers' failures are news
   }

@@ -55,6 +55,13 @@ std::string resolveJob(const Setup& s) {
   return std::string(bytes.begin(), bytes.end());
 }
 
+ecclConfig_t configFor(std::chrono::milliseconds timeout) {
+  ecclConfig_t config{};
+  config.size = sizeof(config);
+  config.timeoutMs = timeout.count();
+  return config;
+}
+
 // ECCL_TIMEOUT_MS, when set, is every op's deadline; otherwise the
 // process group's timeout is.
 std::chrono::milliseconds effectiveTimeout(std::chrono::milliseconds pgTimeout) {
@@ -66,9 +73,7 @@ std::chrono::milliseconds effectiveTimeout(std::chrono::milliseconds pgTimeout) 
 
 ProcessGroupEccl::ProcessGroupEccl(const Setup& s)
     : c10d::Backend(s.rank, s.size), timeout_(effectiveTimeout(s.timeout)), reconfigurable_(s.standby) {
-  ecclConfig_t config{};
-  config.size = sizeof(config);
-  config.timeoutMs = timeout_.count();
+  ecclConfig_t config = configFor(timeout_);
   if (s.adopt) {
     comm_ = s.adopt;
     jobText_ = s.jobId;
@@ -328,11 +333,8 @@ void ProcessGroupEccl::renewIfAborted() {
   driver_.reset();
   ecclCommAbort(comm_);
   comm_ = nullptr;
-  ecclConfig_t config{};
-  config.size = sizeof(config);
-  config.timeoutMs = timeout_.count();
-  ecclUniqueId id = idFromText(jobText_);
-  ecclResult_t r = ecclCommRegisterStandby(&comm_, id, &config);
+  ecclConfig_t config = configFor(timeout_);
+  ecclResult_t r = ecclCommRegisterStandby(&comm_, idFromText(jobText_), &config);
   TORCH_CHECK_WITH(DistBackendError, r == ecclSuccess, "eccl: registering a standby after abort failed: ",
                    ecclGetLastError(nullptr));
   check(ecclCommMemberId(comm_, &member_), "member id");
