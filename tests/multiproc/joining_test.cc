@@ -27,6 +27,7 @@ namespace {
 // State the processes of one test share (mapped before they fork).
 struct Shared {
   std::atomic<pid_t> firstStandby{0};
+  std::atomic<int> finishedFirstOp{0};
 };
 
 Shared* mapShared() {
@@ -337,6 +338,7 @@ namespace {
 // fails naming it, and REPLACE fills the rank from the standby.
 TEST_F(ElasticTest, AMemberThatLeavesInOrderIsReplacedByRecovery) {
   constexpr int leaver = 1;
+  Shared* shared = mapShared();
   ProcessGroup group(n + 1, [&](int index, int, const ecclUniqueId& id) {
     ecclComm_t comm;
     if (index == n) {
@@ -348,10 +350,19 @@ TEST_F(ElasticTest, AMemberThatLeavesInOrderIsReplacedByRecovery) {
     }
     RANK_OK(ecclCommInitRank(&comm, n, id, index), nullptr);
     checkAllreduce(comm);
+    // A departure revokes the communicator like a failure: an op still in
+    // flight elsewhere fails even if the leaver finished it. So the leaver
+    // goes only once every survivor holds the result it is checked against.
     if (index == leaver) {
+      auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+      while (shared->finishedFirstOp.load() < n - 1) {
+        RANK_CHECK(std::chrono::steady_clock::now() < until, "the survivors did not finish their first allreduce");
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
       RANK_OK(ecclCommDestroy(comm), nullptr);
       return;
     }
+    ++shared->finishedFirstOp;
     std::string why = failingAllreduce(comm);
     RANK_CHECK(why.find("rank 1") != std::string::npos, "error does not name rank 1: " + why);
     recoverUntilWhole(comm);
@@ -361,6 +372,7 @@ TEST_F(ElasticTest, AMemberThatLeavesInOrderIsReplacedByRecovery) {
   });
   auto outcomes = group.wait(std::chrono::seconds(60));
   EXPECT_TRUE(allSucceeded(outcomes)) << describe(outcomes);
+  munmap(shared, sizeof(Shared));
 }
 
 }  // namespace
