@@ -517,12 +517,12 @@ ecclResult_t ecclRecv(void* buf, size_t count, ecclDataType_t type, int peer, ec
       return;
     }
     if (!eccl::group::active()) {
-      c.waitP2p(c.postRecv(buf, bytes, peer), peer, false);
+      c.waitP2p(c.postRecv(buf, bytes, peer, type), peer, false);
       return;
     }
     auto request = std::make_shared<eccl::transport::RequestPtr>();
     eccl::group::enqueue(
-        &c, [=, &c] { *request = c.postRecv(buf, bytes, peer); }, [=, &c] { c.waitP2p(*request, peer, false); },
+        &c, [=, &c] { *request = c.postRecv(buf, bytes, peer, type); }, [=, &c] { c.waitP2p(*request, peer, false); },
         /*postFirst=*/true);
   });
 }

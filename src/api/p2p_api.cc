@@ -26,7 +26,7 @@ void post(ecclComm_t comm, const char* fn, const void* buf, size_t count, ecclDa
   r->comm = comm;
   r->peer = peer;
   r->isSend = isSend;
-  r->request = isSend ? c.postSend(buf, bytes, peer, type) : c.postRecv(const_cast<void*>(buf), bytes, peer);
+  r->request = isSend ? c.postSend(buf, bytes, peer, type) : c.postRecv(const_cast<void*>(buf), bytes, peer, type);
   *request = r.release();
 }
 

@@ -18,17 +18,6 @@ size_t typeSize(ecclDataType_t t) {
   }
 }
 
-const char* typeName(ecclDataType_t t) {
-  static const char* names[] = {"int8", "uint8", "int32", "uint32", "int64", "uint64",
-                                "half", "float", "double", "bfloat16"};
-  return t >= 0 && t < ecclNumTypes ? names[t] : "invalid";
-}
-
-const char* opName(ecclRedOp_t op) {
-  static const char* names[] = {"sum", "prod", "max", "min", "avg"};
-  return op >= 0 && op < ecclNumOps ? names[op] : "invalid";
-}
-
 bool isHalfType(ecclDataType_t t) { return t == ecclFloat16 || t == ecclBfloat16; }
 
 float halfToFloat(uint16_t h) {

@@ -6,13 +6,14 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "common/names.h"
 #include "eccl.h"
 
 namespace eccl::coll {
 
 size_t typeSize(ecclDataType_t type);
-const char* typeName(ecclDataType_t type);
-const char* opName(ecclRedOp_t op);
+using eccl::opName;
+using eccl::typeName;
 bool isHalfType(ecclDataType_t type);
 
 // dst[i] = a[i] op b[i]; dst may alias a or b. Avg reduces as a sum here:

@@ -32,6 +32,9 @@ const std::vector<Param>& all() {
       {"ECCL_SPIN_US", "int", "20",
        "How long a caller waiting on a message polls its peer's sockets before it sleeps in poll(), "
        "in microseconds."},
+      {"ECCL_CHECK_CALLS", "int", "1",
+       "Every message carries its call's signature (collective, type, op, root, count; send/recv: type "
+       "and count) and ranks that disagree get ecclInvalidUsage naming both calls. 0 turns the check off."},
       {"ECCL_HANDSHAKE_TIMEOUT_MS", "int", "5000",
        "Deadline for an incoming connection to complete authentication."},
       {"ECCL_PIN_PROGRESS_THREAD", "int", "1",
@@ -108,6 +111,7 @@ bool smallAllreduceDoubling() {
 int64_t ringSegmentBytes() { return getInt("ECCL_RING_SEGMENT_BYTES"); }
 int64_t handshakeTimeoutMs() { return getInt("ECCL_HANDSHAKE_TIMEOUT_MS"); }
 int64_t spinUs() { return getInt("ECCL_SPIN_US"); }
+bool checkCalls() { return getInt("ECCL_CHECK_CALLS") != 0; }
 int pinProgressThread() { return static_cast<int>(getInt("ECCL_PIN_PROGRESS_THREAD")); }
 int envRank() { return static_cast<int>(getInt("ECCL_RANK")); }
 int envNranks() { return static_cast<int>(getInt("ECCL_NRANKS")); }

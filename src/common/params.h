@@ -36,6 +36,7 @@ int64_t ringSegmentBytes();
 int64_t handshakeTimeoutMs();
 int pinProgressThread();
 int64_t spinUs();
+bool checkCalls();
 
 // Launcher-provided identity (eccl-run); empty/negative when unset.
 int envRank();

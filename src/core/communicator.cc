@@ -25,15 +25,15 @@ using coll::typeSize;
 // Binds one op's sequence number and label to the links an algorithm uses.
 class Communicator::OpLinks final : public coll::Links {
  public:
-  OpLinks(Communicator& c, uint64_t seq, const char* name)
-      : comm_(c), seq_(seq), name_(name), deadline_(deadlineAfterMs(c.timeoutMs_)) {}
+  OpLinks(Communicator& c, uint64_t seq, const char* name, const transport::CallSignature* signature)
+      : comm_(c), seq_(seq), name_(name), signature_(signature), deadline_(deadlineAfterMs(c.timeoutMs_)) {}
   int rank() const override { return comm_.rank_; }
   int size() const override { return comm_.size(); }
   transport::RequestPtr isend(int peer, uint32_t tag, const void* buf, size_t bytes) override {
-    return comm_.device_->isend(comm_.view_.rankToMember[peer], seq_, tag, buf, bytes);
+    return comm_.device_->isend(comm_.view_.rankToMember[peer], seq_, tag, buf, bytes, nullptr, signature_);
   }
   transport::RequestPtr irecv(int peer, uint32_t tag, void* buf, size_t bytes) override {
-    return comm_.device_->irecv(comm_.view_.rankToMember[peer], seq_, tag, buf, bytes);
+    return comm_.device_->irecv(comm_.view_.rankToMember[peer], seq_, tag, buf, bytes, signature_);
   }
   // The op's label is formatted only when a wait fails: small ops are a
   // few microseconds and a string per op shows up in their profile.
@@ -51,6 +51,7 @@ class Communicator::OpLinks final : public coll::Links {
   Communicator& comm_;
   uint64_t seq_;
   const char* name_;
+  const transport::CallSignature* signature_;
   Deadline deadline_;
 };
 
@@ -104,6 +105,7 @@ void Communicator::join(const ecclUniqueId& id, bootstrap::Role role, int rank, 
   device_->onPeerFailure = [this](transport::MemberId m, ecclResult_t code, const std::string& reason) {
     onPeerFailure(m, code, reason);
   };
+  device_->onRevoked = [this](ecclResult_t code, const std::string& reason) { onRevoked(code, reason); };
   worker_ = std::make_unique<BackgroundWorker>();
   bootstrap::JoinRequest req{role, rank, nranks, self_, device_->address(), eager_};
   client_ = std::make_unique<bootstrap::CoordClient>(idData, req, params::heartbeatMs(), params::heartbeatTimeoutMs(),
@@ -164,6 +166,7 @@ void Communicator::applyView(const bootstrap::ViewUpdate& v) {
       device_->addPeer(v.entries[r].member, v.entries[r].address,
                        fmt::format("rank {} ({})", r, v.entries[r].address));
   device_->beginEpoch(v.epoch);
+  device_->setLabel(fmt::format("rank {} ({})", v.rank, device_->address()));
   renumberLogs(next);
   view_.epoch = v.epoch;
   currentEpoch_ = v.epoch;
@@ -177,7 +180,7 @@ void Communicator::applyView(const bootstrap::ViewUpdate& v) {
   selfRecvIndex_ = 0;
   {
     MutexLock lock(errorMu_);
-    if (asyncError_ != ecclEvicted) asyncError_ = ecclSuccess, asyncMessage_.clear();
+    if (asyncError_ != ecclEvicted && !callMismatch_) asyncError_ = ecclSuccess, asyncMessage_.clear();
   }
   try {
     connectPeers(plan.connect, deadlineAfterMs(timeoutMs_));
@@ -233,6 +236,9 @@ void Communicator::recover(ecclRecoverPolicy_t policy) {
   {
     MutexLock lock(errorMu_);
     if (asyncError_ == ecclEvicted) throw Error(ecclEvicted, asyncMessage_);
+    if (callMismatch_)
+      fail(ecclInvalidUsage, "ecclCommRecover (rank {}): the ranks disagreed about a call, which no view change mends; "
+           "destroy the communicator ({})", rank_, asyncMessage_);
   }
   abstainFromVote();  // a switchover this member will not make must not keep the others voting
   auto start = Clock::now();
@@ -295,6 +301,14 @@ void Communicator::onPeerFailure(transport::MemberId member, ecclResult_t code, 
   MutexLock lock(errorMu_);
   if (asyncError_ != ecclSuccess) return;
   asyncError_ = code == ecclTimeout ? ecclTimeout : ecclRemoteError;
+  asyncMessage_ = fmt::format("communicator revoked at epoch {}: {}", currentEpoch_.load(), reason);
+}
+
+void Communicator::onRevoked(ecclResult_t code, const std::string& reason) {
+  MutexLock lock(errorMu_);
+  if (code == ecclInvalidUsage) callMismatch_ = true;
+  if (asyncError_ != ecclSuccess) return;
+  asyncError_ = code;
   asyncMessage_ = fmt::format("communicator revoked at epoch {}: {}", currentEpoch_.load(), reason);
 }
 
@@ -376,12 +390,28 @@ std::string Communicator::opLabel(const char* name, uint64_t seq) const {
   return fmt::format("{} (rank {}, epoch {}, op {})", name, rank_, view_.epoch, seq);
 }
 
-void Communicator::runCollective(const char* name, const std::function<void(OpLinks&)>& body) {
+void Communicator::runCollective(const char* name, const transport::CallSignature& signature,
+                                 const std::function<void(OpLinks&)>& body) {
   checkUsable();
   uint64_t seq = ++collSeq_;
-  OpLinks links(*this, seq, name);
+  OpLinks links(*this, seq, name, checkCalls_ ? &signature : nullptr);
   body(links);
 }
+
+namespace {
+
+transport::CallSignature signatureOf(transport::CallKind kind, size_t count, int type = -1, int op = -1,
+                                     int root = -1) {
+  transport::CallSignature s;
+  s.kind = kind;
+  s.count = count;
+  s.type = static_cast<int8_t>(type);
+  s.op = static_cast<int8_t>(op);
+  s.root = root;
+  return s;
+}
+
+}  // namespace
 
 namespace {
 
@@ -414,7 +444,7 @@ void Communicator::allReduce(const void* in, void* out, size_t count, ecclDataTy
   checkOp(op, "allreduce");
   checkBuffer(in, count, "allreduce sendbuff");
   checkBuffer(out, count, "allreduce recvbuff");
-  runCollective("allreduce", [&](OpLinks& links) {
+  runCollective("allreduce", signatureOf(transport::CallKind::kAllReduce, count, type, op), [&](OpLinks& links) {
     reduceWide(in, count, out, count, type, op, size(), true, [&](const void* i, void* o, ecclDataType_t t) {
       if (bytes > smallAllreduceBytes_)
         coll::allreduceRing(links, i, o, count, t, op);
@@ -431,7 +461,7 @@ void Communicator::broadcast(const void* in, void* out, size_t count, ecclDataTy
   checkRank(root, "broadcast root");
   if (rank_ == root) checkBuffer(in, count, "broadcast sendbuff");
   checkBuffer(out, count, "broadcast recvbuff");
-  runCollective("broadcast", [&](OpLinks& links) { coll::broadcastChain(links, in, out, bytes, root); });
+  runCollective("broadcast", signatureOf(transport::CallKind::kBroadcast, count, type, -1, root), [&](OpLinks& links) { coll::broadcastChain(links, in, out, bytes, root); });
 }
 
 void Communicator::reduce(const void* in, void* out, size_t count, ecclDataType_t type, ecclRedOp_t op, int root) {
@@ -440,7 +470,7 @@ void Communicator::reduce(const void* in, void* out, size_t count, ecclDataType_
   checkRank(root, "reduce root");
   checkBuffer(in, count, "reduce sendbuff");
   if (rank_ == root) checkBuffer(out, count, "reduce recvbuff");
-  runCollective("reduce", [&](OpLinks& links) {
+  runCollective("reduce", signatureOf(transport::CallKind::kReduce, count, type, op, root), [&](OpLinks& links) {
     reduceWide(in, count, out, count, type, op, size(), rank_ == root,
                [&](const void* i, void* o, ecclDataType_t t) { coll::reduceChain(links, i, o, count, t, op, root); });
   });
@@ -451,7 +481,7 @@ void Communicator::allGather(const void* in, void* out, size_t sendCount, ecclDa
   checkedBytes(sendCount, type, size(), "allgather");
   checkBuffer(in, sendCount, "allgather sendbuff");
   checkBuffer(out, sendCount, "allgather recvbuff");
-  runCollective("allgather", [&](OpLinks& links) { coll::allGatherRing(links, in, out, bytes); });
+  runCollective("allgather", signatureOf(transport::CallKind::kAllGather, sendCount, type), [&](OpLinks& links) { coll::allGatherRing(links, in, out, bytes); });
 }
 
 void Communicator::reduceScatter(const void* in, void* out, size_t recvCount, ecclDataType_t type, ecclRedOp_t op) {
@@ -459,7 +489,8 @@ void Communicator::reduceScatter(const void* in, void* out, size_t recvCount, ec
   checkOp(op, "reducescatter");
   checkBuffer(in, recvCount, "reducescatter sendbuff");
   checkBuffer(out, recvCount, "reducescatter recvbuff");
-  runCollective("reducescatter", [&](OpLinks& links) {
+  runCollective("reducescatter", signatureOf(transport::CallKind::kReduceScatter, recvCount, type, op),
+                [&](OpLinks& links) {
     reduceWide(in, recvCount * size(), out, recvCount, type, op, size(), true,
                [&](const void* i, void* o, ecclDataType_t t) { coll::reduceScatterRing(links, i, o, recvCount, t, op); });
   });
@@ -473,7 +504,7 @@ void Communicator::allToAll(const void* in, void* out, size_t count, ecclDataTyp
   ECCL_CHECK_ARG(in != out || count == 0 || size() == 1, "alltoall: in-place operation is not supported");
   std::vector<size_t> sizes(size(), bytes), offsets(size());
   for (int r = 0; r < size(); ++r) offsets[r] = bytes * r;
-  runCollective("alltoall", [&](OpLinks& links) {
+  runCollective("alltoall", signatureOf(transport::CallKind::kAllToAll, count, type), [&](OpLinks& links) {
     coll::allToAllvPairwise(links, in, sizes.data(), offsets.data(), out, sizes.data(), offsets.data());
   });
 }
@@ -498,20 +529,23 @@ void Communicator::allToAllv(const void* in, const size_t* sendCounts, const siz
   checkBuffer(in, anySend, "alltoallv sendbuff");
   checkBuffer(out, anyRecv, "alltoallv recvbuff");
   (void)es;
-  runCollective("alltoallv", [&](OpLinks& links) {
+  // Counts differ per pair by design; each message's size is checked.
+  runCollective("alltoallv", signatureOf(transport::CallKind::kAllToAllv, 0, type), [&](OpLinks& links) {
     coll::allToAllvPairwise(links, in, sb.data(), so.data(), out, rb.data(), ro.data());
   });
 }
 
 void Communicator::barrier() {
-  runCollective("barrier", [&](OpLinks& links) { coll::barrierTree(links); });
+  runCollective("barrier", signatureOf(transport::CallKind::kBarrier, 0), [&](OpLinks& links) { coll::barrierTree(links); });
 }
 
 transport::RequestPtr Communicator::postSend(const void* buf, size_t bytes, int peer, ecclDataType_t type) {
   checkUsable();
+  auto signature = signatureOf(transport::CallKind::kSend, bytes / coll::typeSize(type), type);
+  const transport::CallSignature* checked = checkCalls_ ? &signature : nullptr;
   if (!logsTo(peer)) {
     uint64_t seq = transport::FrameHeader::kP2pBit | ++sendSeq_[peer];
-    return device_->isend(view_.rankToMember[peer], seq, 0, buf, bytes);
+    return device_->isend(view_.rankToMember[peer], seq, 0, buf, bytes, nullptr, checked);
   }
   // Room in the log first: a full log (error policy) fails the send before
   // anything leaves.
@@ -530,7 +564,7 @@ transport::RequestPtr Communicator::postSend(const void* buf, size_t bytes, int 
   uint64_t seq = transport::FrameHeader::kP2pBit | ++sendSeq_[peer];
   transport::RequestPtr request;
   try {
-    request = device_->isend(view_.rankToMember[peer], seq, 0, buf, bytes);
+    request = device_->isend(view_.rankToMember[peer], seq, 0, buf, bytes, nullptr, checked);
   } catch (...) {
     log_->abandon(reservation);
     throw;
@@ -551,10 +585,11 @@ transport::RequestPtr Communicator::postSend(const void* buf, size_t bytes, int 
   return request;
 }
 
-transport::RequestPtr Communicator::postRecv(void* buf, size_t bytes, int peer) {
+transport::RequestPtr Communicator::postRecv(void* buf, size_t bytes, int peer, ecclDataType_t type) {
   checkUsable();
+  auto signature = signatureOf(transport::CallKind::kRecv, bytes / coll::typeSize(type), type);
   uint64_t seq = transport::FrameHeader::kP2pBit | ++recvSeq_[peer];
-  return device_->irecv(view_.rankToMember[peer], seq, 0, buf, bytes);
+  return device_->irecv(view_.rankToMember[peer], seq, 0, buf, bytes, checkCalls_ ? &signature : nullptr);
 }
 
 bool Communicator::testP2p(const transport::RequestPtr& r, int peer, bool isSend) {

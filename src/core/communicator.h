@@ -62,7 +62,7 @@ class Communicator {
   // Point-to-point, split so a group can post everything before waiting.
   // A send to a logged peer is teed into the boundary-send log.
   transport::RequestPtr postSend(const void* buf, size_t bytes, int peer, ecclDataType_t type = ecclUint8);
-  transport::RequestPtr postRecv(void* buf, size_t bytes, int peer);
+  transport::RequestPtr postRecv(void* buf, size_t bytes, int peer, ecclDataType_t type = ecclUint8);
   void waitP2p(const transport::RequestPtr& request, int peer, bool isSend);
   // Non-blocking completion test of a posted send or receive; throws its failure.
   bool testP2p(const transport::RequestPtr& request, int peer, bool isSend);
@@ -118,9 +118,12 @@ class Communicator {
  private:
   class OpLinks;
   std::string opLabel(const char* name, uint64_t seq) const;
-  // Runs `body` under an OpLinks for the next collective sequence number.
-  void runCollective(const char* name, const std::function<void(OpLinks&)>& body);
+  // Runs `body` under an OpLinks for the next collective sequence number;
+  // every message of it carries `signature` (ECCL_CHECK_CALLS).
+  void runCollective(const char* name, const transport::CallSignature& signature,
+                     const std::function<void(OpLinks&)>& body);
   void onPeerFailure(transport::MemberId member, ecclResult_t code, const std::string& reason);
+  void onRevoked(ecclResult_t code, const std::string& reason);
   void join(const ecclUniqueId& id, bootstrap::Role role, int rank, int nranks, const CommOptions& o);
   void applyView(const bootstrap::ViewUpdate& v);
   void enterViewAtInit(const bootstrap::ViewUpdate& v);
@@ -176,6 +179,7 @@ class Communicator {
   const size_t segmentBytes_ = static_cast<size_t>(params::ringSegmentBytes());
   const size_t smallAllreduceBytes_ = static_cast<size_t>(params::smallAllreduceBytes());
   const bool smallAllreduceDoubling_ = params::smallAllreduceDoubling();
+  const bool checkCalls_ = params::checkCalls();
   transport::MemberId self_ = 0;
   View view_;
   std::atomic<uint32_t> currentEpoch_{0};
@@ -228,6 +232,8 @@ class Communicator {
   mutable Mutex errorMu_;
   std::string lastError_ ECCL_GUARDED_BY(errorMu_);
   ecclResult_t asyncError_ ECCL_GUARDED_BY(errorMu_) = ecclSuccess;
+  // The ranks disagreed about a call: nothing recovers this communicator.
+  bool callMismatch_ ECCL_GUARDED_BY(errorMu_) = false;
   std::string asyncMessage_ ECCL_GUARDED_BY(errorMu_);
 };
 

@@ -12,7 +12,8 @@ namespace {
 // Layout (offsets in bytes): 0 magic u32, 4 version u16, 6 type u8, 7 flags u8,
 // 8 epoch u32, 12 length u32, 16 commId u64, 24 seq u64, 32 offset u64,
 // 40 total u64, 48 tag u32, 52 payload crc32c u32 (zero unless flags has
-// kPayloadChecksum), 56..59 reserved (zero), 60 crc32c of bytes 0..59.
+// kPayloadChecksum), 56 crc32c of the call signature that follows the header
+// (zero unless flags has kCallSignature), 60 crc32c of bytes 0..59.
 template <typename T>
 void put(uint8_t* p, T v) {
   for (size_t i = 0; i < sizeof(T); ++i) p[i] = static_cast<uint8_t>(static_cast<uint64_t>(v) >> (8 * i));
@@ -40,6 +41,7 @@ void encodeFrame(const FrameHeader& h, uint8_t out[FrameHeader::kSize]) {
   put<uint64_t>(out + 40, h.total);
   put<uint32_t>(out + 48, h.tag);
   put<uint32_t>(out + 52, (h.flags & FrameHeader::kPayloadChecksum) ? h.payloadCrc : 0u);
+  put<uint32_t>(out + 56, (h.flags & FrameHeader::kCallSignature) ? h.signatureCrc : 0u);
   put<uint32_t>(out + 60, crc32c(out, 60));
 }
 
@@ -54,14 +56,15 @@ std::optional<FrameHeader> decodeFrame(const uint8_t in[FrameHeader::kSize], std
     return reject(fmt::format("unsupported frame version {}", get<uint16_t>(in + 4)));
   uint32_t crc = get<uint32_t>(in + 60);
   if (crc != crc32c(in, 60)) return reject("header checksum mismatch");
-  for (int i = 56; i < 60; ++i)
-    if (in[i] != 0) return reject("reserved header bytes are not zero");
-  if (in[7] & ~FrameHeader::kPayloadChecksum) return reject(fmt::format("unknown frame flags 0x{:02x}", in[7]));
+  constexpr uint8_t known = FrameHeader::kPayloadChecksum | FrameHeader::kCallSignature;
+  if (in[7] & ~known) return reject(fmt::format("unknown frame flags 0x{:02x}", in[7]));
   if (!(in[7] & FrameHeader::kPayloadChecksum) && get<uint32_t>(in + 52) != 0)
     return reject("a payload checksum without its flag");
+  if (!(in[7] & FrameHeader::kCallSignature) && get<uint32_t>(in + 56) != 0)
+    return reject("a call signature checksum without its flag");
   FrameHeader h;
   uint8_t type = get<uint8_t>(in + 6);
-  if (type < 1 || type > 5) return reject(fmt::format("unknown frame type {}", type));
+  if (type < 1 || type > 6) return reject(fmt::format("unknown frame type {}", type));
   h.type = static_cast<FrameType>(type);
   h.flags = get<uint8_t>(in + 7);
   h.epoch = get<uint32_t>(in + 8);
@@ -72,6 +75,7 @@ std::optional<FrameHeader> decodeFrame(const uint8_t in[FrameHeader::kSize], std
   h.total = get<uint64_t>(in + 40);
   h.tag = get<uint32_t>(in + 48);
   h.payloadCrc = get<uint32_t>(in + 52);
+  h.signatureCrc = get<uint32_t>(in + 56);
   if (h.flags && h.type != FrameType::kData) return reject("flags on a control frame");
   if (h.type == FrameType::kData) {
     if (h.length > FrameHeader::kMaxPayload)
@@ -86,6 +90,8 @@ std::optional<FrameHeader> decodeFrame(const uint8_t in[FrameHeader::kSize], std
   }
   if (h.type == FrameType::kNotice && h.length < 8)
     return reject("failure notice shorter than its member id");
+  if (h.type == FrameType::kRevoke && h.length < 12)
+    return reject("revocation notice shorter than its op and result code");
   return h;
 }
 

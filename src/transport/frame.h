@@ -17,6 +17,7 @@ enum class FrameType : uint8_t {
   kNotice = 3,   // payload: u64 failed member, then a UTF-8 reason
   kPing = 4,     // liveness probe, answered by the peer's progress thread
   kPong = 5,
+  kRevoke = 6,   // payload: u64 first revoked op, u32 result code, then a UTF-8 reason
 };
 
 struct FrameHeader {
@@ -29,9 +30,15 @@ struct FrameHeader {
   // flags: kPayloadChecksum means payloadCrc is the CRC32C of the whole
   // message (every chunk carries it); the receiver verifies it.
   static constexpr uint8_t kPayloadChecksum = 1;
+  // kCallSignature: CallSignature::kWireBytes of the sender's call
+  // signature follow the header (before the payload); signatureCrc is their
+  // CRC32C. Set on the first frame of each message of a checked call.
+  static constexpr uint8_t kCallSignature = 2;
+  static constexpr size_t kSignatureBytes = 16;
   FrameType type = FrameType::kData;
   uint8_t flags = 0;
   uint32_t payloadCrc = 0;
+  uint32_t signatureCrc = 0;
   uint32_t epoch = 0;
   uint64_t commId = 0;
   uint64_t seq = 0;    // op sequence number (kP2pBit set for send/recv)
@@ -48,6 +55,8 @@ struct FrameHeader {
   // departure fails it.
   static constexpr uint64_t kAgreementBit = 1ull << 61;
   static bool survivesRevocation(uint64_t seq) { return (seq & (kP2pBit | kAgreementBit)) == (kP2pBit | kAgreementBit); }
+  static bool isCollective(uint64_t seq) { return (seq & kP2pBit) == 0; }
+  size_t extensionBytes() const { return (flags & kCallSignature) ? kSignatureBytes : 0; }
 };
 
 void encodeFrame(const FrameHeader& h, uint8_t out[FrameHeader::kSize]);

@@ -17,6 +17,7 @@
 
 #include "common/clock.h"
 #include "eccl.h"
+#include "transport/signature.h"
 
 namespace eccl::transport {
 
@@ -37,6 +38,7 @@ struct Request {
   ecclResult_t code = ecclSuccess;
   std::string error;
   MemberId peer = 0;
+  uint64_t seq = 0;
   bool isSend = false;
   bool survivesRevocation = false;  // agreement traffic (FrameHeader::kAgreementBit)
   int pendingChunks = 0;
@@ -63,6 +65,8 @@ class Device {
 
   virtual MemberId self() const = 0;
   virtual std::string address() const = 0;  // where peers connect ("ip:port")
+  // How this member names itself in errors it sends its peers ("rank 0 (ip:port)").
+  virtual void setLabel(const std::string& label) = 0;
 
   // Adds a member to the address book; `label` names it in error messages
   // ("rank 2 (10.0.0.3:4711)"). A candidate (a standby or a joiner being
@@ -79,9 +83,14 @@ class Device {
 
   // With `payloadCrc`, every frame carries the CRC32C of the whole message
   // and the receiver fails the receive if the data it got does not match.
+  // With `signature`, the message carries the call it belongs to and is
+  // checked against the receiver's (both ends must give one to be checked):
+  // a disagreement revokes the communicator with ecclInvalidUsage from that
+  // op on (earlier ops still complete), here and, by notices, everywhere.
   virtual RequestPtr isend(MemberId peer, uint64_t seq, uint32_t tag, const void* buf, size_t len,
-                           const uint32_t* payloadCrc = nullptr) = 0;
-  virtual RequestPtr irecv(MemberId peer, uint64_t seq, uint32_t tag, void* buf, size_t len) = 0;
+                           const uint32_t* payloadCrc = nullptr, const CallSignature* signature = nullptr) = 0;
+  virtual RequestPtr irecv(MemberId peer, uint64_t seq, uint32_t tag, void* buf, size_t len,
+                           const CallSignature* signature = nullptr) = 0;
   // Blocks until the request completes. On failure or at the deadline throws
   // eccl::Error whose message starts with `opName` (unless it is empty) and
   // names the peer; a deadline declares that peer failed.
@@ -118,6 +127,9 @@ class Device {
   // with the device lock held: it must only record, never call the device.
   // Set before the first post.
   std::function<void(MemberId, ecclResult_t, const std::string&)> onPeerFailure;
+  // Called, like onPeerFailure, when the communicator is revoked without a
+  // member failing (the ranks disagreed about a call).
+  std::function<void(ecclResult_t, const std::string&)> onRevoked;
 };
 
 }  // namespace eccl::transport

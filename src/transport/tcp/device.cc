@@ -12,6 +12,7 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <optional>
 #include <set>
 #include <thread>
 #include <vector>
@@ -59,7 +60,8 @@ constexpr uint64_t kLanesToken = 1;  // in the progress thread's epoll only
 constexpr int64_t kLeaseMs = 2;
 
 struct SendItem {
-  uint8_t header[FrameHeader::kSize];
+  uint8_t header[FrameHeader::kSize + FrameHeader::kSignatureBytes];
+  size_t headerBytes = FrameHeader::kSize;  // with the call signature, when there is one
   const uint8_t* data = nullptr;
   size_t length = 0;
   size_t done = 0;  // bytes written, header included
@@ -80,6 +82,8 @@ struct Inbox {
   size_t received = 0;
   bool checksummed = false;  // the sender sent the message's CRC32C
   uint32_t crc = 0;
+  // Point-to-point call signatures: the receiver's and the sender's.
+  std::optional<CallSignature> expected, sent;
   uint8_t* base() { return unexpected ? staged.get() : userBuffer; }
 };
 
@@ -100,9 +104,11 @@ struct Lane {
   bool opened = false;       // connected once (it may be closed again)
   std::deque<SendItem> sendQueue;
   // Receive state machine, touched only by the progress thread.
-  enum class Rx { kHeader, kPayload } rx = Rx::kHeader;
+  enum class Rx { kHeader, kSignature, kPayload } rx = Rx::kHeader;
   uint8_t header[FrameHeader::kSize];
   size_t headerGot = 0;
+  uint8_t signature[FrameHeader::kSignatureBytes];
+  size_t signatureGot = 0;
   std::unique_ptr<uint8_t[]> rxBuffer;  // kRxBufferBytes, bytes [rxBegin, rxEnd) unparsed
   size_t rxBegin = 0, rxEnd = 0;
   FrameHeader frame;
@@ -153,9 +159,14 @@ class TcpDevice final : public Device {
     MutexLock lock(mu_);
     epoch_ = epoch;
   }
+  void setLabel(const std::string& label) override {
+    MutexLock lock(mu_);
+    selfLabel_ = label;
+  }
   RequestPtr isend(MemberId peer, uint64_t seq, uint32_t tag, const void* buf, size_t len,
-                   const uint32_t* payloadCrc) override;
-  RequestPtr irecv(MemberId peer, uint64_t seq, uint32_t tag, void* buf, size_t len) override;
+                   const uint32_t* payloadCrc, const CallSignature* signature) override;
+  RequestPtr irecv(MemberId peer, uint64_t seq, uint32_t tag, void* buf, size_t len,
+                   const CallSignature* signature) override;
   void wait(const RequestPtr& request, Deadline deadline, const std::string& opName) override;
   bool test(const RequestPtr& request, const std::string& opName) override;
   void progress() override;
@@ -209,7 +220,14 @@ class TcpDevice final : public Device {
   void floodNoticeLocked(MemberId member, const std::string& reason) ECCL_REQUIRES(mu_);
   void discardOrphanedPayloadsLocked() ECCL_REQUIRES(mu_);
   void queueControlLocked(Lane& lane, FrameType type, std::vector<uint8_t> payload) ECCL_REQUIRES(mu_);
-  void revokeLocked(ecclResult_t code, const std::string& reason) ECCL_REQUIRES(mu_);
+  // fromSeq > 0: collectives numbered below it are unaffected (every rank
+  // has sent its part of them), so ranks still finishing one complete it.
+  void revokeLocked(ecclResult_t code, const std::string& reason, uint64_t fromSeq = 0) ECCL_REQUIRES(mu_);
+  bool revokesLocked(uint64_t seq) const ECCL_REQUIRES(mu_);
+  void floodRevokeLocked(ecclResult_t code, const std::string& reason, uint64_t fromSeq) ECCL_REQUIRES(mu_);
+  void checkLocalSignatureLocked(uint64_t seq, const CallSignature& mine) ECCL_REQUIRES(mu_);
+  void callMismatchLocked(MemberId peer, uint64_t seq, const CallSignature& mine, const CallSignature& theirs)
+      ECCL_REQUIRES(mu_);
   bool pingLocked(MemberId member) ECCL_REQUIRES(mu_);
 
   void progressLoop();
@@ -218,6 +236,8 @@ class TcpDevice final : public Device {
   uint8_t* rxDestinationLocked(Lane& lane, size_t* want) ECCL_REQUIRES(mu_);
   bool advanceLocked(Lane& lane, size_t got) ECCL_REQUIRES(mu_);
   bool onHeaderLocked(Lane& lane) ECCL_REQUIRES(mu_);
+  bool onSignatureLocked(Lane& lane) ECCL_REQUIRES(mu_);
+  bool onDataFrameLocked(Lane& lane, const CallSignature* signature) ECCL_REQUIRES(mu_);
   void onPayloadDoneLocked(Lane& lane) ECCL_REQUIRES(mu_);
   bool checksumHoldsLocked(Inbox& box, const std::string& peerLabel) ECCL_REQUIRES(mu_);
   void takeStagingLocked(Inbox& box, size_t bytes) ECCL_REQUIRES(mu_);
@@ -250,6 +270,10 @@ class TcpDevice final : public Device {
   // this reason, so all ranks report the member that actually failed.
   ecclResult_t revokedCode_ ECCL_GUARDED_BY(mu_) = ecclSuccess;
   std::string revokedReason_ ECCL_GUARDED_BY(mu_);
+  uint64_t revokedFromSeq_ ECCL_GUARDED_BY(mu_) = 0;
+  std::string selfLabel_ ECCL_GUARDED_BY(mu_) = "this rank";
+  SignatureBook<MemberId> signatures_ ECCL_GUARDED_BY(mu_);
+  uint64_t lastCheckedSeq_ ECCL_GUARDED_BY(mu_) = 0;  // the collective whose local signature is in the book
   std::map<MemberId, Peer> peers_ ECCL_GUARDED_BY(mu_);
   std::map<MemberId, std::pair<ecclResult_t, std::string>> failedBeforeKnown_ ECCL_GUARDED_BY(mu_);
   std::set<MemberId> candidateFailed_ ECCL_GUARDED_BY(mu_);  // failed while only a candidate
@@ -480,11 +504,11 @@ void TcpDevice::flushLocked(Lane& lane) {
     SendItem& item = lane.sendQueue.front();
     iovec iov[2];
     int n = 0;
-    if (item.done < FrameHeader::kSize) {
-      iov[n++] = {item.header + item.done, FrameHeader::kSize - item.done};
+    if (item.done < item.headerBytes) {
+      iov[n++] = {item.header + item.done, item.headerBytes - item.done};
       if (item.length) iov[n++] = {const_cast<uint8_t*>(item.data), item.length};
     } else {
-      size_t off = item.done - FrameHeader::kSize;
+      size_t off = item.done - item.headerBytes;
       iov[n++] = {const_cast<uint8_t*>(item.data) + off, item.length - off};
     }
     msghdr msg{};
@@ -501,7 +525,7 @@ void TcpDevice::flushLocked(Lane& lane) {
     }
     item.done += static_cast<size_t>(rc);
     stats_.bytesSent += static_cast<size_t>(rc);
-    if (item.done < FrameHeader::kSize + item.length) break;
+    if (item.done < item.headerBytes + item.length) break;
     RequestPtr r = std::move(item.request);
     lane.sendQueue.pop_front();
     if (r && --r->pendingChunks == 0) completeLocked(r, ecclSuccess, {});
@@ -510,10 +534,11 @@ void TcpDevice::flushLocked(Lane& lane) {
 }
 
 RequestPtr TcpDevice::isend(MemberId member, uint64_t seq, uint32_t tag, const void* buf, size_t len,
-                            const uint32_t* payloadCrc) {
+                            const uint32_t* payloadCrc, const CallSignature* signature) {
   connectPeer(member);
   auto r = std::make_shared<Request>();
   r->peer = member;
+  r->seq = seq;
   r->isSend = true;
   r->survivesRevocation = FrameHeader::survivesRevocation(seq);
   MutexLock lock(mu_);
@@ -522,7 +547,8 @@ RequestPtr TcpDevice::isend(MemberId member, uint64_t seq, uint32_t tag, const v
     completeLocked(r, ecclRemoteError, abortReason_);
     return r;
   }
-  if (revokedCode_ != ecclSuccess && !r->survivesRevocation) {
+  if (signature && FrameHeader::isCollective(seq)) checkLocalSignatureLocked(seq, *signature);
+  if (revokesLocked(seq)) {
     completeLocked(r, revokedCode_, revokedReason_);
     return r;
   }
@@ -553,6 +579,13 @@ RequestPtr TcpDevice::isend(MemberId member, uint64_t seq, uint32_t tag, const v
     h.offset = offset;
     h.total = len;
     if (payloadCrc) h.flags = FrameHeader::kPayloadChecksum, h.payloadCrc = *payloadCrc;
+    if (signature && offset == 0) {
+      uint8_t* bytes = item.header + FrameHeader::kSize;
+      encodeSignature(*signature, bytes);
+      h.flags |= FrameHeader::kCallSignature;
+      h.signatureCrc = crc32c(bytes, FrameHeader::kSignatureBytes);
+      item.headerBytes += FrameHeader::kSignatureBytes;
+    }
     encodeFrame(h, item.header);
     item.data = data + offset;
     item.length = n;
@@ -566,10 +599,12 @@ RequestPtr TcpDevice::isend(MemberId member, uint64_t seq, uint32_t tag, const v
   return r;
 }
 
-RequestPtr TcpDevice::irecv(MemberId member, uint64_t seq, uint32_t tag, void* buf, size_t len) {
+RequestPtr TcpDevice::irecv(MemberId member, uint64_t seq, uint32_t tag, void* buf, size_t len,
+                            const CallSignature* signature) {
   connectPeer(member);
   auto r = std::make_shared<Request>();
   r->peer = member;
+  r->seq = seq;
   r->survivesRevocation = FrameHeader::survivesRevocation(seq);
   MutexLock lock(mu_);
   Peer& p = peerLocked(member);
@@ -577,12 +612,16 @@ RequestPtr TcpDevice::irecv(MemberId member, uint64_t seq, uint32_t tag, void* b
     completeLocked(r, ecclRemoteError, abortReason_);
     return r;
   }
-  if (revokedCode_ != ecclSuccess && !r->survivesRevocation) {
+  const bool p2pChecked = signature && !FrameHeader::isCollective(seq) && !r->survivesRevocation;
+  if (signature && FrameHeader::isCollective(seq)) checkLocalSignatureLocked(seq, *signature);
+  InboxKey key{epoch_, member, seq, tag};
+  auto it = inbox_.find(key);
+  if (p2pChecked && it != inbox_.end() && it->second.sent && !signaturesAgree(*signature, *it->second.sent))
+    callMismatchLocked(member, seq, *signature, *it->second.sent);
+  if (revokesLocked(seq)) {
     completeLocked(r, revokedCode_, revokedReason_);
     return r;
   }
-  InboxKey key{epoch_, member, seq, tag};
-  auto it = inbox_.find(key);
   if (it != inbox_.end()) {
     Inbox& box = it->second;
     if (box.total != len) {
@@ -615,6 +654,7 @@ RequestPtr TcpDevice::irecv(MemberId member, uint64_t seq, uint32_t tag, void* b
   box.request = r;
   box.userBuffer = static_cast<uint8_t*>(buf);
   box.total = len;
+  if (p2pChecked) box.expected = *signature;
   return r;
 }
 
@@ -701,10 +741,16 @@ bool TcpDevice::pingLocked(MemberId member) {
   return true;
 }
 
-void TcpDevice::revokeLocked(ecclResult_t code, const std::string& reason) {
+bool TcpDevice::revokesLocked(uint64_t seq) const {
+  if (revokedCode_ == ecclSuccess || FrameHeader::survivesRevocation(seq)) return false;
+  return !(FrameHeader::isCollective(seq) && seq < revokedFromSeq_);
+}
+
+void TcpDevice::revokeLocked(ecclResult_t code, const std::string& reason, uint64_t fromSeq) {
   if (revokedCode_ != ecclSuccess) return;
   revokedCode_ = code;
   revokedReason_ = reason;
+  revokedFromSeq_ = fromSeq;
   // Failed sends must never read their buffers again: drop queued data
   // frames. A half-written one is finished from a private copy of its tail,
   // so the lane stays whole and is inherited by the next view (the receiver
@@ -713,7 +759,7 @@ void TcpDevice::revokeLocked(ecclResult_t code, const std::string& reason) {
     for (auto& lane : p.lanes) {
       std::deque<SendItem> keep;
       for (auto& item : lane->sendQueue) {
-        if (item.request && item.request->survivesRevocation) {
+        if (item.request && !revokesLocked(item.request->seq)) {
           keep.push_back(std::move(item));
           continue;
         }
@@ -733,11 +779,52 @@ void TcpDevice::revokeLocked(ecclResult_t code, const std::string& reason) {
   }
   // Buffers of failed receives must never be written again.
   for (auto box = inbox_.begin(); box != inbox_.end();) {
-    bool dies = box->second.request && !box->second.request->survivesRevocation;
+    bool dies = box->second.request && revokesLocked(box->second.request->seq);
     if (dies) completeLocked(box->second.request, code, reason);
     box = dies ? inbox_.erase(box) : std::next(box);
   }
   discardOrphanedPayloadsLocked();
+}
+
+void TcpDevice::floodRevokeLocked(ecclResult_t code, const std::string& reason, uint64_t fromSeq) {
+  for (auto& [id, other] : peers_) {
+    if (other.state == Peer::State::kFailed || other.lanes.empty() || other.role == PeerRole::kCandidate) continue;
+    Lane& lane = *other.lanes[0];
+    if (!lane.fd) continue;
+    std::vector<uint8_t> payload(12 + reason.size());
+    std::memcpy(payload.data(), &fromSeq, 8);
+    auto c = static_cast<uint32_t>(code);
+    std::memcpy(payload.data() + 8, &c, 4);
+    std::memcpy(payload.data() + 12, reason.data(), reason.size());
+    if (payload.size() > FrameHeader::kMaxControlPayload) payload.resize(FrameHeader::kMaxControlPayload);
+    queueControlLocked(lane, FrameType::kRevoke, std::move(payload));
+  }
+}
+
+// The first post of each collective enters this rank's signature; a peer's
+// frame that got here first is compared now.
+void TcpDevice::checkLocalSignatureLocked(uint64_t seq, const CallSignature& mine) {
+  if (seq == lastCheckedSeq_) return;
+  lastCheckedSeq_ = seq;
+  if (auto m = signatures_.local(epoch_, seq, mine)) callMismatchLocked(m->peer, seq, mine, m->theirs);
+}
+
+// Ranks disagree about a call: from this op on the communicator is
+// revoked with ecclInvalidUsage naming both calls, here and everywhere
+// (the ranks that agreed would otherwise wait for data that never comes).
+void TcpDevice::callMismatchLocked(MemberId peer, uint64_t seq, const CallSignature& mine,
+                                   const CallSignature& theirs) {
+  if (revokesLocked(seq)) return;
+  bool collective = FrameHeader::isCollective(seq);
+  std::string reason = fmt::format("ranks disagree about {} (epoch {}): {} called {}, {} called {}",
+                                   collective ? fmt::format("collective op {}", seq) : std::string("a send/recv pair"),
+                                   epoch_, selfLabel_, describe(mine), labelLocked(peer), describe(theirs));
+  log::warn("{}", reason);
+  uint64_t fromSeq = collective ? seq : 0;
+  if (revokedCode_ != ecclSuccess) return;  // revoked already, for a reason that came first
+  revokeLocked(ecclInvalidUsage, reason, fromSeq);
+  floodRevokeLocked(ecclInvalidUsage, reason, fromSeq);
+  if (onRevoked) onRevoked(ecclInvalidUsage, reason);
 }
 
 void TcpDevice::discardOrphanedPayloadsLocked() {
@@ -775,6 +862,9 @@ void TcpDevice::beginEpoch(uint32_t epoch) {
   epoch_ = epoch;
   revokedCode_ = ecclSuccess;
   revokedReason_.clear();
+  revokedFromSeq_ = 0;
+  lastCheckedSeq_ = 0;
+  signatures_.beginEpoch(epoch);
   for (auto box = inbox_.begin(); box != inbox_.end();) {
     bool stale = box->first.epoch < epoch;
     if (stale && box->second.request) completeLocked(box->second.request, ecclRemoteError, "superseded by a new view");
@@ -1051,6 +1141,10 @@ uint8_t* TcpDevice::rxDestinationLocked(Lane& lane, size_t* want) {
     *want = FrameHeader::kSize - lane.headerGot;
     return lane.header + lane.headerGot;
   }
+  if (lane.rx == Lane::Rx::kSignature) {
+    *want = FrameHeader::kSignatureBytes - lane.signatureGot;
+    return lane.signature + lane.signatureGot;
+  }
   *want = lane.frame.length - lane.payloadGot;
   if (lane.frame.type != FrameType::kData) return lane.control.data() + lane.payloadGot;
   return lane.discarding ? nullptr : lane.target + lane.payloadGot;
@@ -1065,8 +1159,11 @@ bool TcpDevice::advanceLocked(Lane& lane, size_t got) {
     if (lane.headerGot < FrameHeader::kSize) return true;
     lane.headerGot = 0;
     if (!onHeaderLocked(lane)) return false;
-    lane.rx = Lane::Rx::kPayload;
-    lane.payloadGot = 0;
+    if (lane.rx == Lane::Rx::kSignature) return true;
+  } else if (lane.rx == Lane::Rx::kSignature) {
+    lane.signatureGot += got;
+    if (lane.signatureGot < FrameHeader::kSignatureBytes) return true;
+    if (!onSignatureLocked(lane)) return false;
   } else {
     lane.payloadGot += got;
   }
@@ -1096,14 +1193,52 @@ bool TcpDevice::onHeaderLocked(Lane& lane) {
   lane.frame = *h;
   lane.target = nullptr;
   lane.discarding = true;
+  lane.rx = Lane::Rx::kPayload;
+  lane.payloadGot = 0;
   if (h->type != FrameType::kData) {
     lane.control.assign(h->length, 0);
     return true;
   }
+  if (h->flags & FrameHeader::kCallSignature) {
+    lane.rx = Lane::Rx::kSignature;
+    lane.signatureGot = 0;
+    return true;
+  }
+  return onDataFrameLocked(lane, nullptr);
+}
+
+bool TcpDevice::onSignatureLocked(Lane& lane) {
+  lane.rx = Lane::Rx::kPayload;
+  std::string why = "its checksum does not match";
+  std::optional<CallSignature> sig;
+  if (crc32c(lane.signature, FrameHeader::kSignatureBytes) == lane.frame.signatureCrc)
+    sig = decodeSignature(lane.signature, &why);
+  if (!sig) {
+    stats_.framesRejected++;
+    failPeerLocked(lane.key.remote, ecclRemoteError,
+                   fmt::format("peer {} sent a malformed call signature on lane {} ({}); connection dropped",
+                               labelLocked(lane.key.remote), lane.key.lane, why),
+                   true);
+    return false;
+  }
+  return onDataFrameLocked(lane, &*sig);
+}
+
+// Finds where a data frame's payload goes, once its header (and call
+// signature) are in.
+bool TcpDevice::onDataFrameLocked(Lane& lane, const CallSignature* signature) {
+  const FrameHeader* h = &lane.frame;
+  MemberId remote = lane.key.remote;
   if (h->epoch < epoch_) {
     stats_.staleFramesDropped++;
     log::trace("dropped a stale frame from {} (epoch {} < {})", labelLocked(remote), h->epoch, epoch_);
     return true;  // the payload is read and discarded
+  }
+  if (signature && FrameHeader::isCollective(h->seq)) {
+    if (auto m = signatures_.remote(h->epoch, h->seq, remote, *signature)) {
+      callMismatchLocked(remote, h->seq, m->mine, m->theirs);
+      return true;  // discarded: the op is dead
+    }
   }
   InboxKey key{h->epoch, remote, h->seq, h->tag};
   auto it = inbox_.find(key);
@@ -1124,6 +1259,13 @@ bool TcpDevice::onHeaderLocked(Lane& lane) {
     it = inbox_.find(key);
   }
   Inbox& box = it->second;
+  if (signature && !FrameHeader::isCollective(h->seq) && !FrameHeader::survivesRevocation(h->seq)) {
+    box.sent = *signature;
+    if (box.request && box.expected && !signaturesAgree(*box.expected, *signature)) {
+      callMismatchLocked(remote, h->seq, *box.expected, *signature);
+      return true;  // the revocation failed and dropped the receive
+    }
+  }
   if (box.total != h->total) {
     // The sender's message size disagrees with the posted receive: fail the
     // receive, discard this message, keep the connection.
@@ -1211,6 +1353,20 @@ void TcpDevice::onControlLocked(Lane& lane) {
   if (lane.frame.type == FrameType::kPong) {
     p.lastPong = Clock::now();
     cv_.notifyAll();
+    return;
+  }
+  if (lane.frame.type == FrameType::kRevoke) {
+    uint64_t fromSeq;
+    uint32_t code;
+    std::memcpy(&fromSeq, lane.control.data(), 8);
+    std::memcpy(&code, lane.control.data() + 8, 4);
+    std::string reason(reinterpret_cast<char*>(lane.control.data()) + 12, lane.control.size() - 12);
+    if (lane.frame.epoch != epoch_ || revokedCode_ != ecclSuccess) return;  // another view's, or known
+    auto result = code > ecclSuccess && code < ecclNumResults ? static_cast<ecclResult_t>(code) : ecclRemoteError;
+    std::string why = fmt::format("{} (heard from {})", reason, p.label);
+    revokeLocked(result, why, fromSeq);
+    floodRevokeLocked(result, reason, fromSeq);
+    if (onRevoked) onRevoked(result, why);
     return;
   }
   MemberId failed;
