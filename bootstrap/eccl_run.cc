@@ -20,8 +20,8 @@
 #include <string>
 #include <vector>
 
-#include "bootstrap/coordinator.h"
-#include "bootstrap/unique_id.h"
+#include "membership/coordinator.h"
+#include "membership/unique_id.h"
 #include "common/clock.h"
 #include "common/error.h"
 #include "common/params.h"
@@ -257,11 +257,11 @@ int main(int argc, char** argv) {
   }
   // The coordinator lives here, never in a rank: killing any rank leaves it up.
   std::string idText;
-  std::unique_ptr<eccl::bootstrap::Coordinator> coordinator;
+  std::unique_ptr<eccl::membership::Coordinator> coordinator;
   try {
     ecclUniqueId id;
-    coordinator = eccl::bootstrap::createJob(&id);
-    idText = eccl::bootstrap::uniqueIdToText(id);
+    coordinator = eccl::membership::createJob(&id);
+    idText = eccl::membership::uniqueIdToText(id);
     if (!idFile.empty()) {
       std::string tmp = idFile + ".tmp";
       FILE* f = fopen(tmp.c_str(), "w");

@@ -13,8 +13,8 @@
 #include <fstream>
 #include <thread>
 
-#include "bootstrap/coordinator.h"
-#include "bootstrap/unique_id.h"
+#include "membership/coordinator.h"
+#include "membership/unique_id.h"
 #include "common/error.h"
 #include "common/params.h"
 
@@ -38,8 +38,8 @@ std::string readId(const std::string& id, const std::string& idFile) {
 
 int serve(const std::string& idFile) {
   ecclUniqueId id;
-  auto coordinator = eccl::bootstrap::createJob(&id);
-  std::string text = eccl::bootstrap::uniqueIdToText(id);
+  auto coordinator = eccl::membership::createJob(&id);
+  std::string text = eccl::membership::uniqueIdToText(id);
   if (!idFile.empty()) {
     std::string tmp = idFile + ".tmp";
     {
@@ -81,11 +81,11 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     if (serveCmd->parsed()) return serve(idFile);
-    ecclUniqueId uid = eccl::bootstrap::uniqueIdFromText(readId(id, idFile));
-    auto data = eccl::bootstrap::decodeUniqueId(uid);
+    ecclUniqueId uid = eccl::membership::uniqueIdFromText(readId(id, idFile));
+    auto data = eccl::membership::decodeUniqueId(uid);
     auto deadline = eccl::deadlineAfterMs(timeoutMs);
-    std::string text = statusCmd->parsed() ? eccl::bootstrap::queryCoordinatorStatus(data, deadline)
-                                           : eccl::bootstrap::requestMigration(data, rank, deadline);
+    std::string text = statusCmd->parsed() ? eccl::membership::queryCoordinatorStatus(data, deadline)
+                                           : eccl::membership::requestMigration(data, rank, deadline);
     fputs(text.c_str(), stdout);
     return 0;
   } catch (const std::exception& e) {

@@ -5,7 +5,9 @@
 #   2. ASan+UBSan build, every test but the fuzzers (they carry ASan
 #      already) and mpirun (Open MPI's own allocations are not ours);
 #   3. TSan build, the threaded core (transport, coordinator client and
-#      thread-rank tests).
+#      thread-rank tests) and the multi-process reconfiguration tests;
+#   4. a clang build of the library and tools that turns every
+#      thread-safety annotation violation into an error.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -31,5 +33,12 @@ scripts/build.sh build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DECCL_SANITIZE=th
   -DECCL_WITH_CUDA=OFF
 stage "TSan: threaded core"
 (cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest -j"$jobs" --output-on-failure --timeout 900 -L 'threads|unit')
+stage "TSan: multi-process reconfiguration (one at a time: TSan's slowdown on two cores)"
+(cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest -j1 --output-on-failure --timeout 900 -L reconfig)
+
+stage "Clang: thread-safety analysis"
+cmake -S . -B build-clang -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+  -DECCL_WITH_CUDA=OFF -DECCL_WITH_FUZZ=OFF >build-clang.configure.log 2>&1 || { cat build-clang.configure.log; exit 1; }
+ninja -C build-clang -j"$jobs" eccl eccl-run ecclcoord
 stage "done"
 echo "all suites passed"

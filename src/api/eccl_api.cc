@@ -4,8 +4,8 @@
 #include <cstring>
 
 #include "api/guard.h"
-#include "bootstrap/coordinator.h"
-#include "bootstrap/unique_id.h"
+#include "membership/coordinator.h"
+#include "membership/unique_id.h"
 #include "coll/reduce.h"
 #include "common/params.h"
 #include "core/group.h"
@@ -84,14 +84,14 @@ const char* ecclGetLastError(ecclComm_t comm) {
 ecclResult_t ecclGetUniqueId(ecclUniqueId* id) {
   return guarded(nullptr, "ecclGetUniqueId", [&] {
     if (!id) fail(ecclInvalidArgument, "ecclGetUniqueId: uniqueId is NULL");
-    *id = eccl::bootstrap::createUniqueId();
+    *id = eccl::membership::createUniqueId();
   });
 }
 
 ecclResult_t ecclUniqueIdToString(const ecclUniqueId* id, char* out, size_t outSize) {
   return guarded(nullptr, "ecclUniqueIdToString", [&] {
     if (!id || !out) fail(ecclInvalidArgument, "ecclUniqueIdToString: NULL argument");
-    std::string text = eccl::bootstrap::uniqueIdToText(*id);
+    std::string text = eccl::membership::uniqueIdToText(*id);
     if (outSize < text.size() + 1)
       fail(ecclInvalidArgument, "ecclUniqueIdToString: buffer of {} bytes, need {}", outSize, text.size() + 1);
     std::memcpy(out, text.c_str(), text.size() + 1);
@@ -101,7 +101,7 @@ ecclResult_t ecclUniqueIdToString(const ecclUniqueId* id, char* out, size_t outS
 ecclResult_t ecclUniqueIdFromString(const char* text, ecclUniqueId* id) {
   return guarded(nullptr, "ecclUniqueIdFromString", [&] {
     if (!id || !text) fail(ecclInvalidArgument, "ecclUniqueIdFromString: NULL argument");
-    *id = eccl::bootstrap::uniqueIdFromText(text);
+    *id = eccl::membership::uniqueIdFromText(text);
   });
 }
 
@@ -349,7 +349,7 @@ ecclResult_t ecclCommInitFromEnv(ecclComm_t* comm) {
     standby = eccl::params::envRole() == "standby";
     if (standby) {
       if (text0.empty()) fail(ecclInvalidUsage, "ecclCommInitFromEnv: ECCL_UNIQUE_ID must be set for a standby");
-      id = eccl::bootstrap::uniqueIdFromText(text0);
+      id = eccl::membership::uniqueIdFromText(text0);
       return;
     }
     rank = eccl::params::envRank();
@@ -358,7 +358,7 @@ ecclResult_t ecclCommInitFromEnv(ecclComm_t* comm) {
     if (rank < 0 || nranks < 1 || text.empty())
       fail(ecclInvalidUsage, "ecclCommInitFromEnv: ECCL_RANK, ECCL_NRANKS and ECCL_UNIQUE_ID must be set "
                              "(run the program under eccl-run)");
-    id = eccl::bootstrap::uniqueIdFromText(text);
+    id = eccl::membership::uniqueIdFromText(text);
   });
   if (r != ecclSuccess) return r;
   if (standby) return ecclCommInitStandby(comm, id, nullptr);

@@ -8,16 +8,6 @@
 
 namespace eccl::coll {
 
-size_t typeSize(ecclDataType_t t) {
-  switch (t) {
-    case ecclInt8: case ecclUint8: return 1;
-    case ecclFloat16: case ecclBfloat16: return 2;
-    case ecclInt32: case ecclUint32: case ecclFloat32: return 4;
-    case ecclInt64: case ecclUint64: case ecclFloat64: return 8;
-    default: fail(ecclInvalidArgument, "invalid data type {}", static_cast<int>(t));
-  }
-}
-
 bool isHalfType(ecclDataType_t t) { return t == ecclFloat16 || t == ecclBfloat16; }
 
 float halfToFloat(uint16_t h) {

@@ -6,14 +6,14 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "common/names.h"
+#include "common/types.h"
 #include "eccl.h"
 
 namespace eccl::coll {
 
-size_t typeSize(ecclDataType_t type);
 using eccl::opName;
 using eccl::typeName;
+using eccl::typeSize;
 bool isHalfType(ecclDataType_t type);
 
 // dst[i] = a[i] op b[i]; dst may alias a or b. Avg reduces as a sum here:

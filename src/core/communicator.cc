@@ -5,11 +5,12 @@
 #include <limits>
 #include <optional>
 
-#include "bootstrap/coord_client.h"
-#include "bootstrap/coordinator.h"
+#include "membership/coord_client.h"
+#include "membership/coordinator.h"
 #include "common/crypto.h"
+#include "transport/connect.h"
 #include "elastic/delta.h"
-#include "bootstrap/unique_id.h"
+#include "membership/unique_id.h"
 #include "coll/algorithms.h"
 #include "coll/reduce.h"
 #include "common/error.h"
@@ -59,8 +60,8 @@ Communicator::Communicator(int nranks, const ecclUniqueId& id, int rank, const C
     : timeoutMs_(o.timeoutMs > 0 ? o.timeoutMs : params::timeoutMs()) {
   ECCL_CHECK_ARG(nranks >= 1, "ecclCommInitRank: nranks={} must be at least 1", nranks);
   ECCL_CHECK_ARG(rank >= 0 && rank < nranks, "ecclCommInitRank: rank {} is outside [0, {})", rank, nranks);
-  join(id, bootstrap::Role::kRank, rank, nranks, o);
-  bootstrap::ViewUpdate first;
+  join(id, membership::Role::kRank, rank, nranks, o);
+  membership::ViewUpdate first;
   try {
     first = client_->awaitView(deadlineAfterMs(timeoutMs_), fmt::format("bootstrap of rank {}", rank));
   } catch (const Error& e) {
@@ -68,7 +69,7 @@ Communicator::Communicator(int nranks, const ecclUniqueId& id, int rank, const C
     // Say who is missing: the coordinator knows.
     std::string status;
     try {
-      status = bootstrap::queryCoordinatorStatus(bootstrap::decodeUniqueId(id), deadlineAfterMs(1000));
+      status = membership::queryCoordinatorStatus(membership::decodeUniqueId(id), deadlineAfterMs(1000));
     } catch (const Error&) {
     }
     fail(ecclTimeout, "{}{}{}", e.what(), status.empty() ? "" : "; coordinator: ", status.substr(0, status.find('\n')));
@@ -81,12 +82,12 @@ Communicator::Communicator(const ecclUniqueId& id, const CommOptions& o, int64_t
     : timeoutMs_(o.timeoutMs > 0 ? o.timeoutMs : params::timeoutMs()) {
   eager_ = params::prepareEager();
   standby_ = true;
-  join(id, bootstrap::Role::kStandby, -1, 0, o);
+  join(id, membership::Role::kStandby, -1, 0, o);
   if (wait) awaitPromotion(deadlineAfterMs(promotionTimeoutMs > 0 ? promotionTimeoutMs : params::standbyTimeoutMs()));
 }
 
-void Communicator::join(const ecclUniqueId& id, bootstrap::Role role, int rank, int nranks, const CommOptions& o) {
-  bootstrap::UniqueIdData idData = bootstrap::decodeUniqueId(id);
+void Communicator::join(const ecclUniqueId& id, membership::Role role, int rank, int nranks, const CommOptions& o) {
+  membership::UniqueIdData idData = membership::decodeUniqueId(id);
   do randomBytes(&self_, sizeof(self_));
   while (self_ == 0);
   transport::TcpOptions t;
@@ -107,13 +108,27 @@ void Communicator::join(const ecclUniqueId& id, bootstrap::Role role, int rank, 
   };
   device_->onRevoked = [this](ecclResult_t code, const std::string& reason) { onRevoked(code, reason); };
   worker_ = std::make_unique<BackgroundWorker>();
-  bootstrap::JoinRequest req{role, rank, nranks, self_, device_->address(), eager_};
-  client_ = std::make_unique<bootstrap::CoordClient>(idData, req, params::heartbeatMs(), params::heartbeatTimeoutMs(),
+  membership::JoinRequest req{role, rank, nranks, self_, device_->address(), eager_};
+  client_ = std::make_unique<membership::CoordClient>(idData, req, params::heartbeatMs(), params::heartbeatTimeoutMs(),
                                                      deadlineAfterMs(timeoutMs_));
   {
     MutexLock lock(reporterMu_);
     reporter_ = client_.get();
   }
+  elastic::MigrationLinks links;
+  links.device = device_.get();
+  links.client = client_.get();
+  links.worker = worker_.get();
+  links.timeoutMs = timeoutMs_;
+  links.report = [this](transport::MemberId m, const std::string& why) {
+    MutexLock lock(reporterMu_);
+    if (reporter_) reporter_->report(m, why);
+  };
+  links.prepared = [this](uint32_t epoch) {
+    MutexLock lock(reporterMu_);
+    if (reporter_) reporter_->prepared(epoch);
+  };
+  migration_ = std::make_unique<elastic::Migration>(std::move(links));
   client_->setCallbacks({
       [this](const std::vector<uint64_t>& failed, const std::string& reason) {
         for (uint64_t m : failed)
@@ -127,9 +142,9 @@ void Communicator::join(const ecclUniqueId& id, bootstrap::Role role, int rank, 
         }
         device_->abort(fmt::format("evicted: {}", reason));
       },
-      [this](const bootstrap::CoordMessage& m) { onReconfiguration(m); },
-      [this](const std::vector<bootstrap::ViewEntry>& entries) {
-        if (eager_) worker_->post([this, entries] { connectStandbys(entries); });
+      [this](const membership::CoordMessage& m) { onReconfiguration(m); },
+      [this](const std::vector<membership::ViewEntry>& entries) {
+        if (eager_) worker_->post([this, entries] { migration_->connectStandbys(entries); });
       },
   });
 }
@@ -140,7 +155,7 @@ void Communicator::join(const ecclUniqueId& id, bootstrap::Role role, int rank, 
 // here would turn one failure into two, and a REPLACE short of standbys).
 // The communicator is returned revoked: its first op and
 // ecclCommGetAsyncError report the failure, and ecclCommRecover goes on.
-void Communicator::enterViewAtInit(const bootstrap::ViewUpdate& v) {
+void Communicator::enterViewAtInit(const membership::ViewUpdate& v) {
   try {
     applyView(v);
   } catch (const Error& e) {
@@ -153,7 +168,7 @@ void Communicator::enterViewAtInit(const bootstrap::ViewUpdate& v) {
 // ops of the old epoch die, and everything else is inherited untouched. The
 // peers of the ring and latency algorithms are connected before returning
 // so the first collective pays no connection setup.
-void Communicator::applyView(const bootstrap::ViewUpdate& v) {
+void Communicator::applyView(const membership::ViewUpdate& v) {
   auto start = Clock::now();
   transport::DeviceStats before = device_->stats();
   std::vector<transport::MemberId> next;
@@ -167,11 +182,12 @@ void Communicator::applyView(const bootstrap::ViewUpdate& v) {
                        fmt::format("rank {} ({})", r, v.entries[r].address));
   device_->beginEpoch(v.epoch);
   device_->setLabel(fmt::format("rank {} ({})", v.rank, device_->address()));
-  renumberLogs(next);
+  sendLog_.renumber(view_.rankToMember, next);
   view_.epoch = v.epoch;
   currentEpoch_ = v.epoch;
   view_.rankToMember = next;
   rank_ = v.rank;
+  migration_->setRank(v.rank);
   lastWhy_ = v.why;
   collSeq_ = 0;
   sendSeq_.assign(next.size(), 0);
@@ -183,7 +199,7 @@ void Communicator::applyView(const bootstrap::ViewUpdate& v) {
     if (asyncError_ != ecclEvicted && !callMismatch_) asyncError_ = ecclSuccess, asyncMessage_.clear();
   }
   try {
-    connectPeers(plan.connect, deadlineAfterMs(timeoutMs_));
+    transport::connectAll(*device_, plan.connect, deadlineAfterMs(timeoutMs_));
   } catch (const Error& e) {
     // A member of the new view is gone already (it died after its vote):
     // the view stands, revoked, and the caller recovers from it. This
@@ -210,26 +226,6 @@ void Communicator::applyView(const bootstrap::ViewUpdate& v) {
   reconfig_.applyMs = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
 }
 
-// The lower member id dials, so dial everything we dial first, then wait
-// for the connections the others open to us. A peer that fails does not
-// stop the rest: a live peer may be waiting for our dial (giving up would
-// leave it to its deadline and get a live member declared failed), and the
-// links that do open are inherited by the view that recovers from this one.
-// Throws the first failure once every peer is settled.
-void Communicator::connectPeers(std::vector<transport::MemberId> peers, Deadline deadline) {
-  std::stable_partition(peers.begin(), peers.end(), [this](transport::MemberId m) { return self_ < m; });
-  std::optional<Error> first;
-  for (transport::MemberId m : peers) {
-    if (m == self_) continue;
-    try {
-      device_->connectNow(m, deadline);
-    } catch (const Error& e) {
-      if (!first) first = e;
-    }
-  }
-  if (first) throw *first;
-}
-
 void Communicator::recover(ecclRecoverPolicy_t policy) {
   ECCL_CHECK_ARG(policy >= ecclRecoverReplace && policy <= ecclRecoverReplaceOrShrink,
                  "ecclCommRecover: invalid policy {}", static_cast<int>(policy));
@@ -240,16 +236,13 @@ void Communicator::recover(ecclRecoverPolicy_t policy) {
       fail(ecclInvalidUsage, "ecclCommRecover (rank {}): the ranks disagreed about a call, which no view change mends; "
            "destroy the communicator ({})", rank_, asyncMessage_);
   }
-  abstainFromVote();  // a switchover this member will not make must not keep the others voting
+  migration_->abstain();  // a switchover this member will not make must not keep the others voting
   auto start = Clock::now();
   client_->requestRecover(view_.epoch, static_cast<uint32_t>(policy));
-  bootstrap::ViewUpdate v = client_->awaitView(deadlineAfterMs(timeoutMs_), fmt::format("ecclCommRecover (rank {})", rank_));
+  membership::ViewUpdate v = client_->awaitView(deadlineAfterMs(timeoutMs_), fmt::format("ecclCommRecover (rank {})", rank_));
   auto agreed = Clock::now();
   uint32_t oldEpoch = view_.epoch;
-  {
-    MutexLock lock(prepMu_);
-    prep_ = Preparation{};  // a preparation the failure aborted is over
-  }
+  migration_->reset();  // a preparation the failure aborted is over
   // A member of the new view may be gone already: the view stands, revoked,
   // and the error tells the caller to recover again from it.
   applyView(v);
@@ -290,7 +283,16 @@ Communicator::~Communicator() {
   }
   client_.reset();
   worker_.reset();
+  migration_.reset();
   device_.reset();
+}
+
+void Communicator::onReconfiguration(const membership::CoordMessage& m) {
+  if (m.kind == membership::CoordKind::kStandbys) {
+    worker_->post([this, list = m.entries] { migration_->connectStandbys(list); });
+    return;
+  }
+  migration_->onAnnouncement(m);
 }
 
 void Communicator::onPeerFailure(transport::MemberId member, ecclResult_t code, const std::string& reason) {
@@ -362,8 +364,8 @@ void Communicator::popSelfRecv(void* buf, size_t bytes) {
 void Communicator::abort() { device_->abort(fmt::format("rank {}: communicator aborted by the application", rank_)); }
 
 void Communicator::destroy() {
-  sendBoundaryToken();  // a leaver going without its switchover still lets the joiner vote
-  abstainFromVote();
+  migration_->sendBoundaryToken();  // a leaver going without its switchover still lets the joiner vote
+  migration_->abstain();
   client_->leave();
   device_->close(deadlineAfterMs(std::min<int64_t>(timeoutMs_, 2000)));
 }
@@ -543,45 +545,23 @@ transport::RequestPtr Communicator::postSend(const void* buf, size_t bytes, int 
   checkUsable();
   auto signature = signatureOf(transport::CallKind::kSend, bytes / coll::typeSize(type), type);
   const transport::CallSignature* checked = checkCalls_ ? &signature : nullptr;
-  if (!logsTo(peer)) {
+  if (!sendLog_.logsTo(peer)) {
     uint64_t seq = transport::FrameHeader::kP2pBit | ++sendSeq_[peer];
     return device_->isend(view_.rankToMember[peer], seq, 0, buf, bytes, nullptr, checked);
   }
-  // Room in the log first: a full log (error policy) fails the send before
-  // anything leaves.
-  log::RecordInfo info;
-  info.epoch = view_.epoch;
-  info.peer = peer;
-  info.tag = logTag_;
-  info.seq = logSeq_[peer] + 1;
-  info.type = type;
-  info.count = bytes / coll::typeSize(type);
-  info.bytes = bytes;
-  auto reservation = log_->reserve(info, deadlineAfterMs(timeoutMs_),
-                                   fmt::format("send to rank {} (rank {}, epoch {}, iteration {} micro-batch {})", peer,
-                                               rank_, view_.epoch, logTag_.iteration, logTag_.microbatch));
-  logSeq_[peer]++;
+  auto reservation = sendLog_.reserve(view_.epoch, peer, type, bytes, deadlineAfterMs(timeoutMs_),
+                                      fmt::format("send to rank {} (rank {}, epoch {})", peer, rank_, view_.epoch));
   uint64_t seq = transport::FrameHeader::kP2pBit | ++sendSeq_[peer];
   transport::RequestPtr request;
   try {
     request = device_->isend(view_.rankToMember[peer], seq, 0, buf, bytes, nullptr, checked);
   } catch (...) {
-    log_->abandon(reservation);
+    sendLog_.abandon(reservation);
     throw;
   }
-  // The copy and its checksum overlap the network send (both only read
-  // buf); the checksum reads each chunk while it is still in cache, and the
-  // connections are serviced between chunks so the socket never sits full
-  // while we copy.
-  constexpr size_t kChunk = 64 << 10;
-  uint32_t crc = 0;
-  for (size_t off = 0; off < bytes; off += kChunk) {
-    size_t n = std::min(kChunk, bytes - off);
-    std::memcpy(reservation.data + off, static_cast<const uint8_t*>(buf) + off, n);
-    crc = crc32c(reservation.data + off, n, crc);
-    device_->progress();
-  }
-  pendingLogs_[request.get()] = {reservation, crc};
+  // The connections are serviced between chunks of the copy so the socket
+  // never sits full while we copy.
+  sendLog_.copy(request.get(), reservation, buf, bytes, [this] { device_->progress(); });
   return request;
 }
 
@@ -593,31 +573,29 @@ transport::RequestPtr Communicator::postRecv(void* buf, size_t bytes, int peer, 
 }
 
 bool Communicator::testP2p(const transport::RequestPtr& r, int peer, bool isSend) {
-  auto logged = isSend ? pendingLogs_.find(r.get()) : pendingLogs_.end();
   try {
     if (!device_->test(r, {})) return false;
   } catch (const Error& e) {
-    if (logged != pendingLogs_.end()) log_->abandon(logged->second.reservation), pendingLogs_.erase(logged);
+    if (isSend) sendLog_.settle(r.get(), false);
     throw Error(e.code(), fmt::format("{} {} rank {} (rank {}, epoch {}): {}", isSend ? "send" : "recv",
                                       isSend ? "to" : "from", peer, rank_, view_.epoch, e.what()));
   }
-  if (logged != pendingLogs_.end()) log_->commit(logged->second.reservation, logged->second.crc), pendingLogs_.erase(logged);
+  if (isSend) sendLog_.settle(r.get(), true);
   return true;
 }
 
 void Communicator::waitP2p(const transport::RequestPtr& r, int peer, bool isSend) {
-  auto logged = isSend ? pendingLogs_.find(r.get()) : pendingLogs_.end();
   try {
     device_->wait(r, deadlineAfterMs(timeoutMs_), {});
   } catch (const Error& e) {
-    if (logged != pendingLogs_.end()) log_->abandon(logged->second.reservation), pendingLogs_.erase(logged);
+    if (isSend) sendLog_.settle(r.get(), false);
     throw Error(e.code(), fmt::format("{} {} rank {} (rank {}, epoch {}): {}", isSend ? "send" : "recv",
                                       isSend ? "to" : "from", peer, rank_, view_.epoch, e.what()));
   } catch (...) {
-    if (logged != pendingLogs_.end()) log_->abandon(logged->second.reservation), pendingLogs_.erase(logged);
+    if (isSend) sendLog_.settle(r.get(), false);
     throw;
   }
-  if (logged != pendingLogs_.end()) log_->commit(logged->second.reservation, logged->second.crc), pendingLogs_.erase(logged);
+  if (isSend) sendLog_.settle(r.get(), true);
 }
 
 }  // namespace eccl

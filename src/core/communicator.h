@@ -11,12 +11,13 @@
 #include <string>
 #include <vector>
 
-#include "bootstrap/coord_client.h"
+#include "common/background.h"
 #include "common/mutex.h"
 #include "common/params.h"
-#include "core/background.h"
-#include "log/log_store.h"
 #include "eccl.h"
+#include "elastic/migration.h"
+#include "log/sender_log.h"
+#include "membership/coord_client.h"
 #include "transport/transport.h"
 
 namespace eccl {
@@ -76,12 +77,13 @@ class Communicator {
   void recover(ecclRecoverPolicy_t policy);
   void fillStats(ecclCommStats_t* out) const;
 
-  // Two-phase reconfiguration and grow (src/elastic/reconfigure.cc).
+  // Two-phase reconfiguration and grow (elastic::Migration decides;
+  // core/switchover.cc applies).
   void prepareMigration(int rank);
   ecclPrepareState_t prepareStatus(std::string* why, int* leavingRank) const;
   void switchover();
   void grow(int count);
-  // Membership named outright (src/elastic/membership.cc): the view becomes
+  // Membership named outright (core/views.cc): the view becomes
   // `members` in that order, once every member named asks with the same
   // list and uuid; a standby calls it to be taken in.
   void reconfigure(const std::vector<transport::MemberId>& members, uint64_t uuid, int64_t timeoutMs);
@@ -94,14 +96,14 @@ class Communicator {
   void migrationSend(const void* buf, size_t bytes);
   void migrationRecv(void* buf, size_t bytes);
 
-  // Boundary-send log (src/log/sender_log.cc).
+  // Boundary-send log (log::SenderLog; core/communicator_log.cc).
   void configureLog(const ecclLogConfig_t& config);
   void setLogTag(int64_t iteration, int32_t microbatch);
   size_t truncateLog(int64_t iteration);
   void fillLogStats(ecclLogStats_t* out) const;
   void replayLog(int peer, int64_t fromIteration, int64_t toIteration);
   void readLog(int peer, size_t index, ecclLogRecord_t* record, void* buffer, size_t bufferBytes) const;
-  log::LogStore* logStoreForTesting() { return log_.get(); }
+  log::LogStore* logStoreForTesting() { return sendLog_.store(); }
 
   // Sends to self only make sense inside a group: they are matched in order.
   void pushSelfSend(const void* buf, size_t bytes);
@@ -124,48 +126,20 @@ class Communicator {
                      const std::function<void(OpLinks&)>& body);
   void onPeerFailure(transport::MemberId member, ecclResult_t code, const std::string& reason);
   void onRevoked(ecclResult_t code, const std::string& reason);
-  void join(const ecclUniqueId& id, bootstrap::Role role, int rank, int nranks, const CommOptions& o);
-  void applyView(const bootstrap::ViewUpdate& v);
-  void enterViewAtInit(const bootstrap::ViewUpdate& v);
-  void connectPeers(std::vector<transport::MemberId> peers, Deadline deadline);
+  void join(const ecclUniqueId& id, membership::Role role, int rank, int nranks, const CommOptions& o);
+  void applyView(const membership::ViewUpdate& v);
+  void enterViewAtInit(const membership::ViewUpdate& v);
   // Reconfiguration news from the coordinator (client thread: must not block).
-  void onReconfiguration(const bootstrap::CoordMessage& m);
-  void prepareDelta(uint32_t nextEpoch);  // background job
-  void addPreparedPeersLocked() ECCL_REQUIRES(prepMu_);
-  void connectStandbys(std::vector<bootstrap::ViewEntry> standbys);  // background job
-  void becomeJoiner(const bootstrap::ViewUpdate& v);
+  void onReconfiguration(const membership::CoordMessage& m);
+  void becomeJoiner(const membership::ViewUpdate& v);
   // A named reconfiguration left this member out: it drops its links and
   // is a standby of the job again (a later one may name it).
-  void returnToStandby(const bootstrap::ViewUpdate& v);
-  // The switchover's parts (src/elastic/reconfigure.cc).
-  void leaveAtSwitchover(uint32_t nextEpoch);
-  bootstrap::ViewUpdate awaitSwitchDecision();
-  void sendBoundaryToken();
-  void abstainFromVote();
-  bool voteOnSwitch(const std::vector<bootstrap::ViewEntry>& next, uint32_t nextEpoch, bool yes, std::string* why);
-  void enterNextView(const bootstrap::ViewUpdate& v, const std::vector<transport::MemberId>& leavers);
+  void returnToStandby(const membership::ViewUpdate& v);
+  void enterNextView(const membership::ViewUpdate& v, const std::vector<transport::MemberId>& leavers);
+  // The leaver at a switchover: the others went on without it.
+  void leaveView(const membership::ViewUpdate& v, Clock::time_point start);
   void finishReconfiguration(Clock::time_point start, Clock::time_point agreed, uint32_t oldEpoch, const char* what);
 
-  // A view being prepared. Written by the client and worker threads.
-  struct Preparation {
-    ecclPrepareState_t state = ecclPrepareNone;
-    uint32_t epoch = 0;  // the epoch it will become; 0 while only asked for
-    std::vector<bootstrap::ViewEntry> next;
-    int leavingRank = -1;
-    transport::MemberId joiner = 0;
-    std::vector<transport::MemberId> leavers;
-    std::string leaverAddress;
-    bool locallyPrepared = false, everyonePrepared = false;
-    bool tokenSent = false;  // the leaver told its joiner it is at its last boundary
-    bool voted = false;      // this member's switchover vote is cast
-    std::string why;
-    Clock::time_point announced;
-    double prepareMs = 0;
-    uint64_t connectionsOpened = 0;
-    // Lanes up to each member of the delta when the preparation was
-    // announced (an eager standby's are up already; they are not the delta).
-    std::vector<std::pair<transport::MemberId, uint32_t>> lanesAtAnnounce;
-  };
   struct Reconfiguration {
     uint64_t connectionsOpened = 0, connectionsClosed = 0, connectionsInherited = 0;
     double agreeMs = 0, applyMs = 0, totalMs = 0;
@@ -188,35 +162,19 @@ class Communicator {
   Reconfiguration reconfig_;
   std::string lastWhy_;
   std::unique_ptr<transport::Device> device_;
-  std::unique_ptr<bootstrap::CoordClient> client_;
+  std::unique_ptr<membership::CoordClient> client_;
   Mutex reporterMu_;
-  bootstrap::CoordClient* reporter_ ECCL_GUARDED_BY(reporterMu_) = nullptr;
+  membership::CoordClient* reporter_ ECCL_GUARDED_BY(reporterMu_) = nullptr;
   bool eager_ = false;          // a standby keeping connections to the members open
   bool standby_ = false;        // registered as a standby and not yet in a view
   bool joining_ = false;        // a joiner before its switchover
   std::string leftView_;        // why this member is no longer in the view (migrated away)
-  uint64_t migrationSendSeq_ = 0, migrationRecvSeq_ = 0;
-  mutable Mutex prepMu_;
-  CondVar prepCv_;
-  Preparation prep_ ECCL_GUARDED_BY(prepMu_);
   std::unique_ptr<BackgroundWorker> worker_;
+  std::unique_ptr<elastic::Migration> migration_;
   uint64_t collSeq_ = 0;
   std::vector<uint64_t> sendSeq_, recvSeq_;
 
-  bool logsTo(int peer) const;
-  // After a view change that renumbered ranks, logs follow their peers
-  // (logs are keyed by rank; a replacement keeps the rank, a shrink moves it).
-  void renumberLogs(const std::vector<transport::MemberId>& next);
-  std::unique_ptr<log::LogStore> log_;
-  bool logAllPeers_ = false;
-  std::vector<int> loggedPeers_;
-  log::Tag logTag_;
-  std::map<int, uint64_t> logSeq_;  // per peer rank, across views
-  struct PendingLog {
-    log::LogStore::Reservation reservation;
-    uint32_t crc = 0;
-  };
-  std::map<const transport::Request*, PendingLog> pendingLogs_;
+  log::SenderLog sendLog_;
 
   // Working memory of the algorithms (Links::scratch), kept across ops.
   uint8_t* scratch(int slot, size_t bytes);

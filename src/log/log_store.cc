@@ -54,22 +54,24 @@ LogStore::Reservation LogStore::reserve(const RecordInfo& info, Deadline deadlin
          arena_.size());
   size_t offset, footprint;
   while (!fitsLocked(info.bytes, &offset, &footprint)) {
-    auto full = [&](const char* extra) {
+    // The counts are arguments: the lambda runs under the lock, which the
+    // thread-safety analysis cannot see through a closure.
+    auto full = [&](const char* extra, size_t records, size_t used) {
       fail(ecclLogFull, "{}: the log is full ({} records, {} of {} bytes{}); truncate it (ecclLogTruncate) or "
-           "configure a larger capacity or another policy", what, records_.size(), used_, arena_.size(), extra);
+           "configure a larger capacity or another policy", what, records, used, arena_.size(), extra);
     };
     switch (policy_) {
       case FullPolicy::kError:
-        full("");
+        full("", records_.size(), used_);
         break;
       case FullPolicy::kEvict:
         if (records_.empty() || records_.front().state == Record::State::kPending)
-          full("; the oldest record is still being sent");
+          full("; the oldest record is still being sent", records_.size(), used_);
         popOldestLocked(true);
         break;
       case FullPolicy::kBlock:
         if (!freed_.waitUntil(mu_, deadline) && Clock::now() >= deadline)
-          full(" after waiting for a truncate until the deadline");
+          full(" after waiting for a truncate until the deadline", records_.size(), used_);
         break;
     }
   }

@@ -4,7 +4,7 @@
 
 #include <cstring>
 
-#include "common/names.h"
+#include "common/types.h"
 
 namespace eccl::transport {
 namespace {

@@ -16,8 +16,8 @@
 #include <string>
 #include <thread>
 
-#include "bootstrap/coord_client.h"
-#include "bootstrap/coordinator.h"
+#include "membership/coord_client.h"
+#include "membership/coordinator.h"
 #include "common/clock.h"
 #include "tests/support/elastic.h"
 
@@ -37,7 +37,7 @@ Shared* mapShared() {
 }
 
 std::string coordinatorStatus(const ecclUniqueId& id) {
-  return bootstrap::queryCoordinatorStatus(bootstrap::decodeUniqueId(id), deadlineAfterMs(3000));
+  return membership::queryCoordinatorStatus(membership::decodeUniqueId(id), deadlineAfterMs(3000));
 }
 
 // Polls the coordinator's status until `holds` is true of it.
@@ -219,8 +219,8 @@ TEST_P(FirstView, ARankGoneBeforeItsPeersConnectIsRecoveredNotAnInitFailure) {
   ProcessGroup group(n + 1, [&](int index, int, const ecclUniqueId& id) {
     ecclComm_t comm;
     if (index == gone) {
-      bootstrap::JoinRequest join{bootstrap::Role::kRank, gone, n, goneMember, "127.0.0.1:1", false};
-      bootstrap::CoordClient client(bootstrap::decodeUniqueId(id), join, 100, 3000, deadlineAfterMs(10000));
+      membership::JoinRequest join{membership::Role::kRank, gone, n, goneMember, "127.0.0.1:1", false};
+      membership::CoordClient client(membership::decodeUniqueId(id), join, 100, 3000, deadlineAfterMs(10000));
       client.awaitView(deadlineAfterMs(10000), "the first view");
       raise(SIGKILL);
     }

@@ -1,11 +1,11 @@
 #include <gtest/gtest.h>
 
 #include "api/guard.h"
-#include "bootstrap/handshake.h"
-#include "bootstrap/coord_messages.h"
-#include "bootstrap/unique_id.h"
+#include "membership/handshake.h"
+#include "membership/coord_messages.h"
+#include "membership/unique_id.h"
 
-namespace eccl::bootstrap {
+namespace eccl::membership {
 namespace {
 
 TEST(UniqueId, TextRoundTripAndMalformedInput) {
@@ -87,4 +87,4 @@ TEST(Guard, NoExceptionCrossesTheCAbi) {
 }
 
 }  // namespace
-}  // namespace eccl::bootstrap
+}  // namespace eccl::membership

@@ -6,7 +6,7 @@
 
 #include <thread>
 
-#include "bootstrap/handshake.h"
+#include "membership/handshake.h"
 #include "common/error.h"
 #include "common/socket.h"
 #include "common/crypto.h"
@@ -180,7 +180,7 @@ class Intruder {
     fd_ = connectTo(SockAddr::parse(target.address()), deadlineAfterMs(2000), "intruder");
     Secret s;
     s.fill(1);
-    bootstrap::authenticateAsClient(fd_.get(), s, {bootstrap::Purpose::kData, jobId, claim, target.self(), 0},
+    membership::authenticateAsClient(fd_.get(), s, {membership::Purpose::kData, jobId, claim, target.self(), 0},
                                     deadlineAfterMs(2000), "intruder");
   }
   void sendRaw(const void* p, size_t n) { sendAll(fd_.get(), p, n, deadlineAfterMs(2000), "intruder"); }
@@ -295,7 +295,7 @@ TEST(TcpDevice, WrongSecretAndNonMembersAreRejected) {
     Fd fd = connectTo(SockAddr::parse(p.b->address()), deadlineAfterMs(2000), "stranger");
     Secret wrong;
     wrong.fill(9);
-    EXPECT_THROW(bootstrap::authenticateAsClient(fd.get(), wrong, {bootstrap::Purpose::kData, 5, 0, 1, 0},
+    EXPECT_THROW(membership::authenticateAsClient(fd.get(), wrong, {membership::Purpose::kData, 5, 0, 1, 0},
                                                  deadlineAfterMs(2000), "stranger"),
                  Error);
   }

@@ -17,7 +17,7 @@
 #include <thread>
 #include <vector>
 
-#include "bootstrap/handshake.h"
+#include "membership/handshake.h"
 #include "common/crypto.h"
 #include "common/error.h"
 #include "common/log.h"
@@ -403,8 +403,8 @@ void TcpDevice::connectPeer(MemberId member) {
         auto it = peers_.find(member);
         return stopping_ || it == peers_.end() || it->second.state != Peer::State::kConnecting;
       });
-      bootstrap::Hello hello{bootstrap::Purpose::kData, opt_.jobId, opt_.self, member, static_cast<uint32_t>(i)};
-      bootstrap::authenticateAsClient(fd.get(), opt_.secret, hello, deadline, what);
+      membership::Hello hello{membership::Purpose::kData, opt_.jobId, opt_.self, member, static_cast<uint32_t>(i)};
+      membership::authenticateAsClient(fd.get(), opt_.secret, hello, deadline, what);
       fds.push_back(std::move(fd));
     }
   } catch (const Error& e) {
@@ -1398,8 +1398,8 @@ void TcpDevice::acceptLoop() {
     std::string what = fmt::format("member {}: incoming connection from {}", opt_.self, from.str());
     try {
       Deadline deadline = deadlineAfterMs(opt_.handshakeTimeoutMs);
-      bootstrap::Hello hello = bootstrap::authenticateAsServer(fd.get(), opt_.secret, opt_.jobId, deadline, what);
-      if (hello.purpose != bootstrap::Purpose::kData || hello.toMember != opt_.self)
+      membership::Hello hello = membership::authenticateAsServer(fd.get(), opt_.secret, opt_.jobId, deadline, what);
+      if (hello.purpose != membership::Purpose::kData || hello.toMember != opt_.self)
         fail(ecclAuthError, "{}: hello is for member {}, purpose {}", what, hello.toMember,
              static_cast<int>(hello.purpose));
       MutexLock lock(mu_);

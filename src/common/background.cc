@@ -1,4 +1,4 @@
-#include "core/background.h"
+#include "common/background.h"
 
 #include "common/crypto.h"
 #include "common/log.h"

@@ -1,6 +1,6 @@
-// A standby's wait for a view, a membership named outright (c10d's
-// reconfigure: the view becomes a given list of members, as a delta), and
-// revocation from another thread.
+// The communicator's views beyond the first: a standby's wait for one, a
+// membership named outright (c10d's reconfigure: the view becomes a given
+// list of members, as a delta), and revocation from another thread.
 #include <algorithm>
 #include <set>
 
@@ -13,7 +13,7 @@ namespace eccl {
 void Communicator::awaitPromotion(Deadline until) {
   ECCL_CHECK_ARG(standby_, "member {:016x} is not a standby: it holds rank {}", self_, rank_);
   for (;;) {
-    bootstrap::ViewUpdate v = client_->awaitView(until, "standby waiting for promotion");
+    membership::ViewUpdate v = client_->awaitView(until, "standby waiting for promotion");
     if (v.joining) {
       becomeJoiner(v);
       standby_ = false;
@@ -50,13 +50,13 @@ void Communicator::reconfigure(const std::vector<transport::MemberId>& members, 
     MutexLock lock(errorMu_);
     if (asyncError_ == ecclEvicted) throw Error(ecclEvicted, asyncMessage_);
   }
-  if (!standby_) abstainFromVote();  // a migration this member will not finish must not keep the others voting
+  if (!standby_) migration_->abstain();  // a migration this member will not finish must not keep the others voting
   auto start = Clock::now();
   uint32_t oldEpoch = standby_ ? 0 : view_.epoch;
   client_->requestReconfigure(oldEpoch, uuid, members);
   Deadline deadline = deadlineAfterMs(timeoutMs > 0 ? timeoutMs : timeoutMs_);
   std::string what = fmt::format("ecclCommReconfigure (uuid {:016x}, member {:016x})", uuid, self_);
-  bootstrap::ViewUpdate v;
+  membership::ViewUpdate v;
   for (;;) {
     v = client_->awaitView(deadline, what);
     if (v.uuid == uuid && v.rank >= 0) break;
@@ -69,10 +69,7 @@ void Communicator::reconfigure(const std::vector<transport::MemberId>& members, 
     if (v.rank >= 0 && !standby_) applyView(v);
   }
   auto agreed = Clock::now();
-  {
-    MutexLock lock(prepMu_);
-    prep_ = Preparation{};  // a migration being prepared was superseded
-  }
+  migration_->reset();  // a migration being prepared was superseded
   bool wasStandby = standby_;
   standby_ = false;
   if (wasStandby) {
@@ -86,7 +83,7 @@ void Communicator::reconfigure(const std::vector<transport::MemberId>& members, 
   finishReconfiguration(start, agreed, oldEpoch, "reconfigured");
 }
 
-void Communicator::returnToStandby(const bootstrap::ViewUpdate& v) {
+void Communicator::returnToStandby(const membership::ViewUpdate& v) {
   {
     MutexLock lock(reporterMu_);
     reporter_ = nullptr;  // the members close their links to this one; nobody failed

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-namespace eccl::bootstrap {
+namespace eccl::membership {
 
 enum class CoordKind : uint32_t {
   kJoin = 1,       // member -> coord: role, rank, nranks, member, address, pid,
@@ -76,4 +76,4 @@ std::vector<uint8_t> encodeCoordMessage(const CoordMessage& m);
 std::optional<CoordMessage> decodeCoordMessage(const uint8_t* p, size_t n, std::string* why);
 const char* coordKindName(CoordKind kind);
 
-}  // namespace eccl::bootstrap
+}  // namespace eccl::membership

@@ -1,4 +1,4 @@
-#include "bootstrap/coordinator.h"
+#include "membership/coordinator.h"
 
 #include <poll.h>
 
@@ -8,15 +8,15 @@
 #include <set>
 #include <vector>
 
-#include "bootstrap/coord_channel.h"
-#include "bootstrap/handshake.h"
+#include "membership/coord_channel.h"
+#include "membership/handshake.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "common/mutex.h"
 #include "common/netif.h"
 #include "common/params.h"
 
-namespace eccl::bootstrap {
+namespace eccl::membership {
 
 namespace {
 
@@ -1054,4 +1054,4 @@ std::string requestMigration(const UniqueIdData& id, int rank, Deadline deadline
   return toolRequest(id, q, deadline, fmt::format("migration of rank {} via the coordinator at {}", rank, id.root.str()));
 }
 
-}  // namespace eccl::bootstrap
+}  // namespace eccl::membership

@@ -9,7 +9,7 @@
 #include "common/socket.h"
 #include "eccl.h"
 
-namespace eccl::bootstrap {
+namespace eccl::membership {
 
 struct UniqueIdData {
   SockAddr root;
@@ -23,4 +23,4 @@ std::string uniqueIdToText(const ecclUniqueId& id);
 ecclUniqueId uniqueIdFromText(const std::string& text);  // throws on malformed text
 
 
-}  // namespace eccl::bootstrap
+}  // namespace eccl::membership

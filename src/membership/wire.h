@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-namespace eccl::bootstrap {
+namespace eccl::membership {
 
 class WireWriter {
  public:
@@ -58,4 +58,4 @@ class WireReader {
   size_t pos_ = 0;
 };
 
-}  // namespace eccl::bootstrap
+}  // namespace eccl::membership

@@ -1,4 +1,4 @@
-#include "bootstrap/handshake.h"
+#include "membership/handshake.h"
 
 #include <cstring>
 #include <vector>
@@ -6,7 +6,7 @@
 #include "common/error.h"
 #include "common/socket.h"
 
-namespace eccl::bootstrap {
+namespace eccl::membership {
 namespace {
 
 constexpr uint32_t kHelloMagic = 0x4F4C4845;  // "EHLO"
@@ -139,4 +139,4 @@ Hello authenticateAsServer(int fd, const Secret& secret, uint64_t jobId, Deadlin
   return hello;
 }
 
-}  // namespace eccl::bootstrap
+}  // namespace eccl::membership

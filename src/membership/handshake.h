@@ -9,7 +9,7 @@
 #include "common/clock.h"
 #include "common/crypto.h"
 
-namespace eccl::bootstrap {
+namespace eccl::membership {
 
 enum class Purpose : uint16_t { kBootstrap = 1, kData = 2 };  // kBootstrap: the coordinator
 
@@ -38,4 +38,4 @@ constexpr size_t kHelloBytes = 56;
 void encodeHello(const Hello& h, const Nonce& nonce, uint8_t out[kHelloBytes]);
 bool decodeHello(const uint8_t in[kHelloBytes], Hello* h, std::string* why);
 
-}  // namespace eccl::bootstrap
+}  // namespace eccl::membership

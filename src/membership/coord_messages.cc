@@ -1,9 +1,9 @@
-#include "bootstrap/coord_messages.h"
+#include "membership/coord_messages.h"
 
-#include "bootstrap/wire.h"
+#include "membership/wire.h"
 #include "common/error.h"
 
-namespace eccl::bootstrap {
+namespace eccl::membership {
 
 const char* coordKindName(CoordKind kind) {
   switch (kind) {
@@ -107,4 +107,4 @@ std::optional<CoordMessage> decodeCoordMessage(const uint8_t* p, size_t n, std::
   return m;
 }
 
-}  // namespace eccl::bootstrap
+}  // namespace eccl::membership

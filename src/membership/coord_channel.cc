@@ -1,4 +1,4 @@
-#include "bootstrap/coord_channel.h"
+#include "membership/coord_channel.h"
 
 #include <poll.h>
 #include <sys/socket.h>
@@ -8,7 +8,7 @@
 
 #include "common/error.h"
 
-namespace eccl::bootstrap {
+namespace eccl::membership {
 namespace {
 
 Mac seal(const Secret& key, uint8_t dir, uint64_t number, const uint8_t* body, size_t n) {
@@ -104,4 +104,4 @@ CoordMessage SealedChannel::receive(Deadline deadline) {
   return m;
 }
 
-}  // namespace eccl::bootstrap
+}  // namespace eccl::membership

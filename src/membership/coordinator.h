@@ -13,13 +13,13 @@
 #include <string>
 #include <thread>
 
-#include "bootstrap/unique_id.h"
+#include "membership/unique_id.h"
 #include "common/mutex.h"
 #include "common/socket.h"
 
-namespace eccl::bootstrap {
+namespace eccl::membership {
 
-// ecclRecoverPolicy_t values, repeated here so bootstrap/ needs no core header.
+// ecclRecoverPolicy_t values, repeated here so membership/ needs no core header.
 enum class RecoverPolicy : uint32_t { kReplace = 0, kShrink = 1, kReplaceOrShrink = 2 };
 
 struct CoordinatorOptions {
@@ -71,4 +71,4 @@ std::string queryCoordinatorStatus(const UniqueIdData& id, Deadline deadline);
 // returns the coordinator's status once it is announced, throws its refusal.
 std::string requestMigration(const UniqueIdData& id, int rank, Deadline deadline);
 
-}  // namespace eccl::bootstrap
+}  // namespace eccl::membership

@@ -1,15 +1,15 @@
-#include "bootstrap/coord_client.h"
+#include "membership/coord_client.h"
 
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-#include "bootstrap/coord_channel.h"
-#include "bootstrap/handshake.h"
+#include "membership/coord_channel.h"
+#include "membership/handshake.h"
 #include "common/error.h"
 #include "common/log.h"
 
-namespace eccl::bootstrap {
+namespace eccl::membership {
 
 CoordClient::CoordClient(const UniqueIdData& id, const JoinRequest& join, int64_t heartbeatMs,
                          int64_t heartbeatTimeoutMs, Deadline deadline)
@@ -335,4 +335,4 @@ void CoordClient::run() {
   }
 }
 
-}  // namespace eccl::bootstrap
+}  // namespace eccl::membership

@@ -8,12 +8,12 @@
 #include <string>
 #include <vector>
 
-#include "bootstrap/coord_messages.h"
+#include "membership/coord_messages.h"
 #include "common/clock.h"
 #include "common/crypto.h"
 #include "common/socket.h"
 
-namespace eccl::bootstrap {
+namespace eccl::membership {
 
 class SealedChannel {
  public:
@@ -43,4 +43,4 @@ class SealedChannel {
   std::deque<CoordMessage> ready_;
 };
 
-}  // namespace eccl::bootstrap
+}  // namespace eccl::membership

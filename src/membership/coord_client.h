@@ -12,11 +12,11 @@
 #include <thread>
 #include <vector>
 
-#include "bootstrap/coord_messages.h"
-#include "bootstrap/unique_id.h"
+#include "membership/coord_messages.h"
+#include "membership/unique_id.h"
 #include "common/mutex.h"
 
-namespace eccl::bootstrap {
+namespace eccl::membership {
 
 class SealedChannel;
 
@@ -105,4 +105,4 @@ class CoordClient {
   std::string failedReason_ ECCL_GUARDED_BY(mu_);
 };
 
-}  // namespace eccl::bootstrap
+}  // namespace eccl::membership

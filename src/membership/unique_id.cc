@@ -1,4 +1,4 @@
-#include "bootstrap/unique_id.h"
+#include "membership/unique_id.h"
 
 #include <cstring>
 
@@ -6,7 +6,7 @@
 #include "common/netif.h"
 #include "common/params.h"
 
-namespace eccl::bootstrap {
+namespace eccl::membership {
 namespace {
 constexpr uint32_t kIdMagic = 0x44495545;  // "EUID"
 constexpr uint16_t kIdVersion = 1;
@@ -91,4 +91,4 @@ ecclUniqueId uniqueIdFromText(const std::string& text) {
   return id;
 }
 
-}  // namespace eccl::bootstrap
+}  // namespace eccl::membership
