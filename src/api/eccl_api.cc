@@ -49,6 +49,19 @@ void runOrEnqueue(Communicator& c, F&& f) {
     f();
 }
 
+eccl::CommOptions optionsFrom(const ecclConfig_t* config, const char* what) {
+  eccl::CommOptions options;
+  if (config) {
+    if (config->size < sizeof(size_t) || config->size > (1u << 16))
+      fail(ecclInvalidArgument, "{}: config->size={} is not a valid struct size", what, config->size);
+    ecclConfig_t c{};
+    std::memcpy(&c, config, std::min(config->size, sizeof(c)));
+    options.timeoutMs = c.timeoutMs;
+    options.socketsPerPeer = c.socketsPerPeer;
+  }
+  return options;
+}
+
 }  // namespace
 
 extern "C" {
@@ -105,22 +118,6 @@ ecclResult_t ecclUniqueIdFromString(const char* text, ecclUniqueId* id) {
   });
 }
 
-namespace {
-
-eccl::CommOptions optionsFrom(const ecclConfig_t* config, const char* what) {
-  eccl::CommOptions options;
-  if (config) {
-    if (config->size < sizeof(size_t) || config->size > (1u << 16))
-      fail(ecclInvalidArgument, "{}: config->size={} is not a valid struct size", what, config->size);
-    ecclConfig_t c{};
-    std::memcpy(&c, config, std::min(config->size, sizeof(c)));
-    options.timeoutMs = c.timeoutMs;
-    options.socketsPerPeer = c.socketsPerPeer;
-  }
-  return options;
-}
-
-}  // namespace
 
 ecclResult_t ecclCommInitRankConfig(ecclComm_t* comm, int nranks, ecclUniqueId id, int rank,
                                     const ecclConfig_t* config) {
