@@ -1,0 +1,124 @@
+// The shared-memory back end's lane: a byte ring two processes share
+// through a memfd handed over a Unix socket, futex sleeps and wakeups.
+#include "transport/shm/ring.h"
+
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "common/error.h"
+#include "transport/shm/segment.h"
+
+namespace eccl::transport::shm {
+namespace {
+
+uint8_t streamByte(uint64_t i) { return static_cast<uint8_t>((i * 2654435761u) >> 13); }
+
+std::set<std::string> devShm() {
+  std::set<std::string> names;
+  for (auto& e : std::filesystem::directory_iterator("/dev/shm")) names.insert(e.path().filename());
+  return names;
+}
+
+// The child writes `total` bytes of a known stream in random pieces into
+// a 4 KiB ring (so it wraps and both sides sleep); the parent reads it in
+// other random pieces and checks every byte.
+TEST(ShmRing, StreamsBetweenTwoProcessesThroughAPassedMemfd) {
+  const auto before = devShm();
+  constexpr size_t kCapacity = 4096, kTotal = 8 << 20;
+  int sv[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+  pid_t child = fork();
+  if (child == 0) {
+    close(sv[0]);
+    try {
+      uint64_t bytes = 0;
+      Fd fd = recvFd(sv[1], &bytes, sizeof(bytes), deadlineAfterMs(5000), "child");
+      Segment seg = Segment::map(std::move(fd), bytes);
+      Ring* ring = Ring::attach(seg.data(), kCapacity);
+      std::mt19937 rng(1);
+      std::vector<uint8_t> piece(3 * kCapacity);
+      for (uint64_t sent = 0; sent < kTotal;) {
+        size_t n = std::min<size_t>(kTotal - sent, 1 + rng() % piece.size());
+        for (size_t i = 0; i < n; ++i) piece[i] = streamByte(sent + i);
+        for (size_t done = 0; done < n;) {
+          ring->waitWritable(deadlineAfterMs(5000), 5);
+          size_t w = ring->write(piece.data() + done, n - done);
+          if (w == 0) _exit(3);  // timed out: nobody reads
+          done += w;
+        }
+        sent += n;
+      }
+      _exit(0);
+    } catch (const std::exception& e) {
+      fprintf(stderr, "child: %s\n", e.what());
+      _exit(2);
+    }
+  }
+  close(sv[1]);
+  Segment seg = Segment::create("eccl-test-ring", Ring::footprint(kCapacity));
+  Ring* ring = Ring::create(seg.data(), kCapacity);
+  uint64_t bytes = seg.size();
+  sendFd(sv[0], seg.fd(), &bytes, sizeof(bytes), deadlineAfterMs(5000), "parent");
+  std::mt19937 rng(2);
+  std::vector<uint8_t> piece(2 * kCapacity);
+  uint64_t got = 0, wrong = 0;
+  while (got < kTotal) {
+    ring->waitReadable(deadlineAfterMs(5000), 5);
+    size_t n = ring->read(piece.data(), std::min<size_t>(kTotal - got, 1 + rng() % piece.size()));
+    ASSERT_GT(n, 0u) << "nothing arrived within 5 s after " << got << " bytes";
+    for (size_t i = 0; i < n; ++i) wrong += piece[i] != streamByte(got + i);
+    got += n;
+  }
+  EXPECT_EQ(wrong, 0u);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  close(sv[0]);
+  EXPECT_EQ(devShm(), before) << "a segment left a name in /dev/shm";
+}
+
+TEST(ShmRing, ASleeperWakesAtTheDeadlineOrWhenClosed) {
+  Segment seg = Segment::create("eccl-test-ring", Ring::footprint(4096));
+  Ring* ring = Ring::create(seg.data(), 4096);
+  auto start = Clock::now();
+  ring->waitReadable(deadlineAfterMs(120), 0);
+  auto waited = Clock::now() - start;
+  EXPECT_GE(waited, std::chrono::milliseconds(110));
+  EXPECT_LT(waited, std::chrono::milliseconds(1000));
+  std::thread closer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    ring->markClosed();
+  });
+  start = Clock::now();
+  ring->waitReadable(deadlineAfterMs(10000), 0);
+  EXPECT_LT(Clock::now() - start, std::chrono::milliseconds(2000));
+  EXPECT_TRUE(ring->closed());
+  closer.join();
+}
+
+TEST(ShmRing, AFullRingTakesNothingAndAttachChecksTheLayout) {
+  Segment seg = Segment::create("eccl-test-ring", Ring::footprint(4096));
+  EXPECT_THROW(Ring::attach(seg.data(), 4096), Error);  // nothing laid out yet
+  Ring* ring = Ring::create(seg.data(), 4096);
+  EXPECT_THROW(Ring::attach(seg.data(), 8192), Error);
+  std::vector<uint8_t> block(5000, 7);
+  EXPECT_EQ(ring->write(block.data(), block.size()), 4096u);
+  EXPECT_EQ(ring->write(block.data(), 1), 0u);
+  EXPECT_EQ(ring->writable(), 0u);
+  EXPECT_EQ(ring->read(block.data(), 100), 100u);
+  EXPECT_EQ(ring->writable(), 100u);
+  EXPECT_THROW(Ring::create(seg.data(), 3000), Error);
+}
+
+}  // namespace
+}  // namespace eccl::transport::shm
