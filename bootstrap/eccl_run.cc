@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sched.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -195,6 +196,10 @@ int main(int argc, char** argv) {
   bool refill = false;
   int chaosMs = 0, chaosMax = 1000000;
   unsigned seed = 1;
+  bool bindCores = false;
+  app.add_flag("--bind-cores", bindCores,
+               "pin each process to a core of its own (ranks, then standbys, in turn over the cores this launcher "
+               "may use)");
   app.add_flag("--refill", refill, "start a new standby whenever one is promoted (keeps --standby K idle)");
   app.add_option("--chaos", chaosMs, "fault injection: SIGKILL a random rank every MS milliseconds on average")
       ->check(CLI::Range(10, 3600000));
@@ -279,6 +284,20 @@ int main(int argc, char** argv) {
   sigaction(SIGTERM, &sa, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
+  std::vector<int> cores;
+  if (bindCores) {
+    cpu_set_t mine;
+    CPU_ZERO(&mine);
+    if (sched_getaffinity(0, sizeof(mine), &mine) == 0)
+      for (int c = 0; c < CPU_SETSIZE; ++c)
+        if (CPU_ISSET(c, &mine)) cores.push_back(c);
+    if (cores.empty()) {
+      fprintf(stderr, "eccl-run: --bind-cores: cannot read this process's CPU affinity: %s\n", strerror(errno));
+      return 2;
+    }
+    if (static_cast<int>(cores.size()) < np + standbys)
+      fprintf(stderr, "eccl-run: --bind-cores: %d processes share %zu cores\n", np + standbys, cores.size());
+  }
   std::vector<Child> children;
   int standbysStarted = 0;
   // Everything a child needs is built before fork: the coordinator thread is
@@ -298,9 +317,13 @@ int main(int argc, char** argv) {
     for (auto& a : argv) args.push_back(a.data());
     args.push_back(nullptr);
     std::string execFailed = fmt::format("eccl-run: cannot execute {} (not found or not executable)\n", argv[0]);
+    cpu_set_t core;
+    CPU_ZERO(&core);
+    if (!cores.empty()) CPU_SET(cores[static_cast<size_t>(index) % cores.size()], &core);
     pid_t pid = fork();
     if (pid == 0) {
       prctl(PR_SET_PDEATHSIG, SIGKILL);  // no orphaned ranks if the launcher dies
+      if (!cores.empty()) sched_setaffinity(0, sizeof(core), &core);
       dup2(out[1], 1);
       dup2(err[1], 2);
       execvpe(args[0], args.data(), envp.data());

@@ -30,6 +30,7 @@
 #include "kernels/moe_placement.h"
 #include "kernels/moe_schedule.h"
 #include "perf/common/launch.h"
+#include "perf/dispatch_cuda.h"
 
 namespace {
 
@@ -254,6 +255,8 @@ int main(int argc, char** argv) {
   app.add_option("-n,--iterations", iterations, "timed end-to-end iterations")->check(CLI::Range(1, 100000));
   app.add_option("--launcher", launcher, "eccl-run to use");
   app.add_flag("--no-e2e", skipE2e, "skip the multi-process section");
+  double hbmGBs = 3350;
+  app.add_option("--hbm-gbs", hbmGBs, "the GPU's memory bandwidth for the CUDA section (H100 SXM: 3350)");
   app.add_flag("--worker", worker, "(internal) one rank of the end-to-end job");
   CLI11_PARSE(app, argc, argv);
   if (k > experts) {
@@ -264,6 +267,7 @@ int main(int argc, char** argv) {
 
   scheduleSection();
   permuteSection();
+  eccl::perf::dispatchCudaSection(json, hbmGBs);
   recoverySection();
   if (skipE2e) return 0;
   int status = 0;

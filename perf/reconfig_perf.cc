@@ -357,7 +357,8 @@ int worker(const Job& job) {
 }
 
 // Runs one eccl-run job and returns rank 0's RESULT object (null if none).
-nlohmann::json runJob(const std::string& launcher, const std::string& self, int n, Job job, bool verbose) {
+nlohmann::json runJob(const std::string& launcher, const std::string& self, int n, Job job, bool verbose,
+                      bool bindCores) {
   std::string& glooDir = job.glooDir;
 #ifdef ECCL_RECONFIG_WITH_GLOO
   char tmpl[] = "/tmp/eccl-reconfig-gloo-XXXXXX";
@@ -367,6 +368,7 @@ nlohmann::json runJob(const std::string& launcher, const std::string& self, int 
                                 self, "--worker", "--iterations", std::to_string(job.iterations),
                                 "--cycles", std::to_string(job.cycles)};
   if (!glooDir.empty()) args.insert(args.end(), {"--gloo-dir", glooDir});
+  if (bindCores) args.insert(args.begin() + 1, "--bind-cores");
   int status = 0;
   std::string log = eccl::perf::runAndCapture(args, &status);
   if (!glooDir.empty()) std::filesystem::remove_all(glooDir);
@@ -381,7 +383,7 @@ nlohmann::json runJob(const std::string& launcher, const std::string& self, int 
 int main(int argc, char** argv) {
   CLI::App app{"reconfig_perf: the cost of membership changes against full re-initialisation"};
   std::vector<int> sizes{4, 8, 16, 32};
-  bool json = false, isWorker = false, verbose = false;
+  bool json = false, isWorker = false, verbose = false, bindCores = false;
   Job job;
   std::string launcher = eccl::perf::defaultLauncher();
   app.add_option("--sizes", sizes, "values of N")->delimiter(',')->check(CLI::Range(3, 1024));
@@ -392,6 +394,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1000));
   app.add_option("--launcher", launcher, "eccl-run to use");
   app.add_flag("-v,--verbose", verbose, "print each job's output");
+  app.add_flag("--bind-cores", bindCores, "pin each process of a job to a core of its own (eccl-run --bind-cores)");
   app.add_flag("--worker", isWorker, "(internal) one rank of a measurement job");
   app.add_option("--gloo-dir", job.glooDir, "(internal) Gloo FileStore directory");
   CLI11_PARSE(app, argc, argv);
@@ -411,7 +414,7 @@ int main(int argc, char** argv) {
   }
   int failures = 0;
   for (int n : sizes) {
-    nlohmann::json r = runJob(launcher, self, n, job, verbose);
+    nlohmann::json r = runJob(launcher, self, n, job, verbose, bindCores);
     if (r.is_null()) {
       fprintf(stderr, "reconfig_perf: the N=%d job produced no result\n", n);
       ++failures;
