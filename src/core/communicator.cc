@@ -396,7 +396,14 @@ void Communicator::runCollective(const char* name, const transport::CallSignatur
                                  const std::function<void(OpLinks&)>& body) {
   checkUsable();
   uint64_t seq = ++collSeq_;
+  if (checkCalls_) device_->beginCall(seq, signature);
   OpLinks links(*this, seq, name, checkCalls_ ? &signature : nullptr);
+  // A call of no elements moves nothing, but its signature must still
+  // reach the peers, or a rank that says 0 where the others say 16 leaves
+  // them waiting: it exchanges a barrier's empty messages instead.
+  bool empty = signature.count == 0 && signature.kind != transport::CallKind::kAllToAllv &&
+               signature.kind != transport::CallKind::kBarrier;
+  if (checkCalls_ && empty && size() > 1) return coll::barrierTree(links);
   body(links);
 }
 

@@ -15,8 +15,10 @@ enum class FrameType : uint8_t {
   kData = 1,     // payload is a chunk of a message at `offset` of `total`
   kGoodbye = 2,  // orderly close: the sender destroyed its communicator
   kNotice = 3,   // payload: u64 failed member, then a UTF-8 reason
-  kPing = 4,     // liveness probe, answered by the peer's progress thread
-  kPong = 5,
+  kPing = 4,     // liveness probe, answered by the peer's progress thread; payload: nothing, or
+                 // u64 the collective the sender waits on
+  kPong = 5,     // payload: nothing, or u64 that collective then (if the peer has started it) its
+                 // call signature, so ranks that disagree without exchanging data still find out
   kRevoke = 6,   // payload: u64 first revoked op, u32 result code, then a UTF-8 reason
 };
 

@@ -90,6 +90,12 @@ class SignatureBook {
     }
     return std::nullopt;  // older than the history: its receivers checked it
   }
+  // This rank's signature of a recent collective, if it has started it.
+  std::optional<CallSignature> mine(uint32_t epoch, uint64_t seq) const {
+    auto it = mine_.find({epoch, seq});
+    if (it == mine_.end()) return std::nullopt;
+    return it->second;
+  }
   // Forgets everything before `epoch` (a new view).
   void beginEpoch(uint32_t epoch) {
     std::erase_if(mine_, [&](auto& kv) { return kv.first.first < epoch; });

@@ -91,6 +91,10 @@ class Device {
                            const uint32_t* payloadCrc = nullptr, const CallSignature* signature = nullptr) = 0;
   virtual RequestPtr irecv(MemberId peer, uint64_t seq, uint32_t tag, void* buf, size_t len,
                            const CallSignature* signature = nullptr) = 0;
+  // This member starts collective `seq` with `signature`, before posting
+  // anything (an op may post nothing here, e.g. a count of 0): a peer's
+  // frames for it are checked against it whenever they arrive.
+  virtual void beginCall(uint64_t seq, const CallSignature& signature) = 0;
   // Blocks until the request completes. On failure or at the deadline throws
   // eccl::Error whose message starts with `opName` (unless it is empty) and
   // names the peer; a deadline declares that peer failed.

@@ -25,6 +25,9 @@ struct Case {
   const char* name;
   Call agreed, odd;  // the last rank calls `odd`, the others `agreed`
   bool failsInTheCall;  // false: a rank may finish the call and fail the next
+  // Ranks that disagree without sending each other anything (two roots of
+  // a reduce) find out at the deadline, by asking each other: a short one.
+  const char* timeoutMs = "20000";
 };
 
 std::vector<float>& buffer() {
@@ -54,8 +57,20 @@ const std::vector<Case>& cases() {
        allreduce(1000, ecclFloat32, ecclSum, "allreduce(count 1000, float, sum)"), true},
       {"CountOfALargeRing", allreduce(4096 * 8, ecclFloat32, ecclSum, "allreduce(count 32768, float, sum)"),
        allreduce(4096 * 8 - 5, ecclFloat32, ecclSum, "allreduce(count 32763, float, sum)"), true},
+      {"CountZero", allreduce(16, ecclFloat32, ecclSum, "allreduce(count 16, float, sum)"),
+       allreduce(0, ecclFloat32, ecclSum, "allreduce(count 0, float, sum)"), false},
       {"Root", broadcast(64, 0, "broadcast(count 64, float, root 0)"),
        broadcast(64, 1, "broadcast(count 64, float, root 1)"), false},
+      {"ReduceRoot",
+       {"reduce(count 64, float, sum, root 0)",
+        [](ecclComm_t c, int, int) {
+          return ecclReduce(buffer().data(), buffer().data() + 64, 64, ecclFloat32, ecclSum, 0, c, nullptr);
+        }},
+       {"reduce(count 64, float, sum, root 1)",
+        [](ecclComm_t c, int, int) {
+          return ecclReduce(buffer().data(), buffer().data() + 64, 64, ecclFloat32, ecclSum, 1, c, nullptr);
+        }},
+       false, "1500"},
       {"Collective", allreduce(256, ecclFloat32, ecclSum, "allreduce(count 256, float, sum)"),
        {"reducescatter(count 256, float, sum)",
         [](ecclComm_t c, int, int n) {
@@ -88,7 +103,7 @@ TEST_P(Signatures, EveryRankGetsInvalidUsageNamingBothCalls) {
   const int n = std::get<0>(GetParam());
   const Case& c = cases()[std::get<1>(GetParam())];
   setenv("ECCL_SOCKET_IFNAME", "lo", 1);
-  setenv("ECCL_TIMEOUT_MS", "20000", 1);
+  setenv("ECCL_TIMEOUT_MS", c.timeoutMs, 1);
   ProcessGroup group(n, [&](int rank, int nranks, const ecclUniqueId& id) {
     ecclComm_t comm;
     RANK_OK(ecclCommInitRank(&comm, nranks, id, rank), nullptr);

@@ -167,6 +167,10 @@ class TcpDevice final : public Device {
                    const uint32_t* payloadCrc, const CallSignature* signature) override;
   RequestPtr irecv(MemberId peer, uint64_t seq, uint32_t tag, void* buf, size_t len,
                    const CallSignature* signature) override;
+  void beginCall(uint64_t seq, const CallSignature& signature) override {
+    MutexLock lock(mu_);
+    checkLocalSignatureLocked(seq, signature);
+  }
   void wait(const RequestPtr& request, Deadline deadline, const std::string& opName) override;
   bool test(const RequestPtr& request, const std::string& opName) override;
   void progress() override;
@@ -228,7 +232,9 @@ class TcpDevice final : public Device {
   void checkLocalSignatureLocked(uint64_t seq, const CallSignature& mine) ECCL_REQUIRES(mu_);
   void callMismatchLocked(MemberId peer, uint64_t seq, const CallSignature& mine, const CallSignature& theirs)
       ECCL_REQUIRES(mu_);
-  bool pingLocked(MemberId member) ECCL_REQUIRES(mu_);
+  bool pingLocked(MemberId member, uint64_t seq = 0) ECCL_REQUIRES(mu_);
+  void answerPingLocked(Lane& lane) ECCL_REQUIRES(mu_);
+  void onPongSignatureLocked(Lane& lane) ECCL_REQUIRES(mu_);
 
   void progressLoop();
   void acceptLoop();
@@ -547,7 +553,6 @@ RequestPtr TcpDevice::isend(MemberId member, uint64_t seq, uint32_t tag, const v
     completeLocked(r, ecclRemoteError, abortReason_);
     return r;
   }
-  if (signature && FrameHeader::isCollective(seq)) checkLocalSignatureLocked(seq, *signature);
   if (revokesLocked(seq)) {
     completeLocked(r, revokedCode_, revokedReason_);
     return r;
@@ -613,7 +618,6 @@ RequestPtr TcpDevice::irecv(MemberId member, uint64_t seq, uint32_t tag, void* b
     return r;
   }
   const bool p2pChecked = signature && !FrameHeader::isCollective(seq) && !r->survivesRevocation;
-  if (signature && FrameHeader::isCollective(seq)) checkLocalSignatureLocked(seq, *signature);
   InboxKey key{epoch_, member, seq, tag};
   auto it = inbox_.find(key);
   if (p2pChecked && it != inbox_.end() && it->second.sent && !signaturesAgree(*signature, *it->second.sent))
@@ -669,7 +673,7 @@ void TcpDevice::wait(const RequestPtr& r, Deadline deadline, const std::string& 
     // is alive. A live peer that is itself blocked on a failed member will
     // report that member soon, so we wait once more; a stopped or hung
     // process cannot answer and is declared failed.
-    if (!probed && pingLocked(r->peer)) {
+    if (!probed && pingLocked(r->peer, r->seq)) {
       probed = true;
       auto sent = Clock::now();
       auto grace = std::min<Clock::duration>(std::chrono::milliseconds(500), timeout);
@@ -734,11 +738,43 @@ bool TcpDevice::driveLocked(const RequestPtr& r, Deadline until) {
   return true;
 }
 
-bool TcpDevice::pingLocked(MemberId member) {
+bool TcpDevice::pingLocked(MemberId member, uint64_t seq) {
   auto it = peers_.find(member);
   if (it == peers_.end() || it->second.lanes.empty() || !it->second.lanes[0]->fd) return false;
-  queueControlLocked(*it->second.lanes[0], FrameType::kPing, {});
+  std::vector<uint8_t> payload;
+  if (seq != 0 && FrameHeader::isCollective(seq) && signatures_.mine(epoch_, seq)) {
+    payload.resize(8);
+    std::memcpy(payload.data(), &seq, 8);
+  }
+  queueControlLocked(*it->second.lanes[0], FrameType::kPing, std::move(payload));
   return true;
+}
+
+// A ping that names a collective asks what the peer called there: two ranks
+// that disagree without sending each other anything (both think they are
+// the root of a reduce) learn it at the deadline instead of declaring a
+// live peer failed.
+void TcpDevice::answerPingLocked(Lane& lane) {
+  std::vector<uint8_t> payload;
+  if (lane.control.size() == 8) {
+    uint64_t seq;
+    std::memcpy(&seq, lane.control.data(), 8);
+    payload.assign(lane.control.begin(), lane.control.end());
+    if (auto mine = signatures_.mine(lane.frame.epoch, seq); mine && lane.frame.epoch == epoch_) {
+      payload.resize(8 + CallSignature::kWireBytes);
+      encodeSignature(*mine, payload.data() + 8);
+    }
+  }
+  queueControlLocked(lane, FrameType::kPong, std::move(payload));
+}
+
+void TcpDevice::onPongSignatureLocked(Lane& lane) {
+  if (lane.control.size() != 8 + CallSignature::kWireBytes || lane.frame.epoch != epoch_) return;
+  uint64_t seq;
+  std::memcpy(&seq, lane.control.data(), 8);
+  auto mine = signatures_.mine(epoch_, seq);
+  auto theirs = decodeSignature(lane.control.data() + 8, nullptr);
+  if (mine && theirs && !signaturesAgree(*mine, *theirs)) callMismatchLocked(lane.key.remote, seq, *mine, *theirs);
 }
 
 bool TcpDevice::revokesLocked(uint64_t seq) const {
@@ -801,7 +837,7 @@ void TcpDevice::floodRevokeLocked(ecclResult_t code, const std::string& reason, 
   }
 }
 
-// The first post of each collective enters this rank's signature; a peer's
+// Each collective enters this rank's signature as it starts; a peer's
 // frame that got here first is compared now.
 void TcpDevice::checkLocalSignatureLocked(uint64_t seq, const CallSignature& mine) {
   if (seq == lastCheckedSeq_) return;
@@ -1347,11 +1383,12 @@ void TcpDevice::onControlLocked(Lane& lane) {
     return;
   }
   if (lane.frame.type == FrameType::kPing) {
-    queueControlLocked(lane, FrameType::kPong, {});
+    answerPingLocked(lane);
     return;
   }
   if (lane.frame.type == FrameType::kPong) {
     p.lastPong = Clock::now();
+    onPongSignatureLocked(lane);
     cv_.notifyAll();
     return;
   }
