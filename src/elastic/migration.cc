@@ -212,6 +212,7 @@ Migration::Decision Migration::decide(const std::string& revoked) {
   const int rank = rank_;
   Decision d;
   uint32_t nextEpoch;
+  transport::MemberId joiner;
   std::string story;
   {
     MutexLock lock(mu_);
@@ -231,10 +232,6 @@ Migration::Decision Migration::decide(const std::string& revoked) {
     d.connectionsPrepared = prep_.connectionsOpened;
     d.prepareMs = prep_.prepareMs;
     story = prep_.why;
-  }
-  transport::MemberId joiner;
-  {
-    MutexLock lock(mu_);
     joiner = prep_.joiner;
   }
   if (std::count(d.leavers.begin(), d.leavers.end(), self_)) {

@@ -109,34 +109,28 @@ void Ring::sleep(std::atomic<uint32_t>& word, std::atomic<uint32_t>& sleepers, u
   futexWait(&word, seen, &ts);
 }
 
-void Ring::waitWritable(Deadline until, int64_t spinUs) {
+void Ring::waitUntil(const std::function<bool()>& ready, std::atomic<uint32_t>& word,
+                     std::atomic<uint32_t>& sleepers, Deadline until, int64_t spinUs) {
   const auto spinUntil = Clock::now() + std::chrono::microseconds(spinUs);
-  while (writable() == 0 && !closed()) {
+  while (!ready() && !closed()) {
     if (Clock::now() >= until) return;
     if (Clock::now() < spinUntil) {
       sched_yield();
       continue;
     }
-    uint32_t seen = spaceSeq_.load(std::memory_order_seq_cst);
-    spaceSleepers_.fetch_add(1, std::memory_order_seq_cst);
-    if (writable() == 0 && !closed()) sleep(spaceSeq_, spaceSleepers_, seen, until);
-    spaceSleepers_.fetch_sub(1, std::memory_order_seq_cst);
+    uint32_t seen = word.load(std::memory_order_seq_cst);
+    sleepers.fetch_add(1, std::memory_order_seq_cst);
+    if (!ready() && !closed()) sleep(word, sleepers, seen, until);
+    sleepers.fetch_sub(1, std::memory_order_seq_cst);
   }
 }
 
+void Ring::waitWritable(Deadline until, int64_t spinUs) {
+  waitUntil([this] { return writable() > 0; }, spaceSeq_, spaceSleepers_, until, spinUs);
+}
+
 void Ring::waitReadable(Deadline until, int64_t spinUs) {
-  const auto spinUntil = Clock::now() + std::chrono::microseconds(spinUs);
-  while (readable() == 0 && !closed()) {
-    if (Clock::now() >= until) return;
-    if (Clock::now() < spinUntil) {
-      sched_yield();
-      continue;
-    }
-    uint32_t seen = dataSeq_.load(std::memory_order_seq_cst);
-    dataSleepers_.fetch_add(1, std::memory_order_seq_cst);
-    if (readable() == 0 && !closed()) sleep(dataSeq_, dataSleepers_, seen, until);
-    dataSleepers_.fetch_sub(1, std::memory_order_seq_cst);
-  }
+  waitUntil([this] { return readable() > 0; }, dataSeq_, dataSleepers_, until, spinUs);
 }
 
 void Ring::wakeAll() {

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 
 #include "common/clock.h"
 
@@ -48,6 +49,9 @@ class Ring {
   static constexpr uint64_t kMagic = 0x474e495252434345ull;  // "ECCRRING"
   void wake(std::atomic<uint32_t>& word, std::atomic<uint32_t>& sleepers);
   void sleep(std::atomic<uint32_t>& word, std::atomic<uint32_t>& sleepers, uint32_t seen, Deadline until);
+  // Spins, then sleeps on `word` until `ready`, `until`, or the ring closes.
+  void waitUntil(const std::function<bool()>& ready, std::atomic<uint32_t>& word, std::atomic<uint32_t>& sleepers,
+                 Deadline until, int64_t spinUs);
 
   // Written once at creation.
   uint64_t magic_;

@@ -850,14 +850,13 @@ void TcpDevice::checkLocalSignatureLocked(uint64_t seq, const CallSignature& min
 // (the ranks that agreed would otherwise wait for data that never comes).
 void TcpDevice::callMismatchLocked(MemberId peer, uint64_t seq, const CallSignature& mine,
                                    const CallSignature& theirs) {
-  if (revokesLocked(seq)) return;
+  if (revokedCode_ != ecclSuccess) return;  // revoked already, for a reason that came first
   bool collective = FrameHeader::isCollective(seq);
   std::string reason = fmt::format("ranks disagree about {} (epoch {}): {} called {}, {} called {}",
                                    collective ? fmt::format("collective op {}", seq) : std::string("a send/recv pair"),
                                    epoch_, selfLabel_, describe(mine), labelLocked(peer), describe(theirs));
   log::warn("{}", reason);
   uint64_t fromSeq = collective ? seq : 0;
-  if (revokedCode_ != ecclSuccess) return;  // revoked already, for a reason that came first
   revokeLocked(ecclInvalidUsage, reason, fromSeq);
   floodRevokeLocked(ecclInvalidUsage, reason, fromSeq);
   if (onRevoked) onRevoked(ecclInvalidUsage, reason);
