@@ -12,7 +12,8 @@ const std::vector<Param>& all() {
       {"ECCL_TIMEOUT_MS", "int", "30000",
        "Deadline for every blocking wait (connect, send, receive, bootstrap), in milliseconds."},
       {"ECCL_NSOCKS_PERPEER", "int", "1",
-       "TCP sockets (lanes) opened to each peer; large messages are striped across them."},
+       "Lanes (TCP sockets, or shared-memory ring pairs) opened to each peer; large messages are striped across "
+       "them."},
       {"ECCL_SOCKET_IFNAME", "string", "",
        "Network interface to use (prefix match; ^name excludes). Default: first non-loopback "
        "interface that is up, else loopback."},
@@ -35,6 +36,12 @@ const std::vector<Param>& all() {
       {"ECCL_CHECK_CALLS", "int", "1",
        "Every message carries its call's signature (collective, type, op, root, count; send/recv: type "
        "and count) and ranks that disagree get ecclInvalidUsage naming both calls. 0 turns the check off."},
+      {"ECCL_TRANSPORT", "string", "auto",
+       "Back end of each peer's lanes: auto (shared memory to members on this host in this network namespace, "
+       "TCP to the rest), tcp, or shm (a member not reachable over shared memory fails to connect)."},
+      {"ECCL_SHM_RING_BYTES", "int", "1048576",
+       "Shared-memory ring per lane and direction, a power of two from 4096 to 1 GiB: a pair of members "
+       "holds 2 x this x ECCL_NSOCKS_PERPEER (2 MiB by default; 8 ranks on a host: 56 MiB in all)."},
       {"ECCL_HANDSHAKE_TIMEOUT_MS", "int", "5000",
        "Deadline for an incoming connection to complete authentication."},
       {"ECCL_PIN_PROGRESS_THREAD", "int", "1",
@@ -111,6 +118,18 @@ bool smallAllreduceDoubling() {
 int64_t ringSegmentBytes() { return getInt("ECCL_RING_SEGMENT_BYTES"); }
 int64_t handshakeTimeoutMs() { return getInt("ECCL_HANDSHAKE_TIMEOUT_MS"); }
 int64_t spinUs() { return getInt("ECCL_SPIN_US"); }
+std::string transport() {
+  std::string v = getString("ECCL_TRANSPORT");
+  if (v != "auto" && v != "tcp" && v != "shm")
+    fail(ecclInvalidArgument, "ECCL_TRANSPORT='{}' must be auto, tcp or shm", v);
+  return v;
+}
+int64_t shmRingBytes() {
+  int64_t v = getInt("ECCL_SHM_RING_BYTES");
+  ECCL_CHECK_ARG(v >= 4096 && v <= (int64_t{1} << 30) && (v & (v - 1)) == 0,
+                 "ECCL_SHM_RING_BYTES={} must be a power of two from 4096 to 1073741824", v);
+  return v;
+}
 bool checkCalls() { return getInt("ECCL_CHECK_CALLS") != 0; }
 int pinProgressThread() { return static_cast<int>(getInt("ECCL_PIN_PROGRESS_THREAD")); }
 int envRank() { return static_cast<int>(getInt("ECCL_RANK")); }

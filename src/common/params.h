@@ -36,6 +36,8 @@ int64_t ringSegmentBytes();
 int64_t handshakeTimeoutMs();
 int pinProgressThread();
 int64_t spinUs();
+std::string transport();  // "auto", "tcp" or "shm"
+int64_t shmRingBytes();
 bool checkCalls();
 
 // Launcher-provided identity (eccl-run); empty/negative when unset.

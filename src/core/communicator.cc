@@ -17,7 +17,7 @@
 #include "common/log.h"
 #include "common/params.h"
 #include "transport/frame.h"
-#include "transport/tcp/device.h"
+#include "transport/device.h"
 
 namespace eccl {
 
@@ -90,7 +90,7 @@ void Communicator::join(const ecclUniqueId& id, membership::Role role, int rank,
   membership::UniqueIdData idData = membership::decodeUniqueId(id);
   do randomBytes(&self_, sizeof(self_));
   while (self_ == 0);
-  transport::TcpOptions t;
+  transport::DeviceOptions t;
   t.self = self_;
   t.jobId = idData.jobId;
   t.commId = idData.jobId;
@@ -102,7 +102,12 @@ void Communicator::join(const ecclUniqueId& id, membership::Role role, int rank,
   t.ifname = params::socketIfname();
   t.pinProgressThread = params::pinProgressThread() != 0;
   t.spinUs = std::max<int64_t>(0, params::spinUs());
-  device_ = transport::createTcpDevice(t);
+  std::string choice = params::transport();
+  t.transport = choice == "tcp"   ? transport::TransportChoice::kTcp
+                : choice == "shm" ? transport::TransportChoice::kShm
+                                  : transport::TransportChoice::kAuto;
+  t.shmRingBytes = static_cast<size_t>(params::shmRingBytes());
+  device_ = transport::createDevice(t);
   device_->onPeerFailure = [this](transport::MemberId m, ecclResult_t code, const std::string& reason) {
     onPeerFailure(m, code, reason);
   };

@@ -56,7 +56,8 @@ struct DeviceStats {
   uint64_t connectionsClosed = 0;
   uint64_t bytesSent = 0;
   uint64_t bytesReceived = 0;
-  uint64_t openConnections = 0;  // lanes open now
+  uint64_t openConnections = 0;     // lanes open now
+  uint64_t openShmConnections = 0;  // of which over shared memory
 };
 
 class Device {

@@ -7,6 +7,9 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
+#include <set>
+#include <string>
 #include <vector>
 
 #include "tests/support/multiproc.h"
@@ -15,6 +18,15 @@ namespace eccl::test {
 namespace {
 
 constexpr int kVictim = 2;
+
+// Shared-memory lanes live in memfd segments: nothing may appear in
+// /dev/shm, whether ranks close, abort or die.
+std::set<std::string> devShmEntries() {
+  std::set<std::string> names;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) names.insert(e.path().filename());
+  return names;
+}
 
 // Loops allreduce until one fails; reports the failure text, or throws if
 // none failed within the loop budget.
@@ -43,11 +55,13 @@ void allreduceUntilError(int rank, int n, const ecclUniqueId& id) {
 TEST(Faults, KilledRankFailsEverySurvivorNamingIt) {
   setenv("ECCL_SOCKET_IFNAME", "lo", 1);
   setenv("ECCL_TIMEOUT_MS", "5000", 1);
+  const auto shmBefore = devShmEntries();
   ProcessGroup group(4, allreduceUntilError);
   usleep(600 * 1000);
   group.signal(kVictim, SIGKILL);
   auto outcomes = group.wait(std::chrono::seconds(20));
   unsetenv("ECCL_TIMEOUT_MS");
+  EXPECT_EQ(devShmEntries(), shmBefore) << "files left in /dev/shm after a crash and three aborts";
   for (const auto& o : outcomes) {
     if (o.rank == kVictim) continue;
     EXPECT_FALSE(o.hung) << describe(outcomes);

@@ -8,10 +8,12 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <thread>
@@ -73,8 +75,12 @@ std::atomic<bool> dieAtNextConnection{false};
 extern "C" int connect(int fd, const sockaddr* addr, socklen_t len) {
   static auto real = reinterpret_cast<int (*)(int, const sockaddr*, socklen_t)>(dlsym(RTLD_NEXT, "connect"));
   int rc = real(fd, addr, len);
-  bool tcp = addr && (addr->sa_family == AF_INET || addr->sa_family == AF_INET6);  // not a library's netlink or unix socket
-  if (tcp && eccl::test::dieAtNextConnection) raise(SIGKILL);
+  // A data lane: TCP, or eccl's shared-memory socket (an abstract Unix name
+  // starting "eccl-"); not a library's netlink or other Unix socket.
+  bool tcp = addr && (addr->sa_family == AF_INET || addr->sa_family == AF_INET6);
+  bool shm = addr && addr->sa_family == AF_UNIX && len > sizeof(sa_family_t) + 5 &&
+             std::memcmp(reinterpret_cast<const sockaddr_un*>(addr)->sun_path, "\0eccl-", 6) == 0;
+  if ((tcp || shm) && eccl::test::dieAtNextConnection) raise(SIGKILL);
   return rc;
 }
 

@@ -1,7 +1,12 @@
-// The TCP device against real sockets: two devices in one process, plus a
-// hand-driven client that authenticates and then misbehaves.
+// The device against real sockets and real shared memory: two devices in one
+// process over each back end, plus a hand-driven client that authenticates
+// and then misbehaves.
 #include <gtest/gtest.h>
 
+#include <sys/socket.h>
+#include <sys/un.h>
+
+#include <cstddef>
 #include <cstring>
 
 #include <thread>
@@ -11,7 +16,8 @@
 #include "common/socket.h"
 #include "common/crypto.h"
 #include "transport/frame.h"
-#include "transport/tcp/device.h"
+#include "transport/device.h"
+#include "transport/shm/backend.h"
 
 namespace eccl::transport {
 namespace {
@@ -19,8 +25,10 @@ namespace {
 struct Pair {
   std::string failure;  // outlives the devices, whose threads may still report
   std::unique_ptr<Device> a, b;
-  Pair(int lanes = 2) {
-    TcpOptions o;
+  explicit Pair(int lanes = 2, TransportChoice transport = TransportChoice::kTcp) {
+    DeviceOptions o;
+    o.transport = transport;
+    o.shmRingBytes = 64 << 10;  // small rings: large messages wrap many times
     o.jobId = 5;
     o.commId = 5;
     o.secret.fill(1);
@@ -29,9 +37,9 @@ struct Pair {
     o.handshakeTimeoutMs = 2000;
     o.stripeMinBytes = 4096;
     o.self = 0;
-    a = createTcpDevice(o);
+    a = createDevice(o);
     o.self = 1;
-    b = createTcpDevice(o);
+    b = createDevice(o);
     a->onPeerFailure = [this](MemberId, ecclResult_t, const std::string& why) { failure = why; };
     b->onPeerFailure = [](MemberId, ecclResult_t, const std::string&) {};
     a->addPeer(1, b->address(), "rank 1");
@@ -41,8 +49,14 @@ struct Pair {
   }
 };
 
-TEST(TcpDevice, StripedMessageArrivesIntactInBothOrders) {
-  Pair p(3);
+// Every test of the device's behaviour runs over each back end.
+class DeviceOverEachBackEnd : public ::testing::TestWithParam<TransportChoice> {};
+INSTANTIATE_TEST_SUITE_P(Transport, DeviceOverEachBackEnd,
+                         ::testing::Values(TransportChoice::kTcp, TransportChoice::kShm),
+                         [](const auto& info) { return info.param == TransportChoice::kTcp ? "tcp" : "shm"; });
+
+TEST_P(DeviceOverEachBackEnd, StripedMessageArrivesIntactInBothOrders) {
+  Pair p(3, GetParam());
   std::vector<uint8_t> big(5 << 20), got(big.size());
   for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<uint8_t>(i * 131 + 7);
   // Receive posted first.
@@ -51,6 +65,8 @@ TEST(TcpDevice, StripedMessageArrivesIntactInBothOrders) {
   p.a->wait(s, deadlineAfterMs(10000), "send");
   p.b->wait(r, deadlineAfterMs(10000), "recv");
   EXPECT_EQ(got, big);
+  EXPECT_EQ(p.a->stats().openShmConnections, GetParam() == TransportChoice::kShm ? 3u : 0u);
+  EXPECT_EQ(p.a->stats().openConnections, 3u);
   // Send first: the receiver stages it, then copies on the late post.
   std::fill(got.begin(), got.end(), 0);
   s = p.a->isend(1, 2, 0, big.data(), big.size());
@@ -62,8 +78,8 @@ TEST(TcpDevice, StripedMessageArrivesIntactInBothOrders) {
   EXPECT_GE(p.a->stats().connectionsOpened, 3u);
 }
 
-TEST(TcpDevice, ChecksummedMessagesAreVerifiedByTheReceiver) {
-  Pair p(2);
+TEST_P(DeviceOverEachBackEnd, ChecksummedMessagesAreVerifiedByTheReceiver) {
+  Pair p(2, GetParam());
   std::vector<uint8_t> msg(100000), got(msg.size());
   for (size_t i = 0; i < msg.size(); ++i) msg[i] = static_cast<uint8_t>(i * 7);
   uint32_t good = crc32c(msg.data(), msg.size()), bad = good ^ 1;
@@ -93,8 +109,8 @@ TEST(TcpDevice, ChecksummedMessagesAreVerifiedByTheReceiver) {
   EXPECT_EQ(w, 5);
 }
 
-TEST(TcpDevice, SizeMismatchIsAUsageErrorAndKeepsTheConnection) {
-  Pair p;
+TEST_P(DeviceOverEachBackEnd, SizeMismatchIsAUsageErrorAndKeepsTheConnection) {
+  Pair p(2, GetParam());
   int32_t four[4] = {1, 2, 3, 4}, two[2];
   auto r = p.b->irecv(0, 1, 0, two, sizeof(two));
   p.a->isend(1, 1, 0, four, sizeof(four));
@@ -112,8 +128,8 @@ TEST(TcpDevice, SizeMismatchIsAUsageErrorAndKeepsTheConnection) {
   EXPECT_EQ(two[1], 2);
 }
 
-TEST(TcpDevice, TimeoutNamesThePeerAndFailsLaterOps) {
-  Pair p;
+TEST_P(DeviceOverEachBackEnd, TimeoutNamesThePeerAndFailsLaterOps) {
+  Pair p(2, GetParam());
   char c;
   auto r = p.b->irecv(0, 9, 0, &c, 1);
   auto start = Clock::now();
@@ -130,8 +146,8 @@ TEST(TcpDevice, TimeoutNamesThePeerAndFailsLaterOps) {
 // A caller waiting on a message reads its peer's sockets itself; a failure
 // decided on another thread (here the coordinator's notice) must still wake
 // it at once, not when its poll slice ends.
-TEST(TcpDevice, DrivingWaiterWakesWhenAnotherThreadFailsThePeer) {
-  Pair p;
+TEST_P(DeviceOverEachBackEnd, DrivingWaiterWakesWhenAnotherThreadFailsThePeer) {
+  Pair p(2, GetParam());
   char c = 'x', got = 0;
   auto r0 = p.b->irecv(0, 1, 0, &got, 1);
   p.a->wait(p.a->isend(1, 1, 0, &c, 1), deadlineAfterMs(5000), "send");
@@ -159,8 +175,8 @@ TEST(TcpDevice, DrivingWaiterWakesWhenAnotherThreadFailsThePeer) {
 // then sits idle must get them back onto its progress thread, or a peer's
 // large send (more than the socket buffers hold) would stall until the idle
 // member waits again.
-TEST(TcpDevice, IdleMemberKeepsReceivingAfterItsOwnWait) {
-  Pair p(1);
+TEST_P(DeviceOverEachBackEnd, IdleMemberKeepsReceivingAfterItsOwnWait) {
+  Pair p(1, GetParam());
   char c = 'x', got = 0;
   auto r0 = p.b->irecv(0, 1, 0, &got, 1);
   p.a->wait(p.a->isend(1, 1, 0, &c, 1), deadlineAfterMs(5000), "send");
@@ -205,13 +221,14 @@ FrameHeader dataFrame(uint32_t epoch, uint64_t seq, uint32_t len) {
 
 // Member 3 of job 5, one lane, on loopback: the target of the intruder tests.
 std::unique_ptr<Device> memberThreeDevice() {
-  TcpOptions o;
+  DeviceOptions o;
+  o.transport = TransportChoice::kTcp;
   o.jobId = o.commId = 5;
   o.secret.fill(1);
   o.lanes = 1;
   o.ifname = "lo";
   o.self = 3;
-  return createTcpDevice(o);
+  return createDevice(o);
 }
 
 TEST(TcpDevice, StaleEpochFramesAreDroppedAndCounted) {
@@ -316,6 +333,59 @@ TEST(TcpDevice, WrongSecretAndNonMembersAreRejected) {
   p.a->wait(p.a->isend(1, 1, 0, &x, 4), deadlineAfterMs(3000), "send");
   p.b->wait(r, deadlineAfterMs(3000), "recv");
   EXPECT_EQ(y, 41);
+}
+
+// A process on this host that does not hold the job's secret reaches the
+// member's shared-memory socket (anyone in the namespace can) but gets no
+// segment and no lane.
+TEST(ShmDevice, WrongSecretOnTheLocalSocketIsRejected) {
+  Pair p(1, TransportChoice::kShm);
+  Fd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::string name = shm::ShmBackend::socketName(5, 1, SockAddr::parse(p.b->address()));
+  std::memcpy(a.sun_path + 1, name.data(), name.size());
+  auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  ASSERT_EQ(::connect(fd.get(), reinterpret_cast<sockaddr*>(&a), len), 0) << strerror(errno);
+  Secret wrong;
+  wrong.fill(9);
+  EXPECT_THROW(membership::authenticateAsClient(fd.get(), wrong, {membership::Purpose::kData, 5, 0, 1, 0},
+                                               deadlineAfterMs(2000), "stranger"),
+               Error);
+  for (int i = 0; i < 300 && p.b->stats().connectionsRejected < 1; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(p.b->stats().connectionsRejected, 1u);
+  int x = 41, y = 0;
+  auto r = p.b->irecv(0, 1, 0, &y, 4);
+  p.a->wait(p.a->isend(1, 1, 0, &x, 4), deadlineAfterMs(3000), "send");
+  p.b->wait(r, deadlineAfterMs(3000), "recv");
+  EXPECT_EQ(y, 41);
+  EXPECT_EQ(p.b->stats().openShmConnections, 1u);
+}
+
+// Forcing shared memory to a member it cannot reach (here: a member id with
+// no local socket) is a clear error, not a silent TCP fallback.
+TEST(ShmDevice, ForcedSharedMemoryToAnUnreachableMemberFailsClearly) {
+  DeviceOptions o;
+  o.transport = TransportChoice::kShm;
+  o.jobId = o.commId = 6;
+  o.secret.fill(1);
+  o.lanes = 1;
+  o.ifname = "lo";
+  o.self = 0;
+  o.handshakeTimeoutMs = 1000;
+  auto dev = createDevice(o);
+  std::string failure;
+  dev->onPeerFailure = [&](MemberId, ecclResult_t, const std::string& why) { failure = why; };
+  dev->addPeer(1, "127.0.0.1:1", "rank 1");
+  dev->setEpoch(1);
+  int x = 0;
+  try {
+    dev->wait(dev->isend(1, 1, 0, &x, 4), deadlineAfterMs(2000), "send");
+    FAIL() << "sent to an unreachable member";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not reachable over shared memory"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -44,6 +44,8 @@ Ring* Ring::create(void* memory, size_t capacity) {
   r->closed_.store(0, std::memory_order_relaxed);
   r->head_.store(0, std::memory_order_relaxed);
   r->tail_.store(0, std::memory_order_relaxed);
+  r->readerArmed_.store(0, std::memory_order_relaxed);
+  r->writerArmed_.store(0, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_release);
   r->magic_ = kMagic;
   return r;
@@ -136,6 +138,23 @@ void Ring::waitReadable(Deadline until, int64_t spinUs) {
 void Ring::wakeAll() {
   wake(dataSeq_, dataSleepers_);
   wake(spaceSeq_, spaceSleepers_);
+}
+
+bool Ring::armReader() {
+  readerArmed_.store(1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  return readable() == 0 && !closed();
+}
+
+bool Ring::armWriter() {
+  writerArmed_.store(1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  return writable() == 0 && !closed();
+}
+
+bool Ring::takeArm(std::atomic<uint32_t>& arm) {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  return arm.load(std::memory_order_relaxed) != 0 && arm.exchange(0, std::memory_order_acq_rel) != 0;
 }
 
 void Ring::markClosed() {

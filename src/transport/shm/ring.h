@@ -40,6 +40,19 @@ class Ring {
   // Wakes both sides' sleepers (a failure, an abort, a close).
   void wakeAll();
 
+  // The doorbell protocol of a consumer that sleeps in poll() on a socket
+  // rather than on the ring's futex: it arms the ring before it sleeps, and
+  // a producer that writes afterwards takes the arm and rings. The arm and
+  // the position each side stores are separated by full fences on both
+  // sides, so either the sleeper sees the data or the writer sees the arm.
+  // armReader returns false (do not sleep) when data is already there;
+  // armWriter likewise when there is room.
+  bool armReader();
+  bool armWriter();
+  // After a write (a read): true once per arm, when the other side must be rung.
+  bool takeReaderArm() { return takeArm(readerArmed_); }
+  bool takeWriterArm() { return takeArm(writerArmed_); }
+
   // Set by either side when it closes or gives up on the ring.
   void markClosed();
   bool closed() const { return closed_.load(std::memory_order_acquire) != 0; }
@@ -67,6 +80,9 @@ class Ring {
   std::atomic<uint32_t> dataSleepers_;
   alignas(64) std::atomic<uint32_t> spaceSeq_;
   std::atomic<uint32_t> spaceSleepers_;
+  alignas(64) std::atomic<uint32_t> readerArmed_;
+  std::atomic<uint32_t> writerArmed_;
+  static bool takeArm(std::atomic<uint32_t>& arm);
   // The data follows the header, from dataOffset() on.
   static size_t dataOffset();
   unsigned char* data() { return reinterpret_cast<unsigned char*>(this) + dataOffset(); }

@@ -1,4 +1,4 @@
-#include "transport/tcp/device.h"
+#include "transport/device.h"
 
 #include <sys/epoll.h>
 #include <poll.h>
@@ -24,7 +24,10 @@
 #include "common/mutex.h"
 #include "common/netif.h"
 #include "common/socket.h"
+#include "transport/conduit.h"
 #include "transport/frame.h"
+#include "transport/shm/backend.h"
+#include "transport/tcp/backend.h"
 #include "transport/tcp/nic_affinity.h"
 
 namespace eccl::transport {
@@ -48,6 +51,14 @@ class ThreadWakeFd {
 };
 thread_local ThreadWakeFd t_wakeFd;
 int threadWakeFd() { return t_wakeFd.peek(); }
+
+inline void cpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
 
 constexpr size_t kReadBudgetPerEvent = 8 << 20;  // fairness between sockets
 constexpr size_t kRxBufferBytes = 32 << 10;
@@ -98,7 +109,7 @@ struct InboxKey {
 struct Lane {
   ConnKey key;
   uint64_t token = 0;  // epoll cookie; 0 while unconnected
-  Fd fd;
+  std::unique_ptr<Conduit> conduit;
   bool wantOut = false;
   bool saidGoodbye = false;  // the peer's goodbye arrived on this lane
   bool opened = false;       // connected once (it may be closed again)
@@ -129,25 +140,26 @@ struct Peer {
   ecclResult_t failCode = ecclSuccess;
   std::string failReason;
   std::vector<std::unique_ptr<Lane>> lanes;
+  Backend* backend = nullptr;  // chosen by the lane that connects first
   uint32_t nextLane = 0;
   Clock::time_point lastPong{};  // the peer's progress thread answered a ping
   bool leftReported = false;     // left in order, then an op needed it
 };
 
-class TcpDevice final : public Device {
+class LaneDevice final : public Device {
  public:
-  explicit TcpDevice(const TcpOptions& o);
-  ~TcpDevice() override;
+  explicit LaneDevice(const DeviceOptions& o);
+  ~LaneDevice() override;
 
   MemberId self() const override { return opt_.self; }
-  std::string address() const override { return listenAddress_.str(); }
+  std::string address() const override { return tcp_->address().str(); }
   void addPeer(MemberId member, const std::string& address, const std::string& label, PeerRole role) override;
   uint32_t lanesUp(MemberId member) const override {
     MutexLock lock(mu_);
     auto it = peers_.find(member);
     if (it == peers_.end()) return 0;
     uint32_t up = 0;
-    for (auto& lane : it->second.lanes) up += bool(lane->fd);
+    for (auto& lane : it->second.lanes) up += bool(lane->conduit);
     return up;
   }
   bool hasPeer(MemberId member) const override {
@@ -185,7 +197,7 @@ class TcpDevice final : public Device {
     // notice, and the notice names the real culprit.
     if (auto it = peers_.find(member); it != peers_.end() && it->second.state != Peer::State::kFailed)
       for (auto& lane : it->second.lanes)
-        if (lane->fd && it->second.state != Peer::State::kFailed) readLocked(*lane);
+        if (lane->conduit && it->second.state != Peer::State::kFailed) readLocked(*lane);
     failPeerLocked(member, code, reason, /*flood=*/true);
   }
   void abort(const std::string& reason) override;
@@ -196,7 +208,10 @@ class TcpDevice final : public Device {
   DeviceStats stats() const override {
     MutexLock lock(mu_);
     DeviceStats s = stats_;
-    for (auto& [token, lane] : lanesByToken_) s.openConnections += lane != nullptr;
+    for (auto& [token, lane] : lanesByToken_) {
+      s.openConnections += lane != nullptr;
+      s.openShmConnections += lane && lane->conduit->pollsMemory();
+    }
     return s;
   }
 
@@ -204,7 +219,10 @@ class TcpDevice final : public Device {
   Peer& peerLocked(MemberId member) ECCL_REQUIRES(mu_);
   std::string labelLocked(MemberId member) ECCL_REQUIRES(mu_);
   void connectPeer(MemberId member) ECCL_EXCLUDES(mu_);
-  void installLaneLocked(Peer& peer, uint32_t lane, Fd fd) ECCL_REQUIRES(mu_);
+  void installLaneLocked(Peer& peer, uint32_t lane, std::unique_ptr<Conduit> conduit) ECCL_REQUIRES(mu_);
+  bool armLanesLocked() ECCL_REQUIRES(mu_);
+  Backend* backendFor(MemberId member, const SockAddr& address, Deadline deadline, const std::string& what,
+                      const std::function<bool()>& giveUp, Fd* stream);
   void closeLaneLocked(Lane& lane) ECCL_REQUIRES(mu_);
   void flushLocked(Lane& lane) ECCL_REQUIRES(mu_);
   void setWantOutLocked(Lane& lane, bool on) ECCL_REQUIRES(mu_);
@@ -212,12 +230,14 @@ class TcpDevice final : public Device {
   void waitSliceLocked(const RequestPtr& r, Deadline until) ECCL_REQUIRES(mu_);
   bool driveLocked(const RequestPtr& r, Deadline until) ECCL_REQUIRES(mu_);
   void setCallerOwnedLocked(bool owned) ECCL_REQUIRES(mu_);
-  void serviceLanesLocked() ECCL_REQUIRES(mu_);
+  void serviceLanesLocked(bool sockets = true) ECCL_REQUIRES(mu_);
   void completeLocked(const RequestPtr& r, ecclResult_t code, std::string error) ECCL_REQUIRES(mu_);
   void failPeerLocked(MemberId member, ecclResult_t code, const std::string& reason, bool flood)
       ECCL_REQUIRES(mu_);
   void markLeftLocked(Peer& peer) ECCL_REQUIRES(mu_);
-  void acceptLaneLocked(MemberId from, uint32_t lane, Fd fd, const std::string& what) ECCL_REQUIRES(mu_);
+  void acceptLaneLocked(MemberId from, uint32_t lane, Backend* backend, std::unique_ptr<Conduit> conduit,
+                        const std::string& what) ECCL_REQUIRES(mu_);
+  void acceptOne(Backend& backend);
   void installParkedLocked(MemberId member) ECCL_REQUIRES(mu_);
   void dropExpiredParkedLocked() ECCL_REQUIRES(mu_);
   void leftPeerNeededLocked(Peer& peer) ECCL_REQUIRES(mu_);
@@ -251,10 +271,11 @@ class TcpDevice final : public Device {
   void onControlLocked(Lane& lane) ECCL_REQUIRES(mu_);
   void wakeLoop();
 
-  const TcpOptions opt_;
-  NetInterface nic_;
-  SockAddr listenAddress_;
-  Fd listenFd_;
+  const DeviceOptions opt_;
+  // Back ends in the order a dial tries them.
+  std::unique_ptr<TcpBackend> tcp_;
+  std::unique_ptr<shm::ShmBackend> shm_;
+  std::vector<Backend*> backends_;
   // The progress thread sleeps on epollFd_, which holds the eventfd and
   // laneEpoll_; laneEpoll_ holds every connection. While callers drive the
   // lanes (and for a short lease after, so back-to-back ops keep them),
@@ -286,12 +307,14 @@ class TcpDevice final : public Device {
   struct Parked {
     MemberId from;
     uint32_t lane;
-    Fd fd;
+    Backend* backend;
+    std::unique_ptr<Conduit> conduit;
     Deadline deadline;
     std::string what;
   };
   std::vector<Parked> parked_ ECCL_GUARDED_BY(mu_);  // authenticated, from a member not known yet
   std::map<uint64_t, Lane*> lanesByToken_ ECCL_GUARDED_BY(mu_);
+  std::vector<Lane*> memoryLanes_ ECCL_GUARDED_BY(mu_);  // lanes that pollsMemory()
   uint64_t nextToken_ ECCL_GUARDED_BY(mu_) = 1;
   std::map<InboxKey, Inbox> inbox_ ECCL_GUARDED_BY(mu_);
   bool callerOwned_ ECCL_GUARDED_BY(mu_) = false;
@@ -302,11 +325,20 @@ class TcpDevice final : public Device {
   DeviceStats stats_ ECCL_GUARDED_BY(mu_);
 };
 
-TcpDevice::TcpDevice(const TcpOptions& o) : opt_(o) {
-  nic_ = pickInterface(o.ifname);
-  auto [fd, bound] = listenOn(nic_.addr);
-  listenFd_ = std::move(fd);
-  listenAddress_ = bound;
+LaneDevice::LaneDevice(const DeviceOptions& o) : opt_(o) {
+  // TCP always listens: its address is how the membership names a member,
+  // and members on other hosts reach it that way.
+  tcp_ = std::make_unique<TcpBackend>(o.ifname);
+  if (o.transport != TransportChoice::kTcp) {
+    try {
+      shm_ = std::make_unique<shm::ShmBackend>(shm::ShmOptions{o.jobId, o.self, tcp_->address(), o.shmRingBytes});
+      backends_.push_back(shm_.get());
+    } catch (const Error& e) {
+      if (o.transport == TransportChoice::kShm) throw;
+      log::warn("member {}: no shared-memory lanes ({}); using TCP only", o.self, e.what());
+    }
+  }
+  if (o.transport != TransportChoice::kShm) backends_.push_back(tcp_.get());
   epollFd_.reset(epoll_create1(EPOLL_CLOEXEC));
   laneEpoll_.reset(epoll_create1(EPOLL_CLOEXEC));
   eventFd_.reset(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
@@ -323,11 +355,11 @@ TcpDevice::TcpDevice(const TcpOptions& o) : opt_(o) {
     acceptLoop();
     releaseThreadCryptoState();
   });
-  log::info("member {} listening on {} (interface {}), {} lanes per peer", o.self, address(), nic_.name,
-            o.lanes);
+  log::info("member {} listening on {} (interface {}){}, {} lanes per peer", o.self, address(),
+            tcp_->interface().name, shm_ ? " and on shared memory" : "", o.lanes);
 }
 
-TcpDevice::~TcpDevice() {
+LaneDevice::~LaneDevice() {
   stopping_ = true;
   wakeLoop();
   if (progressThread_.joinable()) progressThread_.join();
@@ -339,12 +371,12 @@ TcpDevice::~TcpDevice() {
     if (box.request) completeLocked(box.request, ecclInvalidUsage, "communicator destroyed");
 }
 
-void TcpDevice::wakeLoop() {
+void LaneDevice::wakeLoop() {
   uint64_t one = 1;
   [[maybe_unused]] ssize_t rc = ::write(eventFd_.get(), &one, sizeof(one));
 }
 
-void TcpDevice::addPeer(MemberId member, const std::string& address, const std::string& label, PeerRole role) {
+void LaneDevice::addPeer(MemberId member, const std::string& address, const std::string& label, PeerRole role) {
   SockAddr addr = SockAddr::parse(address);
   MutexLock lock(mu_);
   Peer& p = peers_[member];
@@ -366,6 +398,7 @@ void TcpDevice::addPeer(MemberId member, const std::string& address, const std::
   if (role == PeerRole::kViewMember && p.state == Peer::State::kFailed && candidateFailed_.erase(member)) {
     for (auto& lane : p.lanes) closeLaneLocked(*lane), lane->opened = false, lane->saidGoodbye = false;
     p.state = Peer::State::kIdle;
+    p.backend = nullptr;
   }
   installParkedLocked(member);
   if (auto early = failedBeforeKnown_.find(member); early != failedBeforeKnown_.end()) {
@@ -376,18 +409,18 @@ void TcpDevice::addPeer(MemberId member, const std::string& address, const std::
   cv_.notifyAll();  // the accept thread may be waiting for this member
 }
 
-Peer& TcpDevice::peerLocked(MemberId member) {
+Peer& LaneDevice::peerLocked(MemberId member) {
   auto it = peers_.find(member);
   if (it == peers_.end()) fail(ecclInvalidArgument, "member {} is not a peer of member {}", member, opt_.self);
   return it->second;
 }
 
-std::string TcpDevice::labelLocked(MemberId member) {
+std::string LaneDevice::labelLocked(MemberId member) {
   auto it = peers_.find(member);
   return it == peers_.end() ? fmt::format("member {}", member) : it->second.label;
 }
 
-void TcpDevice::connectPeer(MemberId member) {
+void LaneDevice::connectPeer(MemberId member) {
   SockAddr addr;
   std::string label;
   {
@@ -399,19 +432,26 @@ void TcpDevice::connectPeer(MemberId member) {
     addr = p.address;
     label = p.label;
   }
-  std::vector<Fd> fds;
+  std::vector<std::unique_ptr<Conduit>> conduits;
+  Backend* backend = nullptr;
   try {
     Deadline deadline = deadlineAfterMs(opt_.handshakeTimeoutMs);
+    auto giveUp = [this, member] {
+      MutexLock lock(mu_);
+      auto it = peers_.find(member);
+      return stopping_ || it == peers_.end() || it->second.state != Peer::State::kConnecting;
+    };
     for (int i = 0; i < opt_.lanes; ++i) {
       std::string what = fmt::format("connecting lane {} to peer {}", i, label);
-      Fd fd = connectTo(addr, deadline, what, [this, member] {
-        MutexLock lock(mu_);
-        auto it = peers_.find(member);
-        return stopping_ || it == peers_.end() || it->second.state != Peer::State::kConnecting;
-      });
+      Fd stream;
+      if (!backend)
+        backend = backendFor(member, addr, deadline, what, giveUp, &stream);
+      else
+        stream = backend->dial(member, addr, deadline, what, giveUp);
+      if (!stream) fail(ecclRemoteError, "{}: peer no longer reachable over {}", what, backend->name());
       membership::Hello hello{membership::Purpose::kData, opt_.jobId, opt_.self, member, static_cast<uint32_t>(i)};
-      membership::authenticateAsClient(fd.get(), opt_.secret, hello, deadline, what);
-      fds.push_back(std::move(fd));
+      membership::authenticateAsClient(stream.get(), opt_.secret, hello, deadline, what);
+      conduits.push_back(backend->openDialed(std::move(stream), deadline, what));
     }
   } catch (const Error& e) {
     MutexLock lock(mu_);
@@ -421,13 +461,28 @@ void TcpDevice::connectPeer(MemberId member) {
   MutexLock lock(mu_);
   Peer& p = peerLocked(member);
   if (p.state != Peer::State::kConnecting) return;  // failed meanwhile
-  for (int i = 0; i < opt_.lanes; ++i) installLaneLocked(p, static_cast<uint32_t>(i), std::move(fds[i]));
+  p.backend = backend;
+  for (int i = 0; i < opt_.lanes; ++i) installLaneLocked(p, static_cast<uint32_t>(i), std::move(conduits[i]));
 }
 
-void TcpDevice::installLaneLocked(Peer& peer, uint32_t index, Fd fd) {
+// The first back end that reaches the member carries all its lanes.
+Backend* LaneDevice::backendFor(MemberId member, const SockAddr& address, Deadline deadline, const std::string& what,
+                               const std::function<bool()>& giveUp, Fd* stream) {
+  for (Backend* backend : backends_) {
+    *stream = backend->dial(member, address, deadline, what, giveUp);
+    if (*stream) return backend;
+  }
+  fail(ecclInvalidUsage,
+       "{}: ECCL_TRANSPORT=shm, but the peer is not reachable over shared memory (another host or network "
+       "namespace)",
+       what);
+}
+
+void LaneDevice::installLaneLocked(Peer& peer, uint32_t index, std::unique_ptr<Conduit> conduit) {
   Lane& lane = *peer.lanes[index];
-  setNonBlocking(fd.get(), true);
-  lane.fd = std::move(fd);
+  lane.conduit = std::move(conduit);
+  if (lane.conduit->pollsMemory()) memoryLanes_.push_back(&lane);
+  log::info("member {}: lane {} to peer {} is up over {}", opt_.self, index, peer.label, lane.conduit->kind());
   lane.token = nextToken_++;
   lane.opened = true;
   lane.rx = Lane::Rx::kHeader;
@@ -439,37 +494,38 @@ void TcpDevice::installLaneLocked(Peer& peer, uint32_t index, Fd fd) {
   updateEpollLocked(lane, EPOLL_CTL_ADD);
   stats_.connectionsOpened++;
   if (closing_) queueControlLocked(lane, FrameType::kGoodbye, {});
-  bool allUp = std::all_of(peer.lanes.begin(), peer.lanes.end(), [](auto& l) { return bool(l->fd); });
+  bool allUp = std::all_of(peer.lanes.begin(), peer.lanes.end(), [](auto& l) { return bool(l->conduit); });
   if (allUp) peer.state = Peer::State::kUp;
   cv_.notifyAll();
   flushLocked(lane);
 }
 
-void TcpDevice::closeLaneLocked(Lane& lane) {
-  if (!lane.fd) return;
-  epoll_ctl(laneEpoll_.get(), EPOLL_CTL_DEL, lane.fd.get(), nullptr);
+void LaneDevice::closeLaneLocked(Lane& lane) {
+  if (!lane.conduit) return;
+  epoll_ctl(laneEpoll_.get(), EPOLL_CTL_DEL, lane.conduit->pollFd(), nullptr);
   lanesByToken_.erase(lane.token);
+  std::erase(memoryLanes_, &lane);
   lane.token = 0;
-  lane.fd.reset();
+  lane.conduit.reset();
   lane.sendQueue.clear();
   lane.rxBegin = lane.rxEnd = 0;
   stats_.connectionsClosed++;
 }
 
-void TcpDevice::setWantOutLocked(Lane& lane, bool on) {
-  if (lane.wantOut == on || !lane.fd) return;
+void LaneDevice::setWantOutLocked(Lane& lane, bool on) {
+  if (lane.wantOut == on || !lane.conduit || !lane.conduit->writableByPoll()) return;
   lane.wantOut = on;
   updateEpollLocked(lane, EPOLL_CTL_MOD);
 }
 
-void TcpDevice::updateEpollLocked(Lane& lane, int op) {
+void LaneDevice::updateEpollLocked(Lane& lane, int op) {
   epoll_event ev{};
   ev.events = EPOLLIN | EPOLLRDHUP | (lane.wantOut ? uint32_t{EPOLLOUT} : 0u);
   ev.data.u64 = lane.token;
-  epoll_ctl(laneEpoll_.get(), op, lane.fd.get(), &ev);
+  epoll_ctl(laneEpoll_.get(), op, lane.conduit->pollFd(), &ev);
 }
 
-void TcpDevice::setCallerOwnedLocked(bool owned) {
+void LaneDevice::setCallerOwnedLocked(bool owned) {
   if (callerOwned_ == owned) return;
   callerOwned_ = owned;
   epoll_event ev{};
@@ -479,21 +535,38 @@ void TcpDevice::setCallerOwnedLocked(bool owned) {
 }
 
 // Reads and writes whatever the lanes are ready for, without blocking.
-void TcpDevice::serviceLanesLocked() {
+void LaneDevice::serviceLanesLocked(bool sockets) {
   epoll_event events[64];
-  int n = epoll_wait(laneEpoll_.get(), events, 64, 0);
+  int n = sockets ? epoll_wait(laneEpoll_.get(), events, 64, 0) : 0;
   for (int i = 0; i < n; ++i) {
     uint64_t token = events[i].data.u64;
     auto it = lanesByToken_.find(token);
     if (it == lanesByToken_.end()) continue;  // closed since epoll_wait returned
     Lane& lane = *it->second;
-    if (events[i].events & EPOLLOUT) flushLocked(lane);
-    if (lane.token == token && (events[i].events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)))
-      readLocked(lane);
+    const bool readable = events[i].events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR);
+    if (readable) lane.conduit->onPollReady();
+    if ((events[i].events & EPOLLOUT) || (readable && !lane.conduit->writableByPoll())) flushLocked(lane);
+    if (lane.token == token && readable) readLocked(lane);
+  }
+  // Lanes in memory announce nothing while their peer is awake: look.
+  for (size_t i = 0; i < memoryLanes_.size(); ++i) {
+    Lane& lane = *memoryLanes_[i];
+    const uint64_t token = lane.token;
+    if (!lane.sendQueue.empty()) flushLocked(lane);
+    if (lane.token == token && lane.conduit) readLocked(lane);
+    if (i < memoryLanes_.size() && memoryLanes_[i] != &lane) --i;  // closed meanwhile
   }
 }
 
-void TcpDevice::completeLocked(const RequestPtr& r, ecclResult_t code, std::string error) {
+// Before sleeping: every lane in memory must ring the lanes' descriptors
+// for whatever comes next; false when something is there already.
+bool LaneDevice::armLanesLocked() {
+  for (Lane* lane : memoryLanes_)
+    if (!lane->conduit->armWakeup(!lane->sendQueue.empty())) return false;
+  return true;
+}
+
+void LaneDevice::completeLocked(const RequestPtr& r, ecclResult_t code, std::string error) {
   if (r->state.load() != Request::kPending) return;
   r->code = code;
   r->error = std::move(error);
@@ -505,8 +578,8 @@ void TcpDevice::completeLocked(const RequestPtr& r, ecclResult_t code, std::stri
   }
 }
 
-void TcpDevice::flushLocked(Lane& lane) {
-  while (lane.fd && !lane.sendQueue.empty()) {
+void LaneDevice::flushLocked(Lane& lane) {
+  while (lane.conduit && !lane.sendQueue.empty()) {
     SendItem& item = lane.sendQueue.front();
     iovec iov[2];
     int n = 0;
@@ -517,12 +590,9 @@ void TcpDevice::flushLocked(Lane& lane) {
       size_t off = item.done - item.headerBytes;
       iov[n++] = {const_cast<uint8_t*>(item.data) + off, item.length - off};
     }
-    msghdr msg{};
-    msg.msg_iov = iov;
-    msg.msg_iovlen = n;
-    ssize_t rc = ::sendmsg(lane.fd.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    ssize_t rc = lane.conduit->write(iov, n);
+    if (rc == 0) break;
     if (rc < 0) {
-      if (errno == EAGAIN || errno == EINTR) break;
       failPeerLocked(lane.key.remote, ecclRemoteError,
                      fmt::format("peer {}: send on lane {} failed: {}", labelLocked(lane.key.remote),
                                  lane.key.lane, strerror(errno)),
@@ -539,7 +609,7 @@ void TcpDevice::flushLocked(Lane& lane) {
   setWantOutLocked(lane, !lane.sendQueue.empty());
 }
 
-RequestPtr TcpDevice::isend(MemberId member, uint64_t seq, uint32_t tag, const void* buf, size_t len,
+RequestPtr LaneDevice::isend(MemberId member, uint64_t seq, uint32_t tag, const void* buf, size_t len,
                             const uint32_t* payloadCrc, const CallSignature* signature) {
   connectPeer(member);
   auto r = std::make_shared<Request>();
@@ -604,7 +674,7 @@ RequestPtr TcpDevice::isend(MemberId member, uint64_t seq, uint32_t tag, const v
   return r;
 }
 
-RequestPtr TcpDevice::irecv(MemberId member, uint64_t seq, uint32_t tag, void* buf, size_t len,
+RequestPtr LaneDevice::irecv(MemberId member, uint64_t seq, uint32_t tag, void* buf, size_t len,
                             const CallSignature* signature) {
   connectPeer(member);
   auto r = std::make_shared<Request>();
@@ -662,7 +732,7 @@ RequestPtr TcpDevice::irecv(MemberId member, uint64_t seq, uint32_t tag, void* b
   return r;
 }
 
-void TcpDevice::wait(const RequestPtr& r, Deadline deadline, const std::string& opName) {
+void LaneDevice::wait(const RequestPtr& r, Deadline deadline, const std::string& opName) {
   MutexLock lock(mu_);
   bool probed = false;
   const auto timeout = deadline - Clock::now();
@@ -701,27 +771,37 @@ void TcpDevice::wait(const RequestPtr& r, Deadline deadline, const std::string& 
 // that the caller should look at. Where the peer's lanes are all up the
 // caller drives them itself; otherwise the progress thread does and wakes
 // the condition variable.
-void TcpDevice::waitSliceLocked(const RequestPtr& r, Deadline until) {
+void LaneDevice::waitSliceLocked(const RequestPtr& r, Deadline until) {
   if (!driveLocked(r, until)) cv_.waitUntil(mu_, until);
 }
 
-bool TcpDevice::driveLocked(const RequestPtr& r, Deadline until) {
+bool LaneDevice::driveLocked(const RequestPtr& r, Deadline until) {
   const int wakeFd = t_wakeFd.get();
   if (wakeFd < 0 || stopping_) return false;
   r->driverWakeFd = wakeFd;
   drivers_++;
   setCallerOwnedLocked(true);
   const auto spinUntil = Clock::now() + std::chrono::microseconds(opt_.spinUs);
+  unsigned pass = 0;
   while (r->state.load() == Request::kPending) {
-    serviceLanesLocked();
+    // Sockets cost a system call to look at and lanes in memory do not:
+    // while spinning over memory, the sockets get every 8th pass, and so
+    // does the scheduler (a peer on this core needs it to produce).
+    const bool memory = !memoryLanes_.empty();
+    const bool syscallPass = !memory || pass++ % 8 == 0;
+    serviceLanesLocked(syscallPass);
     auto now = Clock::now();
     if (r->state.load() != Request::kPending || now >= until) break;
     if (now < spinUntil) {
       mu_.unlock();
-      sched_yield();
+      if (syscallPass)
+        sched_yield();
+      else
+        for (int i = 0; i < 4; ++i) cpuRelax();
       mu_.lock();
       continue;
     }
+    if (!armLanesLocked()) continue;
     pollfd fds[2] = {{laneEpoll_.get(), POLLIN, 0}, {wakeFd, POLLIN, 0}};
     auto ms = std::chrono::ceil<std::chrono::milliseconds>(until - now).count();
     mu_.unlock();
@@ -738,9 +818,9 @@ bool TcpDevice::driveLocked(const RequestPtr& r, Deadline until) {
   return true;
 }
 
-bool TcpDevice::pingLocked(MemberId member, uint64_t seq) {
+bool LaneDevice::pingLocked(MemberId member, uint64_t seq) {
   auto it = peers_.find(member);
-  if (it == peers_.end() || it->second.lanes.empty() || !it->second.lanes[0]->fd) return false;
+  if (it == peers_.end() || it->second.lanes.empty() || !it->second.lanes[0]->conduit) return false;
   std::vector<uint8_t> payload;
   if (seq != 0 && FrameHeader::isCollective(seq) && signatures_.mine(epoch_, seq)) {
     payload.resize(8);
@@ -754,7 +834,7 @@ bool TcpDevice::pingLocked(MemberId member, uint64_t seq) {
 // that disagree without sending each other anything (both think they are
 // the root of a reduce) learn it at the deadline instead of declaring a
 // live peer failed.
-void TcpDevice::answerPingLocked(Lane& lane) {
+void LaneDevice::answerPingLocked(Lane& lane) {
   std::vector<uint8_t> payload;
   if (lane.control.size() == 8) {
     uint64_t seq;
@@ -768,7 +848,7 @@ void TcpDevice::answerPingLocked(Lane& lane) {
   queueControlLocked(lane, FrameType::kPong, std::move(payload));
 }
 
-void TcpDevice::onPongSignatureLocked(Lane& lane) {
+void LaneDevice::onPongSignatureLocked(Lane& lane) {
   if (lane.control.size() != 8 + CallSignature::kWireBytes || lane.frame.epoch != epoch_) return;
   uint64_t seq;
   std::memcpy(&seq, lane.control.data(), 8);
@@ -777,12 +857,12 @@ void TcpDevice::onPongSignatureLocked(Lane& lane) {
   if (mine && theirs && !signaturesAgree(*mine, *theirs)) callMismatchLocked(lane.key.remote, seq, *mine, *theirs);
 }
 
-bool TcpDevice::revokesLocked(uint64_t seq) const {
+bool LaneDevice::revokesLocked(uint64_t seq) const {
   if (revokedCode_ == ecclSuccess || FrameHeader::survivesRevocation(seq)) return false;
   return !(FrameHeader::isCollective(seq) && seq < revokedFromSeq_);
 }
 
-void TcpDevice::revokeLocked(ecclResult_t code, const std::string& reason, uint64_t fromSeq) {
+void LaneDevice::revokeLocked(ecclResult_t code, const std::string& reason, uint64_t fromSeq) {
   if (revokedCode_ != ecclSuccess) return;
   revokedCode_ = code;
   revokedReason_ = reason;
@@ -822,11 +902,11 @@ void TcpDevice::revokeLocked(ecclResult_t code, const std::string& reason, uint6
   discardOrphanedPayloadsLocked();
 }
 
-void TcpDevice::floodRevokeLocked(ecclResult_t code, const std::string& reason, uint64_t fromSeq) {
+void LaneDevice::floodRevokeLocked(ecclResult_t code, const std::string& reason, uint64_t fromSeq) {
   for (auto& [id, other] : peers_) {
     if (other.state == Peer::State::kFailed || other.lanes.empty() || other.role == PeerRole::kCandidate) continue;
     Lane& lane = *other.lanes[0];
-    if (!lane.fd) continue;
+    if (!lane.conduit) continue;
     std::vector<uint8_t> payload(12 + reason.size());
     std::memcpy(payload.data(), &fromSeq, 8);
     auto c = static_cast<uint32_t>(code);
@@ -839,7 +919,7 @@ void TcpDevice::floodRevokeLocked(ecclResult_t code, const std::string& reason, 
 
 // Each collective enters this rank's signature as it starts; a peer's
 // frame that got here first is compared now.
-void TcpDevice::checkLocalSignatureLocked(uint64_t seq, const CallSignature& mine) {
+void LaneDevice::checkLocalSignatureLocked(uint64_t seq, const CallSignature& mine) {
   if (seq == lastCheckedSeq_) return;
   lastCheckedSeq_ = seq;
   if (auto m = signatures_.local(epoch_, seq, mine)) callMismatchLocked(m->peer, seq, mine, m->theirs);
@@ -848,7 +928,7 @@ void TcpDevice::checkLocalSignatureLocked(uint64_t seq, const CallSignature& min
 // Ranks disagree about a call: from this op on the communicator is
 // revoked with ecclInvalidUsage naming both calls, here and everywhere
 // (the ranks that agreed would otherwise wait for data that never comes).
-void TcpDevice::callMismatchLocked(MemberId peer, uint64_t seq, const CallSignature& mine,
+void LaneDevice::callMismatchLocked(MemberId peer, uint64_t seq, const CallSignature& mine,
                                    const CallSignature& theirs) {
   if (revokedCode_ != ecclSuccess) return;  // revoked already, for a reason that came first
   bool collective = FrameHeader::isCollective(seq);
@@ -862,13 +942,13 @@ void TcpDevice::callMismatchLocked(MemberId peer, uint64_t seq, const CallSignat
   if (onRevoked) onRevoked(ecclInvalidUsage, reason);
 }
 
-void TcpDevice::discardOrphanedPayloadsLocked() {
+void LaneDevice::discardOrphanedPayloadsLocked() {
   for (auto& [token, lane] : lanesByToken_)
     if (lane->rx == Lane::Rx::kPayload && lane->frame.type == FrameType::kData && !inbox_.count(lane->inboxKey))
       lane->discarding = true;
 }
 
-void TcpDevice::removePeer(MemberId member) {
+void LaneDevice::removePeer(MemberId member) {
   MutexLock lock(mu_);
   auto it = peers_.find(member);
   if (it == peers_.end()) return;
@@ -880,7 +960,7 @@ void TcpDevice::removePeer(MemberId member) {
     // A goodbye first, so the leaver sees an orderly close and tells
     // nobody we failed.
     std::erase_if(lane->sendQueue, [](const SendItem& item) { return item.done == 0; });
-    if (lane->fd && lane->sendQueue.empty()) queueControlLocked(*lane, FrameType::kGoodbye, {});
+    if (lane->conduit && lane->sendQueue.empty()) queueControlLocked(*lane, FrameType::kGoodbye, {});
     closeLaneLocked(*lane);
   }
   for (auto box = inbox_.begin(); box != inbox_.end();) {
@@ -892,7 +972,7 @@ void TcpDevice::removePeer(MemberId member) {
   peers_.erase(it);
 }
 
-void TcpDevice::beginEpoch(uint32_t epoch) {
+void LaneDevice::beginEpoch(uint32_t epoch) {
   MutexLock lock(mu_);
   epoch_ = epoch;
   revokedCode_ = ecclSuccess;
@@ -908,7 +988,7 @@ void TcpDevice::beginEpoch(uint32_t epoch) {
   discardOrphanedPayloadsLocked();
 }
 
-void TcpDevice::connectNow(MemberId member, Deadline deadline) {
+void LaneDevice::connectNow(MemberId member, Deadline deadline) {
   connectPeer(member);
   MutexLock lock(mu_);
   for (;;) {
@@ -928,12 +1008,12 @@ void TcpDevice::connectNow(MemberId member, Deadline deadline) {
   }
 }
 
-void TcpDevice::progress() {
+void LaneDevice::progress() {
   MutexLock lock(mu_);
   if (callerOwned_) serviceLanesLocked();  // otherwise the progress thread is on it
 }
 
-bool TcpDevice::test(const RequestPtr& r, const std::string& opName) {
+bool LaneDevice::test(const RequestPtr& r, const std::string& opName) {
   int s = r->state.load();
   if (s == Request::kPending) return false;
   if (s == Request::kFailed) {
@@ -943,7 +1023,7 @@ bool TcpDevice::test(const RequestPtr& r, const std::string& opName) {
   return true;
 }
 
-void TcpDevice::failPeerLocked(MemberId member, ecclResult_t code, const std::string& reason, bool flood) {
+void LaneDevice::failPeerLocked(MemberId member, ecclResult_t code, const std::string& reason, bool flood) {
   auto it = peers_.find(member);
   if (it == peers_.end()) return;
   Peer& p = it->second;
@@ -984,13 +1064,13 @@ void TcpDevice::failPeerLocked(MemberId member, ecclResult_t code, const std::st
 
 // Tells everyone we are connected to, so ranks that wait on a live
 // neighbour of the failed member learn its name at once.
-void TcpDevice::floodNoticeLocked(MemberId member, const std::string& reason) {
+void LaneDevice::floodNoticeLocked(MemberId member, const std::string& reason) {
   for (auto& [id, other] : peers_) {
     if (id == member || other.state == Peer::State::kFailed || other.lanes.empty() ||
         other.role == PeerRole::kCandidate)
       continue;
     Lane& lane = *other.lanes[0];
-    if (!lane.fd) continue;
+    if (!lane.conduit) continue;
     std::vector<uint8_t> payload(8 + reason.size());
     std::memcpy(payload.data(), &member, 8);
     std::memcpy(payload.data() + 8, reason.data(), reason.size());
@@ -999,10 +1079,10 @@ void TcpDevice::floodNoticeLocked(MemberId member, const std::string& reason) {
   }
 }
 
-void TcpDevice::markLeftLocked(Peer& p) {
+void LaneDevice::markLeftLocked(Peer& p) {
   // A lane the peer opened but we have not accepted yet still carries data.
   bool allSaid = std::all_of(p.lanes.begin(), p.lanes.end(),
-                             [](auto& l) { return l->saidGoodbye || (l->opened && !l->fd); });
+                             [](auto& l) { return l->saidGoodbye || (l->opened && !l->conduit); });
   if (!allSaid || p.state == Peer::State::kFailed) return;
   std::string reason = fmt::format("peer {} has left (it destroyed its communicator)", p.label);
   for (auto& lane : p.lanes) {
@@ -1029,7 +1109,7 @@ void TcpDevice::markLeftLocked(Peer& p) {
 // An op needed a member that left in order (mid-job, not at its end): the
 // view is broken like after a failure, and everyone must hear it, or ranks
 // waiting on us wait for the deadline.
-void TcpDevice::leftPeerNeededLocked(Peer& p) {
+void LaneDevice::leftPeerNeededLocked(Peer& p) {
   if (p.leftReported || closing_ || p.role == PeerRole::kCandidate) return;
   p.leftReported = true;
   if (onPeerFailure) onPeerFailure(p.id, ecclRemoteError, p.failReason);
@@ -1037,7 +1117,7 @@ void TcpDevice::leftPeerNeededLocked(Peer& p) {
   floodNoticeLocked(p.id, p.failReason);
 }
 
-void TcpDevice::queueControlLocked(Lane& lane, FrameType type, std::vector<uint8_t> payload) {
+void LaneDevice::queueControlLocked(Lane& lane, FrameType type, std::vector<uint8_t> payload) {
   SendItem item;
   FrameHeader h;
   h.type = type;
@@ -1053,7 +1133,7 @@ void TcpDevice::queueControlLocked(Lane& lane, FrameType type, std::vector<uint8
   flushLocked(lane);
 }
 
-void TcpDevice::abort(const std::string& reason) {
+void LaneDevice::abort(const std::string& reason) {
   MutexLock lock(mu_);
   if (aborted_) return;
   aborted_ = true;
@@ -1071,12 +1151,12 @@ void TcpDevice::abort(const std::string& reason) {
   cv_.notifyAll();
 }
 
-void TcpDevice::close(Deadline deadline) {
+void LaneDevice::close(Deadline deadline) {
   MutexLock lock(mu_);
   closing_ = true;
   for (auto& [id, p] : peers_)
     for (auto& lane : p.lanes)
-      if (lane->fd) queueControlLocked(*lane, FrameType::kGoodbye, {});
+      if (lane->conduit) queueControlLocked(*lane, FrameType::kGoodbye, {});
   for (;;) {
     bool pending = false;
     // Also wait for the peers' goodbyes: closing a socket with unread
@@ -1087,7 +1167,7 @@ void TcpDevice::close(Deadline deadline) {
       if (p.state == Peer::State::kFailed || p.state == Peer::State::kLeft || p.role == PeerRole::kCandidate) continue;
       bool partlyConnected = std::any_of(p.lanes.begin(), p.lanes.end(), [](auto& l) { return l->opened; });
       for (auto& lane : p.lanes)
-        pending = pending || (lane->fd && (!lane->sendQueue.empty() || !lane->saidGoodbye)) ||
+        pending = pending || (lane->conduit && (!lane->sendQueue.empty() || !lane->saidGoodbye)) ||
                   (!lane->opened && partlyConnected);
     }
     if (!pending || !cv_.waitUntil(mu_, std::min(deadline, Clock::now() + std::chrono::milliseconds(10))))
@@ -1095,8 +1175,8 @@ void TcpDevice::close(Deadline deadline) {
   }
 }
 
-void TcpDevice::progressLoop() {
-  if (opt_.pinProgressThread) bindThreadNearNic(nic_.name);
+void LaneDevice::progressLoop() {
+  if (opt_.pinProgressThread) bindThreadNearNic(tcp_->interface().name);
   epoll_event events[2];
   int timeoutMs = 200;
   while (!stopping_) {
@@ -1114,14 +1194,17 @@ void TcpDevice::progressLoop() {
     // Take the lanes back once their lease has run out with nobody driving.
     if (callerOwned_ && drivers_ == 0 && Clock::now() >= leaseUntil_) setCallerOwnedLocked(false);
     timeoutMs = callerOwned_ ? kLeaseMs : 200;
-    if (!callerOwned_) serviceLanesLocked();
+    if (!callerOwned_) {
+      serviceLanesLocked();
+      if (!armLanesLocked()) timeoutMs = 0;
+    }
   }
 }
 
 // Small frames arrive through the lane's receive buffer, several per
 // recv(); a large payload is read straight into its destination. A short
 // read means the socket is empty, so no recv() is spent on EAGAIN.
-void TcpDevice::readLocked(Lane& lane) {
+void LaneDevice::readLocked(Lane& lane) {
   const uint64_t token = lane.token;
   size_t budget = kReadBudgetPerEvent;
   bool drained = false;
@@ -1141,7 +1224,7 @@ void TcpDevice::readLocked(Lane& lane) {
     const bool direct = lane.rx == Lane::Rx::kPayload && dst && want >= kDirectReadBytes;
     uint8_t* into = direct ? dst : lane.rxBuffer.get();
     const size_t ask = direct ? want : kRxBufferBytes;
-    ssize_t rc = ::recv(lane.fd.get(), into, ask, MSG_DONTWAIT);
+    ssize_t rc = lane.conduit->read(into, ask);
     if (rc <= 0) {
       if (rc < 0 && (errno == EAGAIN || errno == EINTR)) return;
       MemberId remote = lane.key.remote;
@@ -1171,7 +1254,7 @@ void TcpDevice::readLocked(Lane& lane) {
 
 // Where the next bytes of the current frame go (null: skipped) and how many
 // it still needs.
-uint8_t* TcpDevice::rxDestinationLocked(Lane& lane, size_t* want) {
+uint8_t* LaneDevice::rxDestinationLocked(Lane& lane, size_t* want) {
   if (lane.rx == Lane::Rx::kHeader) {
     *want = FrameHeader::kSize - lane.headerGot;
     return lane.header + lane.headerGot;
@@ -1187,7 +1270,7 @@ uint8_t* TcpDevice::rxDestinationLocked(Lane& lane, size_t* want) {
 
 // Accounts for `got` bytes of the current frame; false once the lane is
 // closed or failed (its remaining bytes must not be looked at).
-bool TcpDevice::advanceLocked(Lane& lane, size_t got) {
+bool LaneDevice::advanceLocked(Lane& lane, size_t got) {
   const uint64_t token = lane.token;
   if (lane.rx == Lane::Rx::kHeader) {
     lane.headerGot += got;
@@ -1211,7 +1294,7 @@ bool TcpDevice::advanceLocked(Lane& lane, size_t got) {
   return lane.token == token;
 }
 
-bool TcpDevice::onHeaderLocked(Lane& lane) {
+bool LaneDevice::onHeaderLocked(Lane& lane) {
   std::string why;
   auto h = decodeFrame(lane.header, &why);
   MemberId remote = lane.key.remote;
@@ -1242,7 +1325,7 @@ bool TcpDevice::onHeaderLocked(Lane& lane) {
   return onDataFrameLocked(lane, nullptr);
 }
 
-bool TcpDevice::onSignatureLocked(Lane& lane) {
+bool LaneDevice::onSignatureLocked(Lane& lane) {
   lane.rx = Lane::Rx::kPayload;
   std::string why = "its checksum does not match";
   std::optional<CallSignature> sig;
@@ -1261,7 +1344,7 @@ bool TcpDevice::onSignatureLocked(Lane& lane) {
 
 // Finds where a data frame's payload goes, once its header (and call
 // signature) are in.
-bool TcpDevice::onDataFrameLocked(Lane& lane, const CallSignature* signature) {
+bool LaneDevice::onDataFrameLocked(Lane& lane, const CallSignature* signature) {
   const FrameHeader* h = &lane.frame;
   MemberId remote = lane.key.remote;
   if (h->epoch < epoch_) {
@@ -1320,7 +1403,7 @@ bool TcpDevice::onDataFrameLocked(Lane& lane, const CallSignature* signature) {
 
 // Staging buffers are reused: a fresh one per early message would cost a
 // page fault per 4 KiB on every large op whose peer started first.
-void TcpDevice::takeStagingLocked(Inbox& box, size_t bytes) {
+void LaneDevice::takeStagingLocked(Inbox& box, size_t bytes) {
   auto best = stagingPool_.end();
   for (auto it = stagingPool_.begin(); it != stagingPool_.end(); ++it)
     if (it->second >= bytes && (best == stagingPool_.end() || it->second < best->second)) best = it;
@@ -1335,7 +1418,7 @@ void TcpDevice::takeStagingLocked(Inbox& box, size_t bytes) {
   box.stagedCapacity = bytes;
 }
 
-void TcpDevice::recycleStagingLocked(Inbox& box) {
+void LaneDevice::recycleStagingLocked(Inbox& box) {
   constexpr size_t kPoolLimitBytes = size_t(256) << 20;
   if (!box.staged || stagingPoolBytes_ + box.stagedCapacity > kPoolLimitBytes) return;
   stagingPoolBytes_ += box.stagedCapacity;
@@ -1345,7 +1428,7 @@ void TcpDevice::recycleStagingLocked(Inbox& box) {
 
 // A message whose sender attached a CRC32C is verified once whole; a
 // mismatch fails that receive only (the connection and the view stay).
-bool TcpDevice::checksumHoldsLocked(Inbox& box, const std::string& peerLabel) {
+bool LaneDevice::checksumHoldsLocked(Inbox& box, const std::string& peerLabel) {
   if (!box.checksummed) return true;
   uint32_t got = crc32c(box.base(), box.total);
   if (got == box.crc) return true;
@@ -1356,7 +1439,7 @@ bool TcpDevice::checksumHoldsLocked(Inbox& box, const std::string& peerLabel) {
   return false;
 }
 
-void TcpDevice::onPayloadDoneLocked(Lane& lane) {
+void LaneDevice::onPayloadDoneLocked(Lane& lane) {
   if (lane.discarding) return;
   auto it = inbox_.find(lane.inboxKey);
   if (it == inbox_.end()) return;
@@ -1373,7 +1456,7 @@ void TcpDevice::onPayloadDoneLocked(Lane& lane) {
   inbox_.erase(it);
 }
 
-void TcpDevice::onControlLocked(Lane& lane) {
+void LaneDevice::onControlLocked(Lane& lane) {
   MemberId remote = lane.key.remote;
   Peer& p = peers_[remote];
   if (lane.frame.type == FrameType::kGoodbye) {
@@ -1418,56 +1501,77 @@ void TcpDevice::onControlLocked(Lane& lane) {
                  fmt::format("peer {} failed (reported by {}: {})", it->second.label, p.label, reason), true);
 }
 
-// Accepts and authenticates connections. One that comes from a member this
-// device does not know yet (it read the address table before we did) is
-// parked rather than waited for here, so the connections behind it are
-// accepted meanwhile; addPeer installs it, or it is dropped at its deadline.
-void TcpDevice::acceptLoop() {
+// Accepts and authenticates lanes on every back end's listener. One that
+// comes from a member this device does not know yet (it read the address
+// table before we did) is parked rather than waited for here, so the lanes
+// behind it are accepted meanwhile; addPeer installs it, or it is dropped
+// at its deadline.
+void LaneDevice::acceptLoop() {
+  std::vector<Backend*> listening{tcp_.get()};
+  if (shm_) listening.push_back(shm_.get());
   while (!stopping_) {
-    SockAddr from;
-    Fd fd = acceptUntil(listenFd_.get(), deadlineAfterMs(100), &from);
+    pollfd fds[2];
+    for (size_t i = 0; i < listening.size(); ++i) fds[i] = {listening[i]->listenFd(), POLLIN, 0};
+    int ready = ::poll(fds, static_cast<nfds_t>(listening.size()), 100);
     {
       MutexLock lock(mu_);
       dropExpiredParkedLocked();
     }
-    if (!fd) continue;
-    std::string what = fmt::format("member {}: incoming connection from {}", opt_.self, from.str());
-    try {
-      Deadline deadline = deadlineAfterMs(opt_.handshakeTimeoutMs);
-      membership::Hello hello = membership::authenticateAsServer(fd.get(), opt_.secret, opt_.jobId, deadline, what);
-      if (hello.purpose != membership::Purpose::kData || hello.toMember != opt_.self)
-        fail(ecclAuthError, "{}: hello is for member {}, purpose {}", what, hello.toMember,
-             static_cast<int>(hello.purpose));
-      MutexLock lock(mu_);
-      if (!peers_.count(hello.fromMember)) {
-        parked_.push_back({hello.fromMember, hello.lane, std::move(fd), deadline, what});
-        continue;
-      }
-      acceptLaneLocked(hello.fromMember, hello.lane, std::move(fd), what);
-    } catch (const std::exception& e) {
-      MutexLock lock(mu_);
-      stats_.connectionsRejected++;
-      log::warn("rejected {}", e.what());
-    }
+    for (size_t i = 0; ready > 0 && i < listening.size(); ++i)
+      if (fds[i].revents & POLLIN) acceptOne(*listening[i]);
   }
 }
 
-void TcpDevice::acceptLaneLocked(MemberId from, uint32_t laneIndex, Fd fd, const std::string& what) {
+void LaneDevice::acceptOne(Backend& backend) {
+  std::string from;
+  Fd stream = backend.accept(&from);
+  if (!stream) return;
+  std::string what = fmt::format("member {}: incoming {} connection from {}", opt_.self, backend.name(), from);
+  try {
+    Deadline deadline = deadlineAfterMs(opt_.handshakeTimeoutMs);
+    membership::Hello hello =
+        membership::authenticateAsServer(stream.get(), opt_.secret, opt_.jobId, deadline, what);
+    if (hello.purpose != membership::Purpose::kData || hello.toMember != opt_.self)
+      fail(ecclAuthError, "{}: hello is for member {}, purpose {}", what, hello.toMember,
+           static_cast<int>(hello.purpose));
+    if (opt_.transport == TransportChoice::kShm && &backend != shm_.get())
+      fail(ecclInvalidUsage, "{}: ECCL_TRANSPORT=shm here, but member {} dialed over {}", what, hello.fromMember,
+           backend.name());
+    auto conduit = backend.openAccepted(std::move(stream), deadline, what);
+    MutexLock lock(mu_);
+    if (!peers_.count(hello.fromMember)) {
+      parked_.push_back({hello.fromMember, hello.lane, &backend, std::move(conduit), deadline, what});
+      return;
+    }
+    acceptLaneLocked(hello.fromMember, hello.lane, &backend, std::move(conduit), what);
+  } catch (const std::exception& e) {
+    MutexLock lock(mu_);
+    stats_.connectionsRejected++;
+    log::warn("rejected {}", e.what());
+  }
+}
+
+void LaneDevice::acceptLaneLocked(MemberId from, uint32_t laneIndex, Backend* backend,
+                                  std::unique_ptr<Conduit> conduit, const std::string& what) {
   Peer& p = peers_.at(from);
   if (laneIndex >= p.lanes.size() || p.lanes[laneIndex]->opened || p.state == Peer::State::kFailed ||
       p.state == Peer::State::kLeft || from >= opt_.self)
     fail(ecclAuthError, "{}: unexpected lane {} from member {}", what, laneIndex, from);
-  installLaneLocked(p, laneIndex, std::move(fd));
+  if (p.backend && p.backend != backend)
+    fail(ecclAuthError, "{}: lane {} from member {} came over {}, its other lanes over {}", what, laneIndex, from,
+         backend->name(), p.backend->name());
+  p.backend = backend;
+  installLaneLocked(p, laneIndex, std::move(conduit));
 }
 
-void TcpDevice::installParkedLocked(MemberId member) {
+void LaneDevice::installParkedLocked(MemberId member) {
   for (auto it = parked_.begin(); it != parked_.end();) {
     if (it->from != member) {
       ++it;
       continue;
     }
     try {
-      acceptLaneLocked(it->from, it->lane, std::move(it->fd), it->what);
+      acceptLaneLocked(it->from, it->lane, it->backend, std::move(it->conduit), it->what);
     } catch (const Error& e) {
       stats_.connectionsRejected++;
       log::warn("rejected {}", e.what());
@@ -1476,7 +1580,7 @@ void TcpDevice::installParkedLocked(MemberId member) {
   }
 }
 
-void TcpDevice::dropExpiredParkedLocked() {
+void LaneDevice::dropExpiredParkedLocked() {
   for (auto it = parked_.begin(); it != parked_.end();) {
     if (!stopping_ && Clock::now() < it->deadline) {
       ++it;
@@ -1490,8 +1594,8 @@ void TcpDevice::dropExpiredParkedLocked() {
 
 }  // namespace
 
-std::unique_ptr<Device> createTcpDevice(const TcpOptions& options) {
-  return std::make_unique<TcpDevice>(options);
+std::unique_ptr<Device> createDevice(const DeviceOptions& options) {
+  return std::make_unique<LaneDevice>(options);
 }
 
 }  // namespace eccl::transport

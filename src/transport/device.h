@@ -1,0 +1,55 @@
+// The device: one endpoint of one communicator over every back end. It
+// owns all policy; back ends (tcp/, shm/) only move bytes (conduit.h).
+// Threads and ownership:
+//  - the progress thread runs an epoll loop over every lane's descriptor
+//    and an eventfd; it does all reads and the writes a caller could not
+//    finish;
+//  - the accept thread accepts and authenticates incoming lanes on every
+//    back end's listener, then hands each to the loop's table;
+//  - caller threads post sends and receives; a send is written inline when
+//    the lane has room (saving a thread hop for small messages), the rest
+//    is left to the loop;
+//  - a caller waiting on a request takes the lanes over from the loop (all
+//    of them, by silencing one nested epoll set) and reads and writes them
+//    itself, spinning for a short while before it sleeps in poll(): a
+//    wake-up of the progress thread plus a condition-variable hand-off cost
+//    tens of microseconds per message on a busy machine. The loop takes the
+//    lanes back once no caller has driven them for a short lease.
+//    Shared-memory lanes are looked at on every pass (memory, no system
+//    call) and armed before anyone sleeps, so their doorbells wake it.
+// Every lane and all matching state are guarded by one device mutex, so a
+// buffer is never touched after its request has completed or failed.
+// Lock order: device mutex, then nothing (onPeerFailure must only record).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "common/crypto.h"
+#include "transport/transport.h"
+
+namespace eccl::transport {
+
+// Which back end carries a member's lanes: auto picks shared memory for a
+// member in the same host and network namespace and TCP for the rest;
+// tcp and shm force one (shm fails a member it cannot reach that way).
+enum class TransportChoice { kAuto, kTcp, kShm };
+
+struct DeviceOptions {
+  MemberId self = 0;
+  uint64_t jobId = 0;
+  uint64_t commId = 0;
+  Secret secret{};
+  int lanes = 2;
+  int64_t stripeMinBytes = 256 << 10;
+  int64_t handshakeTimeoutMs = 5000;
+  std::string ifname;  // ECCL_SOCKET_IFNAME syntax
+  bool pinProgressThread = true;
+  int64_t spinUs = 0;  // how long a waiting caller polls before it sleeps
+  TransportChoice transport = TransportChoice::kAuto;
+  size_t shmRingBytes = 1 << 20;  // per direction and lane
+};
+
+std::unique_ptr<Device> createDevice(const DeviceOptions& options);
+
+}  // namespace eccl::transport
