@@ -638,11 +638,12 @@ RequestPtr LaneDevice::isend(MemberId member, uint64_t seq, uint32_t tag, const 
     chunk = ((len + lanes - 1) / lanes + 4095) & ~size_t(4095);
   chunk = std::min<size_t>(std::max<size_t>(chunk, 1), FrameHeader::kMaxPayload);
   const auto* data = static_cast<const uint8_t*>(buf);
-  std::vector<Lane*> touched;
+  uint64_t touched = 0;  // lane indexes (at most 64 lanes)
   size_t offset = 0;
   do {
     size_t n = std::min(chunk, len - offset);
-    Lane& lane = *p.lanes[p.nextLane++ % lanes];
+    const size_t index = p.nextLane++ % lanes;
+    Lane& lane = *p.lanes[index];
     SendItem item;
     FrameHeader h;
     h.type = FrameType::kData;
@@ -667,10 +668,11 @@ RequestPtr LaneDevice::isend(MemberId member, uint64_t seq, uint32_t tag, const 
     item.request = r;
     r->pendingChunks++;
     lane.sendQueue.push_back(std::move(item));
-    touched.push_back(&lane);
+    touched |= uint64_t{1} << index;
     offset += n;
   } while (offset < len);
-  for (Lane* lane : touched) flushLocked(*lane);
+  for (size_t i = 0; i < lanes; ++i)
+    if (touched & (uint64_t{1} << i)) flushLocked(*p.lanes[i]);
   return r;
 }
 
@@ -788,10 +790,12 @@ bool LaneDevice::driveLocked(const RequestPtr& r, Deadline until) {
     // while spinning over memory, the sockets get every 8th pass, and so
     // does the scheduler (a peer on this core needs it to produce).
     const bool memory = !memoryLanes_.empty();
-    const bool syscallPass = !memory || pass++ % 8 == 0;
+    const bool syscallPass = !memory || ++pass % 8 == 0;
     serviceLanesLocked(syscallPass);
-    auto now = Clock::now();
-    if (r->state.load() != Request::kPending || now >= until) break;
+    if (r->state.load() != Request::kPending) break;
+    // The clock is read on the passes that make system calls anyway.
+    auto now = syscallPass ? Clock::now() : spinUntil - std::chrono::nanoseconds(1);
+    if (now >= until) break;
     if (now < spinUntil) {
       mu_.unlock();
       if (syscallPass)

@@ -65,7 +65,7 @@ class ShmConduit final : public Conduit {
     }
     size_t total = 0;
     for (int i = 0; i < count; ++i) {
-      size_t n = tx_->write(iov[i].iov_base, iov[i].iov_len);
+      size_t n = tx_->put(iov[i].iov_base, iov[i].iov_len);
       total += n;
       if (n < iov[i].iov_len) break;
     }
@@ -74,7 +74,7 @@ class ShmConduit final : public Conduit {
   }
 
   ssize_t read(void* into, size_t n) override {
-    size_t got = rx_->read(into, n);
+    size_t got = rx_->take(into, n);
     if (got > 0) {
       if (rx_->takeWriterArm()) ring();
       return static_cast<ssize_t>(got);

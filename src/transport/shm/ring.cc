@@ -67,6 +67,18 @@ size_t Ring::readable() const {
 size_t Ring::writable() const { return capacity_ - readable(); }
 
 size_t Ring::write(const void* src, size_t n) {
+  n = put(src, n);
+  if (n) wake(dataSeq_, dataSleepers_);
+  return n;
+}
+
+size_t Ring::read(void* dst, size_t n) {
+  n = take(dst, n);
+  if (n) wake(spaceSeq_, spaceSleepers_);
+  return n;
+}
+
+size_t Ring::put(const void* src, size_t n) {
   const uint64_t head = head_.load(std::memory_order_relaxed);
   const uint64_t tail = tail_.load(std::memory_order_acquire);
   n = std::min<size_t>(n, capacity_ - (head - tail));
@@ -75,11 +87,10 @@ size_t Ring::write(const void* src, size_t n) {
   std::memcpy(data() + at, src, first);
   std::memcpy(data(), static_cast<const unsigned char*>(src) + first, n - first);
   head_.store(head + n, std::memory_order_release);
-  wake(dataSeq_, dataSleepers_);
   return n;
 }
 
-size_t Ring::read(void* dst, size_t n) {
+size_t Ring::take(void* dst, size_t n) {
   const uint64_t tail = tail_.load(std::memory_order_relaxed);
   const uint64_t head = head_.load(std::memory_order_acquire);
   n = std::min<size_t>(n, head - tail);
@@ -88,7 +99,6 @@ size_t Ring::read(void* dst, size_t n) {
   std::memcpy(dst, data() + at, first);
   std::memcpy(static_cast<unsigned char*>(dst) + first, data(), n - first);
   tail_.store(tail + n, std::memory_order_release);
-  wake(spaceSeq_, spaceSleepers_);
   return n;
 }
 

@@ -27,8 +27,13 @@ class Ring {
   static Ring* attach(void* memory, size_t expectedCapacity);
 
   // Copies up to `n` bytes in (out); returns how many, 0 when full (empty).
+  // These wake the other side's futex sleepers (waitReadable/waitWritable).
   size_t write(const void* data, size_t n);
   size_t read(void* data, size_t n);
+  // The same copies for a side that uses the doorbell protocol below
+  // instead of the futex: no atomic read-modify-write per call.
+  size_t put(const void* data, size_t n);
+  size_t take(void* data, size_t n);
   // Both sides may look at the fill level; each side's own count is exact.
   size_t readable() const;
   size_t writable() const;

@@ -20,7 +20,7 @@ Segment Segment::create(const std::string& name, size_t bytes) {
   if (!s.fd_) fail(ecclSystemError, "memfd_create({}): {}", name, strerror(errno));
   if (ftruncate(s.fd_.get(), static_cast<off_t>(bytes)) != 0)
     fail(ecclSystemError, "sizing shared segment {} to {} bytes: {}", name, bytes, strerror(errno));
-  s.data_ = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, s.fd_.get(), 0);
+  s.data_ = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, s.fd_.get(), 0);
   if (s.data_ == MAP_FAILED) {
     s.data_ = nullptr;
     fail(ecclSystemError, "mapping shared segment {} ({} bytes): {}", name, bytes, strerror(errno));
@@ -36,7 +36,7 @@ Segment Segment::map(Fd fd, size_t expectedBytes) {
     fail(ecclRemoteError, "shared segment holds {} bytes, {} were announced", st.st_size, expectedBytes);
   Segment s;
   s.fd_ = std::move(fd);
-  s.data_ = mmap(nullptr, expectedBytes, PROT_READ | PROT_WRITE, MAP_SHARED, s.fd_.get(), 0);
+  s.data_ = mmap(nullptr, expectedBytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, s.fd_.get(), 0);
   if (s.data_ == MAP_FAILED) {
     s.data_ = nullptr;
     fail(ecclSystemError, "mapping a peer's shared segment ({} bytes): {}", expectedBytes, strerror(errno));
