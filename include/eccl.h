@@ -55,7 +55,8 @@ typedef enum {
 typedef struct { char internal[ECCL_UNIQUE_ID_BYTES]; } ecclUniqueId;
 
 typedef struct ecclComm* ecclComm_t;
-/* Present for NCCL parity: host calls take NULL. */
+/* A cudaStream_t (or CUstream). Host buffers take NULL; device buffers take
+ * the stream their work is ordered on (NULL: the legacy default stream). */
 typedef void* ecclStream_t;
 
 /* Config for ecclCommInitConfig. Set size = sizeof(ecclConfig_t); fields
@@ -192,7 +193,15 @@ typedef struct {
 } ecclCommStats_t;
 ecclResult_t ecclCommGetStats(ecclComm_t comm, ecclCommStats_t* stats);
 
-/* Collectives on host memory. Blocking: they complete before returning. */
+/* Collectives, and ecclSend/ecclRecv below.
+ * Host memory (stream NULL): blocking, they complete before returning.
+ * CUDA device or managed memory: NCCL's stream semantics. The call enqueues
+ * the op on `stream` and returns; it runs after the stream's earlier work,
+ * and the stream's later work waits for it. Errors of enqueued work arrive
+ * through ecclCommGetAsyncError. Every rank must issue stream ops and host
+ * ops on a communicator in the same order (a host call first lets the
+ * communicator's pending stream ops run). Not inside ecclGroupStart/End in
+ * this release. Needs a CUDA driver at run time, not at build time. */
 ecclResult_t ecclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                            ecclDataType_t datatype, ecclRedOp_t op, ecclComm_t comm,
                            ecclStream_t stream);

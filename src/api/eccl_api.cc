@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "api/guard.h"
+#include "api/stream_calls.h"
 #include "membership/coordinator.h"
 #include "membership/unique_id.h"
 #include "coll/reduce.h"
@@ -32,12 +33,34 @@ namespace {
 
 using eccl::api::impl;
 
+using eccl::api::deviceStream;
+using eccl::api::streams;
+using eccl::gpu::StreamProxy;
+
 void checkStream(ecclStream_t stream, const char* fn) {
   if (stream != nullptr)
     fail(ecclInvalidArgument,
-         "{}: stream must be NULL: this release works on host buffers only; device buffers and streams come in a "
-         "later release",
+         "{}: stream must be NULL: this call works on host buffers only (device buffers and streams are taken by the "
+         "collectives and send/recv)",
          fn);
+}
+
+// A chunked op on the stream path: `run(in, out, count)` is the host
+// collective of one chunk of `count` elements.
+template <typename F>
+void enqueueChunked(ecclComm_t comm, eccl::gpu::CUstream stream, const void* in, void* out, size_t count,
+                    ecclDataType_t type, bool hasIn, bool hasOut, bool copyBack, F run, const char* fn) {
+  const size_t ts = eccl::typeSize(type);
+  const size_t bytes = count * ts;
+  auto chunks = eccl::api::elementChunks(bytes, ts, hasIn, hasOut);
+  std::vector<size_t> counts;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    chunks[i].copyBack = copyBack;
+    counts.push_back(((i + 1 < chunks.size() ? chunks[i + 1].inOffset : bytes) - chunks[i].inOffset) / ts);
+  }
+  streams(comm).enqueue(
+      stream, in, out, std::move(chunks),
+      [run, counts](const uint8_t* i, uint8_t* o, size_t index) { run(i, o, counts[index]); }, fn);
 }
 
 // A collective outside a group runs now; inside one it runs at GroupEnd.
@@ -365,6 +388,7 @@ ecclResult_t ecclCommInitFromEnv(ecclComm_t* comm) {
 ecclResult_t ecclCommDestroy(ecclComm_t comm) {
   return guarded(nullptr, "ecclCommDestroy", [&] {
     Communicator& c = impl(comm, "ecclCommDestroy");
+    comm->streams.reset();  // runs what the streams enqueued, then stops
     c.destroy();
     delete comm->impl;
     delete comm;
@@ -375,6 +399,8 @@ ecclResult_t ecclCommAbort(ecclComm_t comm) {
   return guarded(nullptr, "ecclCommAbort", [&] {
     Communicator& c = impl(comm, "ecclCommAbort");
     c.abort();
+    if (comm->streams) comm->streams->abandon();
+    comm->streams.reset();
     delete comm->impl;
     delete comm;
   });
@@ -408,7 +434,13 @@ ecclResult_t ecclAllReduce(const void* in, void* out, size_t count, ecclDataType
                            ecclComm_t comm, ecclStream_t stream) {
   return guarded(comm, "ecclAllReduce", [&] {
     Communicator& c = impl(comm, "ecclAllReduce");
-    checkStream(stream, "ecclAllReduce");
+    if (auto s = deviceStream(comm, stream, {in, out}, "ecclAllReduce")) {
+      Communicator::checkedBytes(count, type, 1, "ecclAllReduce");
+      enqueueChunked(comm, *s, in, out, count, type, true, true, true,
+                     [&c, type, op](const uint8_t* i, uint8_t* o, size_t n) { c.allReduce(i, o, n, type, op); },
+                     "ecclAllReduce");
+      return;
+    }
     runOrEnqueue(c, [=, &c] { c.allReduce(in, out, count, type, op); });
   });
 }
@@ -417,7 +449,16 @@ ecclResult_t ecclBroadcast(const void* in, void* out, size_t count, ecclDataType
                            ecclComm_t comm, ecclStream_t stream) {
   return guarded(comm, "ecclBroadcast", [&] {
     Communicator& c = impl(comm, "ecclBroadcast");
-    checkStream(stream, "ecclBroadcast");
+    const bool atRoot = c.rank() == root;
+    if (auto s = deviceStream(comm, stream, {atRoot ? in : nullptr, out}, "ecclBroadcast")) {
+      Communicator::checkedBytes(count, type, 1, "ecclBroadcast");
+      enqueueChunked(comm, *s, in, out, count, type, atRoot, true, true,
+                     [&c, type, root, atRoot](const uint8_t* i, uint8_t* o, size_t n) {
+                       c.broadcast(atRoot ? i : o, o, n, type, root);
+                     },
+                     "ecclBroadcast");
+      return;
+    }
     runOrEnqueue(c, [=, &c] { c.broadcast(in, out, count, type, root); });
   });
 }
@@ -426,7 +467,14 @@ ecclResult_t ecclReduce(const void* in, void* out, size_t count, ecclDataType_t 
                         ecclComm_t comm, ecclStream_t stream) {
   return guarded(comm, "ecclReduce", [&] {
     Communicator& c = impl(comm, "ecclReduce");
-    checkStream(stream, "ecclReduce");
+    const bool atRoot = c.rank() == root;
+    if (auto s = deviceStream(comm, stream, {in, atRoot ? out : nullptr}, "ecclReduce")) {
+      Communicator::checkedBytes(count, type, 1, "ecclReduce");
+      enqueueChunked(comm, *s, in, out, count, type, true, true, atRoot,
+                     [&c, type, op, root](const uint8_t* i, uint8_t* o, size_t n) { c.reduce(i, o, n, type, op, root); },
+                     "ecclReduce");
+      return;
+    }
     runOrEnqueue(c, [=, &c] { c.reduce(in, out, count, type, op, root); });
   });
 }
@@ -435,7 +483,14 @@ ecclResult_t ecclAllGather(const void* in, void* out, size_t sendcount, ecclData
                            ecclStream_t stream) {
   return guarded(comm, "ecclAllGather", [&] {
     Communicator& c = impl(comm, "ecclAllGather");
-    checkStream(stream, "ecclAllGather");
+    if (auto s = deviceStream(comm, stream, {in, out}, "ecclAllGather")) {
+      size_t bytes = Communicator::checkedBytes(sendcount, type, 1, "ecclAllGather");
+      Communicator::checkedBytes(sendcount, type, c.size(), "ecclAllGather");
+      streams(comm).enqueue(*s, in, out, eccl::api::wholeOp(bytes, bytes * c.size()),
+                            [&c, sendcount, type](const uint8_t* i, uint8_t* o, size_t) { c.allGather(i, o, sendcount, type); },
+                            "ecclAllGather");
+      return;
+    }
     runOrEnqueue(c, [=, &c] { c.allGather(in, out, sendcount, type); });
   });
 }
@@ -444,7 +499,15 @@ ecclResult_t ecclReduceScatter(const void* in, void* out, size_t recvcount, eccl
                                ecclComm_t comm, ecclStream_t stream) {
   return guarded(comm, "ecclReduceScatter", [&] {
     Communicator& c = impl(comm, "ecclReduceScatter");
-    checkStream(stream, "ecclReduceScatter");
+    if (auto s = deviceStream(comm, stream, {in, out}, "ecclReduceScatter")) {
+      size_t bytes = Communicator::checkedBytes(recvcount, type, 1, "ecclReduceScatter");
+      Communicator::checkedBytes(recvcount, type, c.size(), "ecclReduceScatter");
+      streams(comm).enqueue(
+          *s, in, out, eccl::api::wholeOp(bytes * c.size(), bytes),
+          [&c, recvcount, type, op](const uint8_t* i, uint8_t* o, size_t) { c.reduceScatter(i, o, recvcount, type, op); },
+          "ecclReduceScatter");
+      return;
+    }
     runOrEnqueue(c, [=, &c] { c.reduceScatter(in, out, recvcount, type, op); });
   });
 }
@@ -453,7 +516,13 @@ ecclResult_t ecclAllToAll(const void* in, void* out, size_t count, ecclDataType_
                           ecclStream_t stream) {
   return guarded(comm, "ecclAllToAll", [&] {
     Communicator& c = impl(comm, "ecclAllToAll");
-    checkStream(stream, "ecclAllToAll");
+    if (auto s = deviceStream(comm, stream, {in, out}, "ecclAllToAll")) {
+      size_t bytes = Communicator::checkedBytes(count, type, c.size(), "ecclAllToAll");
+      streams(comm).enqueue(*s, in, out, eccl::api::wholeOp(bytes, bytes),
+                            [&c, count, type](const uint8_t* i, uint8_t* o, size_t) { c.allToAll(i, o, count, type); },
+                            "ecclAllToAll");
+      return;
+    }
     runOrEnqueue(c, [=, &c] { c.allToAll(in, out, count, type); });
   });
 }
@@ -463,7 +532,26 @@ ecclResult_t ecclAllToAllv(const void* in, const size_t sendcounts[], const size
                            ecclComm_t comm, ecclStream_t stream) {
   return guarded(comm, "ecclAllToAllv", [&] {
     Communicator& c = impl(comm, "ecclAllToAllv");
-    checkStream(stream, "ecclAllToAllv");
+    if (auto s = deviceStream(comm, stream, {in, out}, "ecclAllToAllv")) {
+      if (!sendcounts || !sdispls || !recvcounts || !rdispls)
+        fail(ecclInvalidArgument, "ecclAllToAllv: counts and displacements must not be NULL");
+      const size_t ts = eccl::typeSize(type), n = static_cast<size_t>(c.size());
+      size_t inElems = 0, outElems = 0;
+      for (size_t r = 0; r < n; ++r) {
+        inElems = std::max(inElems, sdispls[r] + sendcounts[r]);
+        outElems = std::max(outElems, rdispls[r] + recvcounts[r]);
+      }
+      Communicator::checkedBytes(std::max(inElems, outElems), type, 1, "ecclAllToAllv");
+      // The counts are the caller's arrays: copied now, as the op runs later.
+      std::vector<size_t> sc(sendcounts, sendcounts + n), sd(sdispls, sdispls + n), rc(recvcounts, recvcounts + n),
+          rd(rdispls, rdispls + n);
+      streams(comm).enqueue(*s, in, out, eccl::api::wholeOp(inElems * ts, outElems * ts),
+                            [&c, sc, sd, rc, rd, type](const uint8_t* i, uint8_t* o, size_t) {
+                              c.allToAllv(i, sc.data(), sd.data(), o, rc.data(), rd.data(), type);
+                            },
+                            "ecclAllToAllv");
+      return;
+    }
     runOrEnqueue(c, [=, &c] { c.allToAllv(in, sendcounts, sdispls, out, recvcounts, rdispls, type); });
   });
 }
@@ -479,10 +567,18 @@ ecclResult_t ecclSend(const void* buf, size_t count, ecclDataType_t type, int pe
                       ecclStream_t stream) {
   return guarded(comm, "ecclSend", [&] {
     Communicator& c = impl(comm, "ecclSend");
-    checkStream(stream, "ecclSend");
     size_t bytes = Communicator::checkedBytes(count, type, 1, "ecclSend");
     Communicator::checkBuffer(buf, count, "ecclSend sendbuff");
     c.checkRank(peer, "ecclSend peer");
+    if (auto s = deviceStream(comm, stream, {buf}, "ecclSend")) {
+      if (peer == c.rank()) fail(ecclInvalidUsage, "ecclSend to self (rank {}) needs a group, and device buffers cannot be grouped yet", peer);
+      streams(comm).enqueue(*s, buf, nullptr, eccl::api::wholeOp(bytes, 0),
+                            [&c, bytes, peer, type](const uint8_t* i, uint8_t*, size_t) {
+                              c.waitP2p(c.postSend(i, bytes, peer, type), peer, true);
+                            },
+                            "ecclSend");
+      return;
+    }
     if (peer == c.rank()) {
       if (!eccl::group::active())
         fail(ecclInvalidUsage, "ecclSend to self (rank {}) outside a group would never complete", peer);
@@ -503,10 +599,18 @@ ecclResult_t ecclRecv(void* buf, size_t count, ecclDataType_t type, int peer, ec
                       ecclStream_t stream) {
   return guarded(comm, "ecclRecv", [&] {
     Communicator& c = impl(comm, "ecclRecv");
-    checkStream(stream, "ecclRecv");
     size_t bytes = Communicator::checkedBytes(count, type, 1, "ecclRecv");
     Communicator::checkBuffer(buf, count, "ecclRecv recvbuff");
     c.checkRank(peer, "ecclRecv peer");
+    if (auto s = deviceStream(comm, stream, {buf}, "ecclRecv")) {
+      if (peer == c.rank()) fail(ecclInvalidUsage, "ecclRecv from self (rank {}) needs a group, and device buffers cannot be grouped yet", peer);
+      streams(comm).enqueue(*s, nullptr, buf, eccl::api::wholeOp(0, bytes),
+                            [&c, bytes, peer, type](const uint8_t*, uint8_t* o, size_t) {
+                              c.waitP2p(c.postRecv(o, bytes, peer, type), peer, false);
+                            },
+                            "ecclRecv");
+      return;
+    }
     if (peer == c.rank()) {
       if (!eccl::group::active())
         fail(ecclInvalidUsage, "ecclRecv from self (rank {}) outside a group would never complete", peer);

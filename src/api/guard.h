@@ -13,8 +13,15 @@
 #include "common/log.h"
 #include "core/communicator.h"
 
+namespace eccl::gpu {
+class StreamProxy;
+}
 struct ecclComm {
   eccl::Communicator* impl = nullptr;
+  // Stream-ordered work on device buffers (stream_calls.h); created on the
+  // first such call, destroyed (drained) before the communicator.
+  std::unique_ptr<eccl::gpu::StreamProxy> streams;
+  ~ecclComm();
 };
 
 namespace eccl::moe {

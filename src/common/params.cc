@@ -42,6 +42,9 @@ const std::vector<Param>& all() {
       {"ECCL_SHM_RING_BYTES", "int", "1048576",
        "Shared-memory ring per lane and direction, a power of two from 4096 to 1 GiB: a pair of members "
        "holds 2 x this x ECCL_NSOCKS_PERPEER (2 MiB by default; 8 ranks on a host: 56 MiB in all)."},
+      {"ECCL_GPU_CHUNK_BYTES", "int", "4194304",
+       "Device-buffer collectives that split (allreduce, broadcast, reduce) run in chunks of this many bytes, so "
+       "the device-host copies of one chunk overlap the network transfer of another. Must match on every rank."},
       {"ECCL_HANDSHAKE_TIMEOUT_MS", "int", "5000",
        "Deadline for an incoming connection to complete authentication."},
       {"ECCL_PIN_PROGRESS_THREAD", "int", "1",
@@ -124,6 +127,7 @@ std::string transport() {
     fail(ecclInvalidArgument, "ECCL_TRANSPORT='{}' must be auto, tcp or shm", v);
   return v;
 }
+int64_t gpuChunkBytes() { return getInt("ECCL_GPU_CHUNK_BYTES"); }
 int64_t shmRingBytes() {
   int64_t v = getInt("ECCL_SHM_RING_BYTES");
   ECCL_CHECK_ARG(v >= 4096 && v <= (int64_t{1} << 30) && (v & (v - 1)) == 0,

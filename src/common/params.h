@@ -38,6 +38,7 @@ int pinProgressThread();
 int64_t spinUs();
 std::string transport();  // "auto", "tcp" or "shm"
 int64_t shmRingBytes();
+int64_t gpuChunkBytes();
 bool checkCalls();
 
 // Launcher-provided identity (eccl-run); empty/negative when unset.

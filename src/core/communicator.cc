@@ -319,6 +319,13 @@ void Communicator::onRevoked(ecclResult_t code, const std::string& reason) {
   asyncMessage_ = fmt::format("communicator revoked at epoch {}: {}", currentEpoch_.load(), reason);
 }
 
+void Communicator::recordAsyncError(ecclResult_t code, const std::string& message) {
+  MutexLock lock(errorMu_);
+  if (asyncError_ != ecclSuccess) return;
+  asyncError_ = code;
+  asyncMessage_ = message;
+}
+
 ecclResult_t Communicator::asyncError() const {
   MutexLock lock(errorMu_);
   return asyncError_;

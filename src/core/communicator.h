@@ -71,6 +71,9 @@ class Communicator {
   // Throws the stored failure if the communicator is revoked.
   void checkUsable() const;
   ecclResult_t asyncError() const;
+  // An error of work the caller no longer waits for (a stream-ordered op):
+  // reported by asyncError() and by the next call, like a peer failure.
+  void recordAsyncError(ecclResult_t code, const std::string& message);
   void abort();
   void destroy();
   // After a revoke: agree on the next view with the coordinator and switch to it.

@@ -1,0 +1,89 @@
+#include "gpu/cuda_driver.h"
+
+#include <dlfcn.h>
+
+#include <mutex>
+
+#include "common/error.h"
+
+namespace eccl::gpu {
+namespace {
+
+struct Loaded {
+  CudaDriver driver{};
+  bool ok = false;
+  std::string why;
+};
+
+template <typename F>
+bool resolve(void* lib, F*& slot, std::initializer_list<const char*> names, std::string* why) {
+  for (const char* name : names)
+    if (void* f = dlsym(lib, name)) {
+      slot = reinterpret_cast<F*>(f);
+      return true;
+    }
+  *why = fmt::format("the CUDA driver lacks {}", *names.begin());
+  return false;
+}
+
+Loaded load() {
+  Loaded l;
+  void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!lib) {
+    l.why = "no CUDA driver (libcuda.so.1 cannot be loaded)";
+    return l;
+  }
+  CudaDriver& d = l.driver;
+  bool all = resolve(lib, d.init, {"cuInit"}, &l.why) &&
+             resolve(lib, d.getErrorString, {"cuGetErrorString"}, &l.why) &&
+             resolve(lib, d.pointerGetAttribute, {"cuPointerGetAttribute"}, &l.why) &&
+             resolve(lib, d.memHostAlloc, {"cuMemHostAlloc"}, &l.why) &&
+             resolve(lib, d.memFreeHost, {"cuMemFreeHost"}, &l.why) &&
+             resolve(lib, d.memHostGetDevicePointer, {"cuMemHostGetDevicePointer_v2"}, &l.why) &&
+             resolve(lib, d.memcpyDtoHAsync, {"cuMemcpyDtoHAsync_v2"}, &l.why) &&
+             resolve(lib, d.memcpyHtoDAsync, {"cuMemcpyHtoDAsync_v2"}, &l.why) &&
+             resolve(lib, d.launchHostFunc, {"cuLaunchHostFunc"}, &l.why) &&
+             resolve(lib, d.streamWaitValue32, {"cuStreamWaitValue32_v2", "cuStreamWaitValue32"}, &l.why);
+  if (!all) return l;
+  if (CUresult r = d.init(0); r != 0) {
+    const char* text = nullptr;
+    d.getErrorString(r, &text);
+    l.why = fmt::format("cuInit failed: {} (no usable GPU)", text ? text : "unknown error");
+    return l;
+  }
+  l.ok = true;
+  return l;
+}
+
+const Loaded& loaded() {
+  static const Loaded l = load();
+  return l;
+}
+
+}  // namespace
+
+void CudaDriver::check(CUresult result, const char* what) const {
+  if (result == 0) return;
+  const char* text = nullptr;
+  getErrorString(result, &text);
+  fail(ecclSystemError, "{}: CUDA error {} ({})", what, result, text ? text : "unknown");
+}
+
+const CudaDriver* cudaDriver(std::string* why) {
+  const Loaded& l = loaded();
+  if (!l.ok && why) *why = l.why;
+  return l.ok ? &l.driver : nullptr;
+}
+
+bool isDeviceMemory(const void* p) {
+  const CudaDriver* d = cudaDriver();
+  if (!d || !p) return false;
+  unsigned type = 0;
+  // Host memory the driver does not know answers with an error: host.
+  if (d->pointerGetAttribute(&type, CudaDriver::kPointerAttributeMemoryType,
+                             reinterpret_cast<CUdeviceptr>(p)) != 0)
+    return false;
+  return type == CudaDriver::kMemoryTypeDevice || type == CudaDriver::kMemoryTypeUnified;
+}
+
+}  // namespace eccl::gpu

@@ -1,0 +1,224 @@
+#include "gpu/stream_proxy.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "common/mutex.h"
+#include "common/params.h"
+
+namespace eccl::gpu {
+
+struct StreamProxy::Staging {
+  void* host = nullptr;
+  size_t bytes = 0;
+  bool busy = false;  // guarded by Shared::mu
+  Shared* shared = nullptr;
+};
+
+struct StreamProxy::Job {
+  uint32_t ticket = 0;
+  size_t index = 0;
+  Chunk chunk;
+  std::shared_ptr<HostOp> op;
+  std::shared_ptr<Staging> staging;
+  size_t outBase = 0;  // where outputs start in the staging buffer
+  std::string what;
+  std::shared_ptr<Shared> shared;
+};
+
+// What the GPU's host functions touch. The proxy thread and the callbacks
+// share it; it lives until the last of them lets go, so a callback that
+// fires after the communicator is gone finds a stopped state, not freed
+// memory.
+struct StreamProxy::Shared {
+  Mutex mu;
+  CondVar cv;
+  bool stopping ECCL_GUARDED_BY(mu) = false;
+  uint32_t nextTicket ECCL_GUARDED_BY(mu) = 0;  // last ticket handed out
+  uint32_t doneTicket ECCL_GUARDED_BY(mu) = 0;  // last ticket run
+  std::map<uint32_t, std::unique_ptr<Job>> ready ECCL_GUARDED_BY(mu);  // staged, by ticket
+  std::vector<std::shared_ptr<Staging>> pool ECCL_GUARDED_BY(mu);
+  // Mapped pinned word the GPU waits on; the thread stores each finished ticket.
+  volatile uint32_t* flag = nullptr;
+  CUdeviceptr flagOnDevice = 0;
+};
+
+size_t StreamProxy::chunkBytes() { return static_cast<size_t>(std::max<int64_t>(params::gpuChunkBytes(), 4096)); }
+
+StreamProxy::StreamProxy(Communicator& comm)
+    : comm_(comm), cuda_([] {
+        std::string why;
+        const CudaDriver* d = cudaDriver(&why);
+        if (!d) fail(ecclSystemError, "device buffers need a CUDA driver and GPU: {}", why);
+        return std::cref(*d);
+      }()),
+      shared_(std::make_shared<Shared>()) {
+  void* word = nullptr;
+  cuda_.check(cuda_.memHostAlloc(&word, 64, CudaDriver::kHostAllocPortable | CudaDriver::kHostAllocDeviceMap),
+              "allocating the stream flag");
+  std::memset(word, 0, 64);
+  shared_->flag = static_cast<volatile uint32_t*>(word);
+  cuda_.check(cuda_.memHostGetDevicePointer(&shared_->flagOnDevice, word, 0), "mapping the stream flag");
+  thread_ = std::thread([this] { run(); });
+}
+
+StreamProxy::~StreamProxy() {
+  bool drained = true;
+  try {
+    drain(abandoned_ ? Clock::now() : deadlineAfterMs(params::timeoutMs()));
+  } catch (const Error& e) {
+    drained = false;
+    if (!abandoned_) log::warn("stream work still pending at destruction: {}", e.what());
+  }
+  {
+    MutexLock lock(shared_->mu);
+    shared_->stopping = true;
+    shared_->cv.notifyAll();
+  }
+  thread_.join();
+  // Memory a stream may still touch is left to the process rather than
+  // freed under the GPU.
+  if (!drained) return;
+  MutexLock lock(shared_->mu);
+  for (auto& s : shared_->pool) cuda_.memFreeHost(s->host);
+  shared_->pool.clear();
+  cuda_.memFreeHost(const_cast<uint32_t*>(shared_->flag));
+}
+
+// Pinned memory costs a system call and page locking: buffers are reused
+// once the stream is past their copy-back. Called on the caller's thread
+// (CUDA calls are allowed there, never in the stream's host functions).
+std::shared_ptr<StreamProxy::Staging> StreamProxy::takeStaging(size_t bytes) {
+  MutexLock lock(shared_->mu);
+  std::shared_ptr<Staging> best;
+  for (auto& s : shared_->pool)
+    if (!s->busy && s->bytes >= bytes && (!best || s->bytes < best->bytes)) best = s;
+  if (!best) {
+    // Idle buffers too small for this op go, so the pool does not grow
+    // with every larger op.
+    std::erase_if(shared_->pool, [this](const std::shared_ptr<Staging>& s) {
+      if (s->busy) return false;
+      cuda_.memFreeHost(s->host);
+      return true;
+    });
+    best = std::make_shared<Staging>();
+    best->bytes = std::max<size_t>(bytes, 1);
+    best->shared = shared_.get();
+    cuda_.check(cuda_.memHostAlloc(&best->host, best->bytes, CudaDriver::kHostAllocPortable),
+                "allocating pinned staging memory");
+    shared_->pool.push_back(best);
+  }
+  best->busy = true;
+  return best;
+}
+
+void StreamProxy::enqueue(CUstream stream, const void* in, void* out, std::vector<Chunk> chunks, HostOp op,
+                          const std::string& what) {
+  size_t inBytes = 0, outBytes = 0;
+  for (const Chunk& c : chunks) {
+    inBytes = std::max(inBytes, c.inOffset + c.inBytes);
+    outBytes = std::max(outBytes, c.outOffset + c.outBytes);
+  }
+  auto staging = takeStaging(inBytes + outBytes);
+  auto* host = static_cast<uint8_t*>(staging->host);
+  auto shared = std::make_shared<HostOp>(std::move(op));
+  std::vector<uint32_t> tickets;
+  {
+    MutexLock lock(shared_->mu);
+    for (size_t i = 0; i < chunks.size(); ++i) tickets.push_back(++shared_->nextTicket);
+  }
+  // In: every chunk's copy, each followed by the host function that hands
+  // it over, so chunk 0 is on the network while chunk 1 is still copying.
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const Chunk& c = chunks[i];
+    if (c.inBytes)
+      cuda_.check(cuda_.memcpyDtoHAsync(host + c.inOffset, reinterpret_cast<CUdeviceptr>(in) + c.inOffset,
+                                        c.inBytes, stream),
+                  "copying an input chunk to pinned memory");
+    auto job = std::make_unique<Job>();
+    job->ticket = tickets[i];
+    job->index = i;
+    job->chunk = c;
+    job->op = shared;
+    job->staging = staging;
+    job->outBase = inBytes;
+    job->what = what;
+    job->shared = shared_;
+    cuda_.check(cuda_.launchHostFunc(stream, &StreamProxy::onStaged, job.get()), "enqueueing the host side");
+    job.release();  // the host function owns it now
+  }
+  // Out: each chunk waits for its collective, then copies back.
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const Chunk& c = chunks[i];
+    cuda_.check(cuda_.streamWaitValue32(stream, shared_->flagOnDevice, tickets[i], CudaDriver::kWaitValueGeq),
+                "enqueueing the wait for a chunk");
+    if (c.outBytes && c.copyBack)
+      cuda_.check(cuda_.memcpyHtoDAsync(reinterpret_cast<CUdeviceptr>(out) + c.outOffset, host + inBytes + c.outOffset,
+                                        c.outBytes, stream),
+                  "copying an output chunk back to the device");
+  }
+  cuda_.check(cuda_.launchHostFunc(stream, &StreamProxy::onReleased, staging.get()), "enqueueing the release");
+}
+
+// On the GPU's callback thread: no CUDA calls, no blocking; hand over.
+void StreamProxy::onStaged(void* p) {
+  std::unique_ptr<Job> job(static_cast<Job*>(p));
+  auto shared = job->shared;
+  MutexLock lock(shared->mu);
+  if (shared->stopping) return;
+  shared->ready.emplace(job->ticket, std::move(job));
+  shared->cv.notifyAll();
+}
+
+void StreamProxy::onReleased(void* p) {
+  auto* staging = static_cast<Staging*>(p);
+  MutexLock lock(staging->shared->mu);
+  staging->busy = false;
+}
+
+// Runs the staged chunks in ticket order, the order the calls were made,
+// which every rank shares; each chunk raises the flag, failed or not.
+void StreamProxy::run() {
+  for (;;) {
+    std::unique_ptr<Job> job;
+    {
+      MutexLock lock(shared_->mu);
+      for (;;) {
+        if (shared_->stopping) return;
+        auto it = shared_->ready.find(shared_->doneTicket + 1);
+        if (it != shared_->ready.end()) {
+          job = std::move(it->second);
+          shared_->ready.erase(it);
+          break;
+        }
+        shared_->cv.wait(shared_->mu);
+      }
+    }
+    auto* host = static_cast<uint8_t*>(job->staging->host);
+    try {
+      (*job->op)(host + job->chunk.inOffset, host + job->outBase + job->chunk.outOffset, job->index);
+    } catch (const Error& e) {
+      comm_.recordAsyncError(e.code(), fmt::format("{} (stream-ordered, chunk {}): {}", job->what, job->index, e.what()));
+    } catch (const std::exception& e) {
+      comm_.recordAsyncError(ecclInternalError, fmt::format("{} (stream-ordered): {}", job->what, e.what()));
+    }
+    MutexLock lock(shared_->mu);
+    shared_->doneTicket = job->ticket;
+    __atomic_store_n(const_cast<uint32_t*>(shared_->flag), job->ticket, __ATOMIC_RELEASE);
+    shared_->cv.notifyAll();
+  }
+}
+
+void StreamProxy::drain(Deadline deadline) {
+  MutexLock lock(shared_->mu);
+  const uint32_t target = shared_->nextTicket;
+  while (static_cast<int32_t>(shared_->doneTicket - target) < 0)
+    if (!shared_->cv.waitUntil(shared_->mu, deadline) && Clock::now() >= deadline)
+      fail(ecclTimeout, "stream-ordered ops up to {} not run before the deadline (done: {}): is the GPU stream stuck?",
+           target, shared_->doneTicket);
+}
+
+}  // namespace eccl::gpu

@@ -1,0 +1,589 @@
+#include "transport/lane_device.h"
+
+namespace eccl::transport::lanes {
+
+// Reads and writes whatever the lanes are ready for, without blocking.
+void LaneDevice::serviceLanesLocked(bool sockets) {
+  epoll_event events[64];
+  int n = sockets ? epoll_wait(laneEpoll_.get(), events, 64, 0) : 0;
+  for (int i = 0; i < n; ++i) {
+    uint64_t token = events[i].data.u64;
+    auto it = lanesByToken_.find(token);
+    if (it == lanesByToken_.end()) continue;  // closed since epoll_wait returned
+    Lane& lane = *it->second;
+    const bool readable = events[i].events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR);
+    if (readable) lane.conduit->onPollReady();
+    if ((events[i].events & EPOLLOUT) || (readable && !lane.conduit->writableByPoll())) flushLocked(lane);
+    if (lane.token == token && readable) readLocked(lane);
+  }
+  // Lanes in memory announce nothing while their peer is awake: look.
+  for (size_t i = 0; i < memoryLanes_.size(); ++i) {
+    Lane& lane = *memoryLanes_[i];
+    const uint64_t token = lane.token;
+    if (!lane.sendQueue.empty()) flushLocked(lane);
+    if (lane.token == token && lane.conduit) readLocked(lane);
+    if (i < memoryLanes_.size() && memoryLanes_[i] != &lane) --i;  // closed meanwhile
+  }
+}
+
+// Before sleeping: every lane in memory must ring the lanes' descriptors
+// for whatever comes next; false when something is there already.
+bool LaneDevice::armLanesLocked() {
+  for (Lane* lane : memoryLanes_)
+    if (!lane->conduit->armWakeup(!lane->sendQueue.empty())) return false;
+  return true;
+}
+
+void LaneDevice::completeLocked(const RequestPtr& r, ecclResult_t code, std::string error) {
+  if (r->state.load() != Request::kPending) return;
+  r->code = code;
+  r->error = std::move(error);
+  r->state.store(code == ecclSuccess ? Request::kDone : Request::kFailed);
+  cv_.notifyAll();
+  if (r->driverWakeFd >= 0 && r->driverWakeFd != threadWakeFd()) {
+    uint64_t one = 1;
+    [[maybe_unused]] ssize_t rc = ::write(r->driverWakeFd, &one, sizeof(one));
+  }
+}
+
+void LaneDevice::flushLocked(Lane& lane) {
+  while (lane.conduit && !lane.sendQueue.empty()) {
+    SendItem& item = lane.sendQueue.front();
+    iovec iov[2];
+    int n = 0;
+    if (item.done < item.headerBytes) {
+      iov[n++] = {item.header + item.done, item.headerBytes - item.done};
+      if (item.length) iov[n++] = {const_cast<uint8_t*>(item.data), item.length};
+    } else {
+      size_t off = item.done - item.headerBytes;
+      iov[n++] = {const_cast<uint8_t*>(item.data) + off, item.length - off};
+    }
+    ssize_t rc = lane.conduit->write(iov, n);
+    if (rc == 0) break;
+    if (rc < 0) {
+      failPeerLocked(lane.key.remote, ecclRemoteError,
+                     fmt::format("peer {}: send on lane {} failed: {}", labelLocked(lane.key.remote),
+                                 lane.key.lane, strerror(errno)),
+                     true);
+      return;
+    }
+    item.done += static_cast<size_t>(rc);
+    stats_.bytesSent += static_cast<size_t>(rc);
+    if (item.done < item.headerBytes + item.length) break;
+    RequestPtr r = std::move(item.request);
+    lane.sendQueue.pop_front();
+    if (r && --r->pendingChunks == 0) completeLocked(r, ecclSuccess, {});
+  }
+  setWantOutLocked(lane, !lane.sendQueue.empty());
+}
+
+RequestPtr LaneDevice::isend(MemberId member, uint64_t seq, uint32_t tag, const void* buf, size_t len,
+                            const uint32_t* payloadCrc, const CallSignature* signature) {
+  connectPeer(member);
+  auto r = std::make_shared<Request>();
+  r->peer = member;
+  r->seq = seq;
+  r->isSend = true;
+  r->survivesRevocation = FrameHeader::survivesRevocation(seq);
+  MutexLock lock(mu_);
+  Peer& p = peerLocked(member);
+  if (aborted_) {
+    completeLocked(r, ecclRemoteError, abortReason_);
+    return r;
+  }
+  if (revokesLocked(seq)) {
+    completeLocked(r, revokedCode_, revokedReason_);
+    return r;
+  }
+  if (p.state == Peer::State::kFailed || p.state == Peer::State::kLeft) {
+    completeLocked(r, p.failCode, p.failReason);
+    if (p.state == Peer::State::kLeft && !r->survivesRevocation) leftPeerNeededLocked(p);
+    return r;
+  }
+  const size_t lanes = p.lanes.size();
+  size_t chunk = len;
+  if (lanes > 1 && static_cast<int64_t>(len) >= opt_.stripeMinBytes)
+    chunk = ((len + lanes - 1) / lanes + 4095) & ~size_t(4095);
+  chunk = std::min<size_t>(std::max<size_t>(chunk, 1), FrameHeader::kMaxPayload);
+  const auto* data = static_cast<const uint8_t*>(buf);
+  uint64_t touched = 0;  // lane indexes (at most 64 lanes)
+  size_t offset = 0;
+  do {
+    size_t n = std::min(chunk, len - offset);
+    const size_t index = p.nextLane++ % lanes;
+    Lane& lane = *p.lanes[index];
+    SendItem item;
+    FrameHeader h;
+    h.type = FrameType::kData;
+    h.epoch = epoch_;
+    h.commId = opt_.commId;
+    h.seq = seq;
+    h.tag = tag;
+    h.length = static_cast<uint32_t>(n);
+    h.offset = offset;
+    h.total = len;
+    if (payloadCrc) h.flags = FrameHeader::kPayloadChecksum, h.payloadCrc = *payloadCrc;
+    if (signature && offset == 0) {
+      uint8_t* bytes = item.header + FrameHeader::kSize;
+      encodeSignature(*signature, bytes);
+      h.flags |= FrameHeader::kCallSignature;
+      h.signatureCrc = crc32c(bytes, FrameHeader::kSignatureBytes);
+      item.headerBytes += FrameHeader::kSignatureBytes;
+    }
+    encodeFrame(h, item.header);
+    item.data = data + offset;
+    item.length = n;
+    item.request = r;
+    r->pendingChunks++;
+    lane.sendQueue.push_back(std::move(item));
+    touched |= uint64_t{1} << index;
+    offset += n;
+  } while (offset < len);
+  for (size_t i = 0; i < lanes; ++i)
+    if (touched & (uint64_t{1} << i)) flushLocked(*p.lanes[i]);
+  return r;
+}
+
+RequestPtr LaneDevice::irecv(MemberId member, uint64_t seq, uint32_t tag, void* buf, size_t len,
+                            const CallSignature* signature) {
+  connectPeer(member);
+  auto r = std::make_shared<Request>();
+  r->peer = member;
+  r->seq = seq;
+  r->survivesRevocation = FrameHeader::survivesRevocation(seq);
+  MutexLock lock(mu_);
+  Peer& p = peerLocked(member);
+  if (aborted_) {
+    completeLocked(r, ecclRemoteError, abortReason_);
+    return r;
+  }
+  const bool p2pChecked = signature && !FrameHeader::isCollective(seq) && !r->survivesRevocation;
+  InboxKey key{epoch_, member, seq, tag};
+  auto it = inbox_.find(key);
+  if (p2pChecked && it != inbox_.end() && it->second.sent && !signaturesAgree(*signature, *it->second.sent))
+    callMismatchLocked(member, seq, *signature, *it->second.sent);
+  if (revokesLocked(seq)) {
+    completeLocked(r, revokedCode_, revokedReason_);
+    return r;
+  }
+  if (it != inbox_.end()) {
+    Inbox& box = it->second;
+    if (box.total != len) {
+      completeLocked(r, ecclInvalidUsage,
+                     fmt::format("peer {} sent {} bytes where {} were expected (mismatched counts or types)",
+                                 p.label, box.total, len));
+      if (box.received == box.total) inbox_.erase(it);
+      return r;
+    }
+    box.request = r;
+    box.userBuffer = static_cast<uint8_t*>(buf);
+    if (box.received == box.total) {
+      if (!checksumHoldsLocked(box, p.label)) {
+        inbox_.erase(it);
+        return r;
+      }
+      if (len) std::memcpy(buf, box.staged.get(), len);
+      recycleStagingLocked(box);
+      completeLocked(r, ecclSuccess, {});
+      inbox_.erase(it);
+    }
+    return r;
+  }
+  if (p.state == Peer::State::kFailed || p.state == Peer::State::kLeft) {
+    completeLocked(r, p.failCode, p.failReason);
+    if (p.state == Peer::State::kLeft && !r->survivesRevocation) leftPeerNeededLocked(p);
+    return r;
+  }
+  Inbox& box = inbox_[key];
+  box.request = r;
+  box.userBuffer = static_cast<uint8_t*>(buf);
+  box.total = len;
+  if (p2pChecked) box.expected = *signature;
+  return r;
+}
+
+void LaneDevice::wait(const RequestPtr& r, Deadline deadline, const std::string& opName) {
+  MutexLock lock(mu_);
+  bool probed = false;
+  const auto timeout = deadline - Clock::now();
+  while (r->state.load() == Request::kPending) {
+    waitSliceLocked(r, deadline);
+    if (r->state.load() != Request::kPending || Clock::now() < deadline) continue;
+    // At the deadline, ask the peer's progress thread whether the process
+    // is alive. A live peer that is itself blocked on a failed member will
+    // report that member soon, so we wait once more; a stopped or hung
+    // process cannot answer and is declared failed.
+    if (!probed && pingLocked(r->peer, r->seq)) {
+      probed = true;
+      auto sent = Clock::now();
+      auto grace = std::min<Clock::duration>(std::chrono::milliseconds(500), timeout);
+      while (r->state.load() == Request::kPending && peerLocked(r->peer).lastPong < sent &&
+             Clock::now() < sent + grace)
+        waitSliceLocked(r, sent + grace);
+      if (r->state.load() != Request::kPending) break;
+      if (peerLocked(r->peer).lastPong >= sent) {
+        deadline = Clock::now() + timeout;
+        continue;
+      }
+    }
+    failPeerLocked(r->peer, ecclTimeout,
+                   fmt::format("peer {} did not {} before the deadline and does not answer (timed out; stopped "
+                               "or hung process?)",
+                               labelLocked(r->peer), r->isSend ? "accept our data" : "send its data"),
+                   true);
+    completeLocked(r, ecclTimeout, fmt::format("peer {} timed out", labelLocked(r->peer)));
+  }
+  if (r->state.load() == Request::kFailed)
+    throw Error(r->code, opName.empty() ? r->error : fmt::format("{}: {}", opName, r->error));
+}
+
+// Waits until the request completes, `until` passes or something happens
+// that the caller should look at. Where the peer's lanes are all up the
+// caller drives them itself; otherwise the progress thread does and wakes
+// the condition variable.
+void LaneDevice::waitSliceLocked(const RequestPtr& r, Deadline until) {
+  if (!driveLocked(r, until)) cv_.waitUntil(mu_, until);
+}
+
+bool LaneDevice::driveLocked(const RequestPtr& r, Deadline until) {
+  const int wakeFd = t_wakeFd.get();
+  if (wakeFd < 0 || stopping_) return false;
+  r->driverWakeFd = wakeFd;
+  drivers_++;
+  setCallerOwnedLocked(true);
+  const auto spinUntil = Clock::now() + std::chrono::microseconds(opt_.spinUs);
+  unsigned pass = 0;
+  while (r->state.load() == Request::kPending) {
+    // Sockets cost a system call to look at and lanes in memory do not:
+    // while spinning over memory, the sockets get every 8th pass, and so
+    // does the scheduler (a peer on this core needs it to produce).
+    const bool memory = !memoryLanes_.empty();
+    const bool syscallPass = !memory || ++pass % 8 == 0;
+    serviceLanesLocked(syscallPass);
+    if (r->state.load() != Request::kPending) break;
+    // The clock is read on the passes that make system calls anyway.
+    auto now = syscallPass ? Clock::now() : spinUntil - std::chrono::nanoseconds(1);
+    if (now >= until) break;
+    if (now < spinUntil) {
+      mu_.unlock();
+      if (syscallPass)
+        sched_yield();
+      else
+        for (int i = 0; i < 4; ++i) cpuRelax();
+      mu_.lock();
+      continue;
+    }
+    if (!armLanesLocked()) continue;
+    pollfd fds[2] = {{laneEpoll_.get(), POLLIN, 0}, {wakeFd, POLLIN, 0}};
+    auto ms = std::chrono::ceil<std::chrono::milliseconds>(until - now).count();
+    mu_.unlock();
+    int ready = ::poll(fds, 2, static_cast<int>(std::min<int64_t>(ms, 1000)));
+    if (ready > 0 && (fds[1].revents & POLLIN)) {
+      uint64_t drained;
+      [[maybe_unused]] ssize_t rc = ::read(wakeFd, &drained, sizeof(drained));
+    }
+    mu_.lock();
+  }
+  r->driverWakeFd = -1;
+  drivers_--;
+  leaseUntil_ = Clock::now() + std::chrono::milliseconds(kLeaseMs);
+  return true;
+}
+
+void LaneDevice::progress() {
+  MutexLock lock(mu_);
+  if (callerOwned_) serviceLanesLocked();  // otherwise the progress thread is on it
+}
+
+bool LaneDevice::test(const RequestPtr& r, const std::string& opName) {
+  int s = r->state.load();
+  if (s == Request::kPending) return false;
+  if (s == Request::kFailed) {
+    MutexLock lock(mu_);
+    throw Error(r->code, fmt::format("{}: {}", opName, r->error));
+  }
+  return true;
+}
+
+void LaneDevice::progressLoop() {
+  if (opt_.pinProgressThread) bindThreadNearNic(tcp_->interface().name);
+  epoll_event events[2];
+  int timeoutMs = 200;
+  while (!stopping_) {
+    int n = epoll_wait(epollFd_.get(), events, 2, timeoutMs);
+    if (n < 0 && errno != EINTR) {
+      log::warn("epoll_wait: {}", strerror(errno));
+      continue;
+    }
+    for (int i = 0; i < n; ++i) {
+      if (events[i].data.u64 != kWakeToken) continue;
+      uint64_t drained;
+      [[maybe_unused]] ssize_t rc = ::read(eventFd_.get(), &drained, sizeof(drained));
+    }
+    MutexLock lock(mu_);
+    // Take the lanes back once their lease has run out with nobody driving.
+    if (callerOwned_ && drivers_ == 0 && Clock::now() >= leaseUntil_) setCallerOwnedLocked(false);
+    timeoutMs = callerOwned_ ? kLeaseMs : 200;
+    if (!callerOwned_) {
+      serviceLanesLocked();
+      if (!armLanesLocked()) timeoutMs = 0;
+    }
+  }
+}
+
+// Small frames arrive through the lane's receive buffer, several per
+// recv(); a large payload is read straight into its destination. A short
+// read means the socket is empty, so no recv() is spent on EAGAIN.
+void LaneDevice::readLocked(Lane& lane) {
+  const uint64_t token = lane.token;
+  size_t budget = kReadBudgetPerEvent;
+  bool drained = false;
+  for (;;) {
+    while (lane.rxBegin < lane.rxEnd) {
+      size_t want;
+      uint8_t* dst = rxDestinationLocked(lane, &want);
+      size_t n = std::min(want, lane.rxEnd - lane.rxBegin);
+      if (dst && n) std::memcpy(dst, lane.rxBuffer.get() + lane.rxBegin, n);
+      lane.rxBegin += n;
+      if (!advanceLocked(lane, n)) return;
+    }
+    lane.rxBegin = lane.rxEnd = 0;
+    if (drained || budget == 0) return;
+    size_t want;
+    uint8_t* dst = rxDestinationLocked(lane, &want);
+    const bool direct = lane.rx == Lane::Rx::kPayload && dst && want >= kDirectReadBytes;
+    uint8_t* into = direct ? dst : lane.rxBuffer.get();
+    const size_t ask = direct ? want : kRxBufferBytes;
+    ssize_t rc = lane.conduit->read(into, ask);
+    if (rc <= 0) {
+      if (rc < 0 && (errno == EAGAIN || errno == EINTR)) return;
+      MemberId remote = lane.key.remote;
+      Peer& p = peers_[remote];
+      // After our goodbye a peer closes its end instead of answering: orderly.
+      if (lane.saidGoodbye || closing_) {
+        closeLaneLocked(lane);
+        markLeftLocked(p);
+        return;
+      }
+      std::string why = rc == 0 ? "closed the connection" : fmt::format("connection error: {}", strerror(errno));
+      failPeerLocked(remote, ecclRemoteError, fmt::format("peer {} {} (lane {})", p.label, why, lane.key.lane), true);
+      return;
+    }
+    size_t got = static_cast<size_t>(rc);
+    stats_.bytesReceived += got;
+    budget -= std::min(budget, got);
+    drained = got < ask;
+    if (!direct) {
+      lane.rxEnd = got;
+    } else if (!advanceLocked(lane, got)) {
+      return;
+    }
+    if (lane.token != token) return;
+  }
+}
+
+// Where the next bytes of the current frame go (null: skipped) and how many
+// it still needs.
+uint8_t* LaneDevice::rxDestinationLocked(Lane& lane, size_t* want) {
+  if (lane.rx == Lane::Rx::kHeader) {
+    *want = FrameHeader::kSize - lane.headerGot;
+    return lane.header + lane.headerGot;
+  }
+  if (lane.rx == Lane::Rx::kSignature) {
+    *want = FrameHeader::kSignatureBytes - lane.signatureGot;
+    return lane.signature + lane.signatureGot;
+  }
+  *want = lane.frame.length - lane.payloadGot;
+  if (lane.frame.type != FrameType::kData) return lane.control.data() + lane.payloadGot;
+  return lane.discarding ? nullptr : lane.target + lane.payloadGot;
+}
+
+// Accounts for `got` bytes of the current frame; false once the lane is
+// closed or failed (its remaining bytes must not be looked at).
+bool LaneDevice::advanceLocked(Lane& lane, size_t got) {
+  const uint64_t token = lane.token;
+  if (lane.rx == Lane::Rx::kHeader) {
+    lane.headerGot += got;
+    if (lane.headerGot < FrameHeader::kSize) return true;
+    lane.headerGot = 0;
+    if (!onHeaderLocked(lane)) return false;
+    if (lane.rx == Lane::Rx::kSignature) return true;
+  } else if (lane.rx == Lane::Rx::kSignature) {
+    lane.signatureGot += got;
+    if (lane.signatureGot < FrameHeader::kSignatureBytes) return true;
+    if (!onSignatureLocked(lane)) return false;
+  } else {
+    lane.payloadGot += got;
+  }
+  if (lane.payloadGot < lane.frame.length) return true;
+  lane.rx = Lane::Rx::kHeader;
+  if (lane.frame.type == FrameType::kData)
+    onPayloadDoneLocked(lane);
+  else
+    onControlLocked(lane);
+  return lane.token == token;
+}
+
+bool LaneDevice::onHeaderLocked(Lane& lane) {
+  std::string why;
+  auto h = decodeFrame(lane.header, &why);
+  MemberId remote = lane.key.remote;
+  if (h && h->commId != opt_.commId)
+    why = fmt::format("frame for communicator {:016x}, this is {:016x}", h->commId, opt_.commId), h.reset();
+  if (!h) {
+    stats_.framesRejected++;
+    failPeerLocked(remote, ecclRemoteError,
+                   fmt::format("peer {} sent a malformed frame on lane {} ({}); connection dropped",
+                               labelLocked(remote), lane.key.lane, why),
+                   true);
+    return false;
+  }
+  lane.frame = *h;
+  lane.target = nullptr;
+  lane.discarding = true;
+  lane.rx = Lane::Rx::kPayload;
+  lane.payloadGot = 0;
+  if (h->type != FrameType::kData) {
+    lane.control.assign(h->length, 0);
+    return true;
+  }
+  if (h->flags & FrameHeader::kCallSignature) {
+    lane.rx = Lane::Rx::kSignature;
+    lane.signatureGot = 0;
+    return true;
+  }
+  return onDataFrameLocked(lane, nullptr);
+}
+
+bool LaneDevice::onSignatureLocked(Lane& lane) {
+  lane.rx = Lane::Rx::kPayload;
+  std::string why = "its checksum does not match";
+  std::optional<CallSignature> sig;
+  if (crc32c(lane.signature, FrameHeader::kSignatureBytes) == lane.frame.signatureCrc)
+    sig = decodeSignature(lane.signature, &why);
+  if (!sig) {
+    stats_.framesRejected++;
+    failPeerLocked(lane.key.remote, ecclRemoteError,
+                   fmt::format("peer {} sent a malformed call signature on lane {} ({}); connection dropped",
+                               labelLocked(lane.key.remote), lane.key.lane, why),
+                   true);
+    return false;
+  }
+  return onDataFrameLocked(lane, &*sig);
+}
+
+// Finds where a data frame's payload goes, once its header (and call
+// signature) are in.
+bool LaneDevice::onDataFrameLocked(Lane& lane, const CallSignature* signature) {
+  const FrameHeader* h = &lane.frame;
+  MemberId remote = lane.key.remote;
+  if (h->epoch < epoch_) {
+    stats_.staleFramesDropped++;
+    log::trace("dropped a stale frame from {} (epoch {} < {})", labelLocked(remote), h->epoch, epoch_);
+    return true;  // the payload is read and discarded
+  }
+  if (signature && FrameHeader::isCollective(h->seq)) {
+    if (auto m = signatures_.remote(h->epoch, h->seq, remote, *signature)) {
+      callMismatchLocked(remote, h->seq, m->mine, m->theirs);
+      return true;  // discarded: the op is dead
+    }
+  }
+  InboxKey key{h->epoch, remote, h->seq, h->tag};
+  auto it = inbox_.find(key);
+  if (it == inbox_.end()) {
+    Inbox& box = inbox_[key];
+    box.unexpected = true;
+    box.total = h->total;
+    try {
+      takeStagingLocked(box, h->total);
+    } catch (const std::bad_alloc&) {
+      inbox_.erase(key);
+      failPeerLocked(remote, ecclSystemError,
+                     fmt::format("peer {} sent an unexpected message of {} bytes that cannot be staged",
+                                 labelLocked(remote), h->total),
+                     true);
+      return false;
+    }
+    it = inbox_.find(key);
+  }
+  Inbox& box = it->second;
+  if (signature && !FrameHeader::isCollective(h->seq) && !FrameHeader::survivesRevocation(h->seq)) {
+    box.sent = *signature;
+    if (box.request && box.expected && !signaturesAgree(*box.expected, *signature)) {
+      callMismatchLocked(remote, h->seq, *box.expected, *signature);
+      return true;  // the revocation failed and dropped the receive
+    }
+  }
+  if (box.total != h->total) {
+    // The sender's message size disagrees with the posted receive: fail the
+    // receive, discard this message, keep the connection.
+    if (box.request)
+      completeLocked(box.request, ecclInvalidUsage,
+                     fmt::format("peer {} sent {} bytes where {} were expected (mismatched counts or types)",
+                                 labelLocked(remote), h->total, box.total));
+    inbox_.erase(it);
+    return true;
+  }
+  if (h->flags & FrameHeader::kPayloadChecksum) box.checksummed = true, box.crc = h->payloadCrc;
+  lane.inboxKey = key;
+  lane.target = box.base() + h->offset;
+  lane.discarding = false;
+  return true;
+}
+
+// Staging buffers are reused: a fresh one per early message would cost a
+// page fault per 4 KiB on every large op whose peer started first.
+void LaneDevice::takeStagingLocked(Inbox& box, size_t bytes) {
+  auto best = stagingPool_.end();
+  for (auto it = stagingPool_.begin(); it != stagingPool_.end(); ++it)
+    if (it->second >= bytes && (best == stagingPool_.end() || it->second < best->second)) best = it;
+  if (best != stagingPool_.end()) {
+    box.staged = std::move(best->first);
+    box.stagedCapacity = best->second;
+    stagingPoolBytes_ -= best->second;
+    stagingPool_.erase(best);
+    return;
+  }
+  box.staged.reset(new uint8_t[std::max<size_t>(bytes, 1)]);
+  box.stagedCapacity = bytes;
+}
+
+void LaneDevice::recycleStagingLocked(Inbox& box) {
+  constexpr size_t kPoolLimitBytes = size_t(256) << 20;
+  if (!box.staged || stagingPoolBytes_ + box.stagedCapacity > kPoolLimitBytes) return;
+  stagingPoolBytes_ += box.stagedCapacity;
+  stagingPool_.emplace_back(std::move(box.staged), box.stagedCapacity);
+  box.stagedCapacity = 0;
+}
+
+// A message whose sender attached a CRC32C is verified once whole; a
+// mismatch fails that receive only (the connection and the view stay).
+bool LaneDevice::checksumHoldsLocked(Inbox& box, const std::string& peerLabel) {
+  if (!box.checksummed) return true;
+  uint32_t got = crc32c(box.base(), box.total);
+  if (got == box.crc) return true;
+  completeLocked(box.request, ecclRemoteError,
+                 fmt::format("the {}-byte message from peer {} failed its checksum (CRC32C {:08x} expected, the data "
+                             "has {:08x}): a corrupted record",
+                             box.total, peerLabel, box.crc, got));
+  return false;
+}
+
+void LaneDevice::onPayloadDoneLocked(Lane& lane) {
+  if (lane.discarding) return;
+  auto it = inbox_.find(lane.inboxKey);
+  if (it == inbox_.end()) return;
+  Inbox& box = it->second;
+  box.received += lane.frame.length;
+  if (box.received < box.total || !box.request) return;
+  if (!checksumHoldsLocked(box, labelLocked(lane.key.remote))) {
+    inbox_.erase(it);
+    return;
+  }
+  if (box.unexpected && box.total) std::memcpy(box.userBuffer, box.staged.get(), box.total);
+  recycleStagingLocked(box);
+  completeLocked(box.request, ecclSuccess, {});
+  inbox_.erase(it);
+}
+
+}  // namespace eccl::transport::lanes

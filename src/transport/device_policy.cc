@@ -1,0 +1,290 @@
+#include "transport/lane_device.h"
+
+namespace eccl::transport::lanes {
+
+bool LaneDevice::pingLocked(MemberId member, uint64_t seq) {
+  auto it = peers_.find(member);
+  if (it == peers_.end() || it->second.lanes.empty() || !it->second.lanes[0]->conduit) return false;
+  std::vector<uint8_t> payload;
+  if (seq != 0 && FrameHeader::isCollective(seq) && signatures_.mine(epoch_, seq)) {
+    payload.resize(8);
+    std::memcpy(payload.data(), &seq, 8);
+  }
+  queueControlLocked(*it->second.lanes[0], FrameType::kPing, std::move(payload));
+  return true;
+}
+
+// A ping that names a collective asks what the peer called there: two ranks
+// that disagree without sending each other anything (both think they are
+// the root of a reduce) learn it at the deadline instead of declaring a
+// live peer failed.
+void LaneDevice::answerPingLocked(Lane& lane) {
+  std::vector<uint8_t> payload;
+  if (lane.control.size() == 8) {
+    uint64_t seq;
+    std::memcpy(&seq, lane.control.data(), 8);
+    payload.assign(lane.control.begin(), lane.control.end());
+    if (auto mine = signatures_.mine(lane.frame.epoch, seq); mine && lane.frame.epoch == epoch_) {
+      payload.resize(8 + CallSignature::kWireBytes);
+      encodeSignature(*mine, payload.data() + 8);
+    }
+  }
+  queueControlLocked(lane, FrameType::kPong, std::move(payload));
+}
+
+void LaneDevice::onPongSignatureLocked(Lane& lane) {
+  if (lane.control.size() != 8 + CallSignature::kWireBytes || lane.frame.epoch != epoch_) return;
+  uint64_t seq;
+  std::memcpy(&seq, lane.control.data(), 8);
+  auto mine = signatures_.mine(epoch_, seq);
+  auto theirs = decodeSignature(lane.control.data() + 8, nullptr);
+  if (mine && theirs && !signaturesAgree(*mine, *theirs)) callMismatchLocked(lane.key.remote, seq, *mine, *theirs);
+}
+
+bool LaneDevice::revokesLocked(uint64_t seq) const {
+  if (revokedCode_ == ecclSuccess || FrameHeader::survivesRevocation(seq)) return false;
+  return !(FrameHeader::isCollective(seq) && seq < revokedFromSeq_);
+}
+
+void LaneDevice::revokeLocked(ecclResult_t code, const std::string& reason, uint64_t fromSeq) {
+  if (revokedCode_ != ecclSuccess) return;
+  revokedCode_ = code;
+  revokedReason_ = reason;
+  revokedFromSeq_ = fromSeq;
+  // Failed sends must never read their buffers again: drop queued data
+  // frames. A half-written one is finished from a private copy of its tail,
+  // so the lane stays whole and is inherited by the next view (the receiver
+  // discards the frame as part of a dead op).
+  for (auto& [id, p] : peers_) {
+    for (auto& lane : p.lanes) {
+      std::deque<SendItem> keep;
+      for (auto& item : lane->sendQueue) {
+        if (item.request && !revokesLocked(item.request->seq)) {
+          keep.push_back(std::move(item));
+          continue;
+        }
+        if (item.request) completeLocked(item.request, code, reason);
+        bool torn = item.request && item.done > 0;
+        if (torn) {
+          item.owned.assign(item.data, item.data + item.length);
+          item.data = item.owned.data();
+          item.request.reset();
+          keep.push_back(std::move(item));
+        } else if (!item.request) {
+          keep.push_back(std::move(item));
+        }
+      }
+      lane->sendQueue = std::move(keep);
+    }
+  }
+  // Buffers of failed receives must never be written again.
+  for (auto box = inbox_.begin(); box != inbox_.end();) {
+    bool dies = box->second.request && revokesLocked(box->second.request->seq);
+    if (dies) completeLocked(box->second.request, code, reason);
+    box = dies ? inbox_.erase(box) : std::next(box);
+  }
+  discardOrphanedPayloadsLocked();
+}
+
+void LaneDevice::floodRevokeLocked(ecclResult_t code, const std::string& reason, uint64_t fromSeq) {
+  for (auto& [id, other] : peers_) {
+    if (other.state == Peer::State::kFailed || other.lanes.empty() || other.role == PeerRole::kCandidate) continue;
+    Lane& lane = *other.lanes[0];
+    if (!lane.conduit) continue;
+    std::vector<uint8_t> payload(12 + reason.size());
+    std::memcpy(payload.data(), &fromSeq, 8);
+    auto c = static_cast<uint32_t>(code);
+    std::memcpy(payload.data() + 8, &c, 4);
+    std::memcpy(payload.data() + 12, reason.data(), reason.size());
+    if (payload.size() > FrameHeader::kMaxControlPayload) payload.resize(FrameHeader::kMaxControlPayload);
+    queueControlLocked(lane, FrameType::kRevoke, std::move(payload));
+  }
+}
+
+// Each collective enters this rank's signature as it starts; a peer's
+// frame that got here first is compared now.
+void LaneDevice::checkLocalSignatureLocked(uint64_t seq, const CallSignature& mine) {
+  if (seq == lastCheckedSeq_) return;
+  lastCheckedSeq_ = seq;
+  if (auto m = signatures_.local(epoch_, seq, mine)) callMismatchLocked(m->peer, seq, mine, m->theirs);
+}
+
+// Ranks disagree about a call: from this op on the communicator is
+// revoked with ecclInvalidUsage naming both calls, here and everywhere
+// (the ranks that agreed would otherwise wait for data that never comes).
+void LaneDevice::callMismatchLocked(MemberId peer, uint64_t seq, const CallSignature& mine,
+                                   const CallSignature& theirs) {
+  if (revokedCode_ != ecclSuccess) return;  // revoked already, for a reason that came first
+  bool collective = FrameHeader::isCollective(seq);
+  std::string reason = fmt::format("ranks disagree about {} (epoch {}): {} called {}, {} called {}",
+                                   collective ? fmt::format("collective op {}", seq) : std::string("a send/recv pair"),
+                                   epoch_, selfLabel_, describe(mine), labelLocked(peer), describe(theirs));
+  log::warn("{}", reason);
+  uint64_t fromSeq = collective ? seq : 0;
+  revokeLocked(ecclInvalidUsage, reason, fromSeq);
+  floodRevokeLocked(ecclInvalidUsage, reason, fromSeq);
+  if (onRevoked) onRevoked(ecclInvalidUsage, reason);
+}
+
+void LaneDevice::discardOrphanedPayloadsLocked() {
+  for (auto& [token, lane] : lanesByToken_)
+    if (lane->rx == Lane::Rx::kPayload && lane->frame.type == FrameType::kData && !inbox_.count(lane->inboxKey))
+      lane->discarding = true;
+}
+
+void LaneDevice::failPeerLocked(MemberId member, ecclResult_t code, const std::string& reason, bool flood) {
+  auto it = peers_.find(member);
+  if (it == peers_.end()) return;
+  Peer& p = it->second;
+  if (p.state == Peer::State::kFailed) return;
+  bool wasLeft = p.state == Peer::State::kLeft;
+  p.state = Peer::State::kFailed;
+  p.failCode = code;
+  p.failReason = reason;
+  cv_.notifyAll();  // connectNow may be waiting for this peer to dial us
+  log::warn("member {}: {}", opt_.self, reason);
+  for (auto& lane : p.lanes) {
+    for (auto& item : lane->sendQueue)
+      if (item.request) completeLocked(item.request, code, reason);
+    closeLaneLocked(*lane);
+  }
+  for (auto box = inbox_.begin(); box != inbox_.end();) {
+    if (box->first.peer != member) {
+      ++box;
+      continue;
+    }
+    if (box->second.request) completeLocked(box->second.request, code, reason);
+    box = inbox_.erase(box);
+  }
+  // Nothing is anyone's failure once we are closing ourselves. A peer that
+  // left in order is nobody's failure either, until someone says otherwise:
+  // a notice about it (the coordinator's, or a peer's that needed it) means
+  // the view is broken, and ops waiting on others must end too.
+  if (closing_ || (wasLeft && !flood)) return;
+  if (p.role == PeerRole::kCandidate) {
+    candidateFailed_.insert(member);
+    cv_.notifyAll();
+    return;  // not in the view: the coordinator decides what its loss means
+  }
+  if (onPeerFailure) onPeerFailure(member, code, reason);
+  revokeLocked(code == ecclTimeout ? ecclTimeout : ecclRemoteError, reason);
+  if (flood) floodNoticeLocked(member, reason);
+}
+
+// Tells everyone we are connected to, so ranks that wait on a live
+// neighbour of the failed member learn its name at once.
+void LaneDevice::floodNoticeLocked(MemberId member, const std::string& reason) {
+  for (auto& [id, other] : peers_) {
+    if (id == member || other.state == Peer::State::kFailed || other.lanes.empty() ||
+        other.role == PeerRole::kCandidate)
+      continue;
+    Lane& lane = *other.lanes[0];
+    if (!lane.conduit) continue;
+    std::vector<uint8_t> payload(8 + reason.size());
+    std::memcpy(payload.data(), &member, 8);
+    std::memcpy(payload.data() + 8, reason.data(), reason.size());
+    if (payload.size() > FrameHeader::kMaxControlPayload) payload.resize(FrameHeader::kMaxControlPayload);
+    queueControlLocked(lane, FrameType::kNotice, std::move(payload));
+  }
+}
+
+void LaneDevice::markLeftLocked(Peer& p) {
+  // A lane the peer opened but we have not accepted yet still carries data.
+  bool allSaid = std::all_of(p.lanes.begin(), p.lanes.end(),
+                             [](auto& l) { return l->saidGoodbye || (l->opened && !l->conduit); });
+  if (!allSaid || p.state == Peer::State::kFailed) return;
+  std::string reason = fmt::format("peer {} has left (it destroyed its communicator)", p.label);
+  for (auto& lane : p.lanes) {
+    for (auto& item : lane->sendQueue)
+      if (item.request) completeLocked(item.request, ecclRemoteError, reason);
+    closeLaneLocked(*lane);
+  }
+  cv_.notifyAll();
+  if (p.state == Peer::State::kLeft) return;
+  p.state = Peer::State::kLeft;
+  p.failCode = ecclRemoteError;
+  p.failReason = reason;
+  // Its goodbye followed its last data on every lane, so whole messages it
+  // sent before leaving stay receivable; only what can never arrive fails.
+  bool needed = false;
+  for (auto box = inbox_.begin(); box != inbox_.end();) {
+    bool lost = box->first.peer == p.id && box->second.received < box->second.total;
+    if (lost && box->second.request) completeLocked(box->second.request, ecclRemoteError, reason), needed = true;
+    box = lost ? inbox_.erase(box) : std::next(box);
+  }
+  if (needed) leftPeerNeededLocked(p);
+}
+
+// An op needed a member that left in order (mid-job, not at its end): the
+// view is broken like after a failure, and everyone must hear it, or ranks
+// waiting on us wait for the deadline.
+void LaneDevice::leftPeerNeededLocked(Peer& p) {
+  if (p.leftReported || closing_ || p.role == PeerRole::kCandidate) return;
+  p.leftReported = true;
+  if (onPeerFailure) onPeerFailure(p.id, ecclRemoteError, p.failReason);
+  revokeLocked(ecclRemoteError, p.failReason);
+  floodNoticeLocked(p.id, p.failReason);
+}
+
+void LaneDevice::queueControlLocked(Lane& lane, FrameType type, std::vector<uint8_t> payload) {
+  SendItem item;
+  FrameHeader h;
+  h.type = type;
+  h.epoch = epoch_;
+  h.commId = opt_.commId;
+  h.length = static_cast<uint32_t>(payload.size());
+  encodeFrame(h, item.header);
+  item.owned = std::move(payload);
+  item.data = item.owned.data();
+  item.length = item.owned.size();
+  lane.sendQueue.push_back(std::move(item));
+  // The deque keeps elements in place, so data keeps pointing at owned.
+  flushLocked(lane);
+}
+
+void LaneDevice::onControlLocked(Lane& lane) {
+  MemberId remote = lane.key.remote;
+  Peer& p = peers_[remote];
+  if (lane.frame.type == FrameType::kGoodbye) {
+    lane.saidGoodbye = true;
+    markLeftLocked(p);
+    return;
+  }
+  if (lane.frame.type == FrameType::kPing) {
+    answerPingLocked(lane);
+    return;
+  }
+  if (lane.frame.type == FrameType::kPong) {
+    p.lastPong = Clock::now();
+    onPongSignatureLocked(lane);
+    cv_.notifyAll();
+    return;
+  }
+  if (lane.frame.type == FrameType::kRevoke) {
+    uint64_t fromSeq;
+    uint32_t code;
+    std::memcpy(&fromSeq, lane.control.data(), 8);
+    std::memcpy(&code, lane.control.data() + 8, 4);
+    std::string reason(reinterpret_cast<char*>(lane.control.data()) + 12, lane.control.size() - 12);
+    if (lane.frame.epoch != epoch_ || revokedCode_ != ecclSuccess) return;  // another view's, or known
+    auto result = code > ecclSuccess && code < ecclNumResults ? static_cast<ecclResult_t>(code) : ecclRemoteError;
+    std::string why = fmt::format("{} (heard from {})", reason, p.label);
+    revokeLocked(result, why, fromSeq);
+    floodRevokeLocked(result, reason, fromSeq);
+    if (onRevoked) onRevoked(result, why);
+    return;
+  }
+  MemberId failed;
+  std::memcpy(&failed, lane.control.data(), 8);
+  std::string reason(reinterpret_cast<char*>(lane.control.data()) + 8, lane.control.size() - 8);
+  if (failed == opt_.self) {
+    log::warn("peer {} reports this member failed: {}", p.label, reason);
+    return;
+  }
+  auto it = peers_.find(failed);
+  if (it == peers_.end() || it->second.state == Peer::State::kFailed) return;
+  failPeerLocked(failed, ecclRemoteError,
+                 fmt::format("peer {} failed (reported by {}: {})", it->second.label, p.label, reason), true);
+}
+
+}  // namespace eccl::transport::lanes

@@ -1,0 +1,333 @@
+// The device's internals, shared by its three files: device.cc (the
+// connection table: peers, dialing, accepting, lanes, view changes),
+// device_io.cc (moving frames: posting, driving, reading and parsing) and
+// device_policy.cc (what failures, departures, disagreements and liveness
+// probes do). Nothing outside src/transport includes this; see device.h.
+#pragma once
+
+#include "transport/device.h"
+
+#include <sys/epoll.h>
+#include <poll.h>
+#include <sched.h>
+#include <sys/eventfd.h>
+#include <sys/uio.h>
+#include <unistd.h>
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <optional>
+#include <set>
+#include <thread>
+#include <vector>
+#include "membership/handshake.h"
+#include "common/crypto.h"
+#include "common/error.h"
+#include "common/log.h"
+#include "common/mutex.h"
+#include "common/netif.h"
+#include "common/socket.h"
+#include "transport/conduit.h"
+#include "transport/frame.h"
+#include "transport/shm/backend.h"
+#include "transport/tcp/backend.h"
+#include "transport/tcp/nic_affinity.h"
+
+namespace eccl::transport::lanes {
+
+
+// Each thread that drives a wait has one eventfd, created on first use, by
+// which other threads wake it when they complete its request.
+class ThreadWakeFd {
+ public:
+  ~ThreadWakeFd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  int get() {
+    if (fd_ < 0) fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    return fd_;
+  }
+  int peek() const { return fd_; }
+
+ private:
+  int fd_ = -1;
+};
+inline thread_local ThreadWakeFd t_wakeFd;
+inline int threadWakeFd() { return t_wakeFd.peek(); }
+
+inline void cpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+constexpr size_t kReadBudgetPerEvent = 8 << 20;  // fairness between sockets
+constexpr size_t kRxBufferBytes = 32 << 10;
+constexpr size_t kDirectReadBytes = 8 << 10;  // payloads this large skip the receive buffer
+constexpr uint64_t kWakeToken = 0;   // lane tokens start at 1
+constexpr uint64_t kLanesToken = 1;  // in the progress thread's epoll only
+// After a caller's wait the lanes stay with callers this long, so the next
+// op's data does not wake the progress thread; it bounds how late an idle
+// member answers a ping or notices a hang-up.
+constexpr int64_t kLeaseMs = 2;
+
+struct SendItem {
+  uint8_t header[FrameHeader::kSize + FrameHeader::kSignatureBytes];
+  size_t headerBytes = FrameHeader::kSize;  // with the call signature, when there is one
+  const uint8_t* data = nullptr;
+  size_t length = 0;
+  size_t done = 0;  // bytes written, header included
+  RequestPtr request;  // null for control frames
+  std::vector<uint8_t> owned;  // control payloads
+};
+
+// One message being received, posted or not.
+struct Inbox {
+  RequestPtr request;          // null while nobody has posted the receive
+  uint8_t* userBuffer = nullptr;
+  // Data that arrived before the receive was posted (uninitialised, from
+  // the device's pool of staging buffers).
+  std::unique_ptr<uint8_t[]> staged;
+  size_t stagedCapacity = 0;
+  bool unexpected = false;
+  size_t total = 0;
+  size_t received = 0;
+  bool checksummed = false;  // the sender sent the message's CRC32C
+  uint32_t crc = 0;
+  // Point-to-point call signatures: the receiver's and the sender's.
+  std::optional<CallSignature> expected, sent;
+  uint8_t* base() { return unexpected ? staged.get() : userBuffer; }
+};
+
+struct InboxKey {
+  uint32_t epoch;  // a message belongs to one view; older ones die with it
+  MemberId peer;
+  uint64_t seq;
+  uint32_t tag;
+  auto operator<=>(const InboxKey&) const = default;
+};
+
+struct Lane {
+  ConnKey key;
+  uint64_t token = 0;  // epoll cookie; 0 while unconnected
+  std::unique_ptr<Conduit> conduit;
+  bool wantOut = false;
+  bool saidGoodbye = false;  // the peer's goodbye arrived on this lane
+  bool opened = false;       // connected once (it may be closed again)
+  std::deque<SendItem> sendQueue;
+  // Receive state machine, touched only by the progress thread.
+  enum class Rx { kHeader, kSignature, kPayload } rx = Rx::kHeader;
+  uint8_t header[FrameHeader::kSize];
+  size_t headerGot = 0;
+  uint8_t signature[FrameHeader::kSignatureBytes];
+  size_t signatureGot = 0;
+  std::unique_ptr<uint8_t[]> rxBuffer;  // kRxBufferBytes, bytes [rxBegin, rxEnd) unparsed
+  size_t rxBegin = 0, rxEnd = 0;
+  FrameHeader frame;
+  InboxKey inboxKey{};
+  uint8_t* target = nullptr;
+  bool discarding = false;  // read the payload and drop it (stale or rejected)
+  size_t payloadGot = 0;
+  std::vector<uint8_t> control;
+};
+
+struct Peer {
+  enum class State { kIdle, kConnecting, kUp, kFailed, kLeft };
+  MemberId id = 0;
+  SockAddr address;
+  std::string label;
+  Device::PeerRole role = Device::PeerRole::kViewMember;
+  State state = State::kIdle;
+  ecclResult_t failCode = ecclSuccess;
+  std::string failReason;
+  std::vector<std::unique_ptr<Lane>> lanes;
+  Backend* backend = nullptr;  // chosen by the lane that connects first
+  uint32_t nextLane = 0;
+  Clock::time_point lastPong{};  // the peer's progress thread answered a ping
+  bool leftReported = false;     // left in order, then an op needed it
+};
+
+class LaneDevice final : public Device {
+ public:
+  explicit LaneDevice(const DeviceOptions& o);
+  ~LaneDevice() override;
+
+  MemberId self() const override { return opt_.self; }
+  std::string address() const override { return tcp_->address().str(); }
+  void addPeer(MemberId member, const std::string& address, const std::string& label, PeerRole role) override;
+  uint32_t lanesUp(MemberId member) const override {
+    MutexLock lock(mu_);
+    auto it = peers_.find(member);
+    if (it == peers_.end()) return 0;
+    uint32_t up = 0;
+    for (auto& lane : it->second.lanes) up += bool(lane->conduit);
+    return up;
+  }
+  bool hasPeer(MemberId member) const override {
+    MutexLock lock(mu_);
+    auto it = peers_.find(member);
+    return it != peers_.end() && it->second.state != Peer::State::kFailed && it->second.state != Peer::State::kLeft;
+  }
+  void setEpoch(uint32_t epoch) override {
+    MutexLock lock(mu_);
+    epoch_ = epoch;
+  }
+  void setLabel(const std::string& label) override {
+    MutexLock lock(mu_);
+    selfLabel_ = label;
+  }
+  RequestPtr isend(MemberId peer, uint64_t seq, uint32_t tag, const void* buf, size_t len,
+                   const uint32_t* payloadCrc, const CallSignature* signature) override;
+  RequestPtr irecv(MemberId peer, uint64_t seq, uint32_t tag, void* buf, size_t len,
+                   const CallSignature* signature) override;
+  void beginCall(uint64_t seq, const CallSignature& signature) override {
+    MutexLock lock(mu_);
+    checkLocalSignatureLocked(seq, signature);
+  }
+  void wait(const RequestPtr& request, Deadline deadline, const std::string& opName) override;
+  bool test(const RequestPtr& request, const std::string& opName) override;
+  void progress() override;
+  void failPeer(MemberId member, ecclResult_t code, const std::string& reason) override {
+    MutexLock lock(mu_);
+    // A notice can outrun the view that names the member (the coordinator
+    // fails a rank while this process is still entering that view): it is
+    // kept and applied when the member is added.
+    if (!peers_.count(member)) failedBeforeKnown_[member] = {code, reason};
+    // What the member sent before it died is read first: a survivor that
+    // reported another's failure and then exited often raced its own
+    // notice, and the notice names the real culprit.
+    if (auto it = peers_.find(member); it != peers_.end() && it->second.state != Peer::State::kFailed)
+      for (auto& lane : it->second.lanes)
+        if (lane->conduit && it->second.state != Peer::State::kFailed) readLocked(*lane);
+    failPeerLocked(member, code, reason, /*flood=*/true);
+  }
+  void abort(const std::string& reason) override;
+  void close(Deadline deadline) override;
+  void removePeer(MemberId member) override;
+  void beginEpoch(uint32_t epoch) override;
+  void connectNow(MemberId member, Deadline deadline) override;
+  DeviceStats stats() const override {
+    MutexLock lock(mu_);
+    DeviceStats s = stats_;
+    for (auto& [token, lane] : lanesByToken_) {
+      s.openConnections += lane != nullptr;
+      s.openShmConnections += lane && lane->conduit->pollsMemory();
+    }
+    return s;
+  }
+
+ private:
+  Peer& peerLocked(MemberId member) ECCL_REQUIRES(mu_);
+  std::string labelLocked(MemberId member) ECCL_REQUIRES(mu_);
+  void connectPeer(MemberId member) ECCL_EXCLUDES(mu_);
+  void installLaneLocked(Peer& peer, uint32_t lane, std::unique_ptr<Conduit> conduit) ECCL_REQUIRES(mu_);
+  bool armLanesLocked() ECCL_REQUIRES(mu_);
+  Backend* backendFor(MemberId member, const SockAddr& address, Deadline deadline, const std::string& what,
+                      const std::function<bool()>& giveUp, Fd* stream);
+  void closeLaneLocked(Lane& lane) ECCL_REQUIRES(mu_);
+  void flushLocked(Lane& lane) ECCL_REQUIRES(mu_);
+  void setWantOutLocked(Lane& lane, bool on) ECCL_REQUIRES(mu_);
+  void updateEpollLocked(Lane& lane, int op) ECCL_REQUIRES(mu_);
+  void waitSliceLocked(const RequestPtr& r, Deadline until) ECCL_REQUIRES(mu_);
+  bool driveLocked(const RequestPtr& r, Deadline until) ECCL_REQUIRES(mu_);
+  void setCallerOwnedLocked(bool owned) ECCL_REQUIRES(mu_);
+  void serviceLanesLocked(bool sockets = true) ECCL_REQUIRES(mu_);
+  void completeLocked(const RequestPtr& r, ecclResult_t code, std::string error) ECCL_REQUIRES(mu_);
+  void failPeerLocked(MemberId member, ecclResult_t code, const std::string& reason, bool flood)
+      ECCL_REQUIRES(mu_);
+  void markLeftLocked(Peer& peer) ECCL_REQUIRES(mu_);
+  void acceptLaneLocked(MemberId from, uint32_t lane, Backend* backend, std::unique_ptr<Conduit> conduit,
+                        const std::string& what) ECCL_REQUIRES(mu_);
+  void acceptOne(Backend& backend);
+  void installParkedLocked(MemberId member) ECCL_REQUIRES(mu_);
+  void dropExpiredParkedLocked() ECCL_REQUIRES(mu_);
+  void leftPeerNeededLocked(Peer& peer) ECCL_REQUIRES(mu_);
+  void floodNoticeLocked(MemberId member, const std::string& reason) ECCL_REQUIRES(mu_);
+  void discardOrphanedPayloadsLocked() ECCL_REQUIRES(mu_);
+  void queueControlLocked(Lane& lane, FrameType type, std::vector<uint8_t> payload) ECCL_REQUIRES(mu_);
+  // fromSeq > 0: collectives numbered below it are unaffected (every rank
+  // has sent its part of them), so ranks still finishing one complete it.
+  void revokeLocked(ecclResult_t code, const std::string& reason, uint64_t fromSeq = 0) ECCL_REQUIRES(mu_);
+  bool revokesLocked(uint64_t seq) const ECCL_REQUIRES(mu_);
+  void floodRevokeLocked(ecclResult_t code, const std::string& reason, uint64_t fromSeq) ECCL_REQUIRES(mu_);
+  void checkLocalSignatureLocked(uint64_t seq, const CallSignature& mine) ECCL_REQUIRES(mu_);
+  void callMismatchLocked(MemberId peer, uint64_t seq, const CallSignature& mine, const CallSignature& theirs)
+      ECCL_REQUIRES(mu_);
+  bool pingLocked(MemberId member, uint64_t seq = 0) ECCL_REQUIRES(mu_);
+  void answerPingLocked(Lane& lane) ECCL_REQUIRES(mu_);
+  void onPongSignatureLocked(Lane& lane) ECCL_REQUIRES(mu_);
+
+  void progressLoop();
+  void acceptLoop();
+  void readLocked(Lane& lane) ECCL_REQUIRES(mu_);
+  uint8_t* rxDestinationLocked(Lane& lane, size_t* want) ECCL_REQUIRES(mu_);
+  bool advanceLocked(Lane& lane, size_t got) ECCL_REQUIRES(mu_);
+  bool onHeaderLocked(Lane& lane) ECCL_REQUIRES(mu_);
+  bool onSignatureLocked(Lane& lane) ECCL_REQUIRES(mu_);
+  bool onDataFrameLocked(Lane& lane, const CallSignature* signature) ECCL_REQUIRES(mu_);
+  void onPayloadDoneLocked(Lane& lane) ECCL_REQUIRES(mu_);
+  bool checksumHoldsLocked(Inbox& box, const std::string& peerLabel) ECCL_REQUIRES(mu_);
+  void takeStagingLocked(Inbox& box, size_t bytes) ECCL_REQUIRES(mu_);
+  void recycleStagingLocked(Inbox& box) ECCL_REQUIRES(mu_);
+  void onControlLocked(Lane& lane) ECCL_REQUIRES(mu_);
+  void wakeLoop();
+
+  const DeviceOptions opt_;
+  // Back ends in the order a dial tries them.
+  std::unique_ptr<TcpBackend> tcp_;
+  std::unique_ptr<shm::ShmBackend> shm_;
+  std::vector<Backend*> backends_;
+  // The progress thread sleeps on epollFd_, which holds the eventfd and
+  // laneEpoll_; laneEpoll_ holds every connection. While callers drive the
+  // lanes (and for a short lease after, so back-to-back ops keep them),
+  // laneEpoll_ is silenced in epollFd_ and the progress thread stays asleep.
+  Fd epollFd_;
+  Fd laneEpoll_;
+  Fd eventFd_;
+  std::atomic<bool> stopping_{false};
+  std::thread progressThread_;
+  std::thread acceptThread_;
+
+  mutable Mutex mu_;
+  CondVar cv_;
+  uint32_t epoch_ ECCL_GUARDED_BY(mu_) = 0;
+  bool aborted_ ECCL_GUARDED_BY(mu_) = false;
+  bool closing_ ECCL_GUARDED_BY(mu_) = false;  // our goodbyes are out
+  std::string abortReason_ ECCL_GUARDED_BY(mu_);
+  // Set by the first peer failure: every pending and later op fails with
+  // this reason, so all ranks report the member that actually failed.
+  ecclResult_t revokedCode_ ECCL_GUARDED_BY(mu_) = ecclSuccess;
+  std::string revokedReason_ ECCL_GUARDED_BY(mu_);
+  uint64_t revokedFromSeq_ ECCL_GUARDED_BY(mu_) = 0;
+  std::string selfLabel_ ECCL_GUARDED_BY(mu_) = "this rank";
+  SignatureBook<MemberId> signatures_ ECCL_GUARDED_BY(mu_);
+  uint64_t lastCheckedSeq_ ECCL_GUARDED_BY(mu_) = 0;  // the collective whose local signature is in the book
+  std::map<MemberId, Peer> peers_ ECCL_GUARDED_BY(mu_);
+  std::map<MemberId, std::pair<ecclResult_t, std::string>> failedBeforeKnown_ ECCL_GUARDED_BY(mu_);
+  std::set<MemberId> candidateFailed_ ECCL_GUARDED_BY(mu_);  // failed while only a candidate
+  struct Parked {
+    MemberId from;
+    uint32_t lane;
+    Backend* backend;
+    std::unique_ptr<Conduit> conduit;
+    Deadline deadline;
+    std::string what;
+  };
+  std::vector<Parked> parked_ ECCL_GUARDED_BY(mu_);  // authenticated, from a member not known yet
+  std::map<uint64_t, Lane*> lanesByToken_ ECCL_GUARDED_BY(mu_);
+  std::vector<Lane*> memoryLanes_ ECCL_GUARDED_BY(mu_);  // lanes that pollsMemory()
+  uint64_t nextToken_ ECCL_GUARDED_BY(mu_) = 1;
+  std::map<InboxKey, Inbox> inbox_ ECCL_GUARDED_BY(mu_);
+  bool callerOwned_ ECCL_GUARDED_BY(mu_) = false;
+  int drivers_ ECCL_GUARDED_BY(mu_) = 0;
+  Clock::time_point leaseUntil_ ECCL_GUARDED_BY(mu_){};
+  std::vector<std::pair<std::unique_ptr<uint8_t[]>, size_t>> stagingPool_ ECCL_GUARDED_BY(mu_);
+  size_t stagingPoolBytes_ ECCL_GUARDED_BY(mu_) = 0;
+  DeviceStats stats_ ECCL_GUARDED_BY(mu_);
+};
+
+}  // namespace eccl::transport::lanes

@@ -1,0 +1,154 @@
+// Collectives on device buffers through the C API, 2 to 4 ranks sharing
+// the GPUs present: every result is compared with the same collective on
+// host buffers (the CPU reference), and the stream semantics are checked
+// (the call returns before the work is done; later work on the stream sees
+// the result). Skips with the reason where there is no GPU.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#include "tests/support/multiproc.h"
+
+namespace eccl::test {
+namespace {
+
+// CUDA must not be initialised in the parent of the ranks (a forked child
+// cannot use it), so a child answers whether a GPU is there.
+bool gpuPresent(std::string* why) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    int n = 0;
+    _exit(cudaGetDeviceCount(&n) == cudaSuccess && n > 0 ? 0 : 1);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return true;
+  *why = "no CUDA GPU on this machine";
+  return false;
+}
+
+#define CUDA_OK(call) RANK_CHECK((call) == cudaSuccess, #call)
+
+std::vector<float> pattern(int rank, size_t n) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<float>((i * 7 + rank * 13) % 251) - 125.0f;
+  return v;
+}
+
+class DeviceCollectives : public ::testing::TestWithParam<int> {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!gpuPresent(&why)) GTEST_SKIP() << why;
+    setenv("ECCL_SOCKET_IFNAME", "lo", 1);
+  }
+};
+
+// Sizes straddle ECCL_GPU_CHUNK_BYTES (64 KiB here) so ops run in several
+// chunks with a short last one.
+TEST_P(DeviceCollectives, EveryCollectiveMatchesTheHostPath) {
+  setenv("ECCL_GPU_CHUNK_BYTES", "65536", 1);
+  ProcessGroup group(GetParam(), [](int rank, int n, const ecclUniqueId& id) {
+    int devices = 0;
+    CUDA_OK(cudaGetDeviceCount(&devices));
+    CUDA_OK(cudaSetDevice(rank % devices));
+    ecclComm_t comm;
+    RANK_OK(ecclCommInitRank(&comm, n, id, rank), nullptr);
+    cudaStream_t stream;
+    CUDA_OK(cudaStreamCreate(&stream));
+    for (size_t count : {size_t{0}, size_t{1}, size_t{1000}, size_t{40000}, size_t{300000}}) {
+      const size_t bytes = count * sizeof(float);
+      auto in = pattern(rank, count);
+      std::vector<float> want(count * n), got(count * n);
+      float *dIn, *dOut;
+      CUDA_OK(cudaMalloc(&dIn, std::max<size_t>(bytes, 4)));
+      CUDA_OK(cudaMalloc(&dOut, std::max<size_t>(bytes * n, 4)));
+      CUDA_OK(cudaMemcpy(dIn, in.data(), bytes, cudaMemcpyHostToDevice));
+      auto check = [&](const char* what, size_t elems) {
+        CUDA_OK(cudaStreamSynchronize(stream));
+        CUDA_OK(cudaMemcpy(got.data(), dOut, elems * sizeof(float), cudaMemcpyDeviceToHost));
+        RANK_CHECK(std::memcmp(got.data(), want.data(), elems * sizeof(float)) == 0,
+                   std::string(what) + " differs from the host path at count " + std::to_string(count));
+        ecclResult_t async = ecclSuccess;
+        RANK_OK(ecclCommGetAsyncError(comm, &async), comm);
+        RANK_CHECK(async == ecclSuccess, std::string(what) + ": async error " + ecclGetLastError(comm));
+      };
+      RANK_OK(ecclAllReduce(in.data(), want.data(), count, ecclFloat32, ecclSum, comm, nullptr), comm);
+      RANK_OK(ecclAllReduce(dIn, dOut, count, ecclFloat32, ecclSum, comm, stream), comm);
+      check("allreduce", count);
+      RANK_OK(ecclBroadcast(in.data(), want.data(), count, ecclFloat32, n - 1, comm, nullptr), comm);
+      RANK_OK(ecclBroadcast(dIn, dOut, count, ecclFloat32, n - 1, comm, stream), comm);
+      check("broadcast", count);
+      if (count > 0) {
+        RANK_OK(ecclAllGather(in.data(), want.data(), count, ecclFloat32, comm, nullptr), comm);
+        RANK_OK(ecclAllGather(dIn, dOut, count, ecclFloat32, comm, stream), comm);
+        check("allgather", count * n);
+        const size_t part = count / n;
+        if (part > 0) {
+          RANK_OK(ecclReduceScatter(in.data(), want.data(), part, ecclFloat32, ecclMax, comm, nullptr), comm);
+          RANK_OK(ecclReduceScatter(dIn, dOut, part, ecclFloat32, ecclMax, comm, stream), comm);
+          check("reducescatter", part);
+          RANK_OK(ecclAllToAll(in.data(), want.data(), part, ecclFloat32, comm, nullptr), comm);
+          RANK_OK(ecclAllToAll(dIn, dOut, part, ecclFloat32, comm, stream), comm);
+          check("alltoall", part * n);
+        }
+      }
+      CUDA_OK(cudaFree(dIn));
+      CUDA_OK(cudaFree(dOut));
+    }
+    CUDA_OK(cudaStreamDestroy(stream));
+    RANK_OK(ecclCommDestroy(comm), nullptr);
+  });
+  auto outcomes = group.wait(std::chrono::seconds(120));
+  EXPECT_TRUE(allSucceeded(outcomes)) << describe(outcomes);
+}
+
+// The call only enqueues: what the stream wrote before it is its input,
+// what the stream does after it sees its result, and a host call after
+// stream work on the communicator runs after that work on every rank.
+TEST_P(DeviceCollectives, StreamOrderIsKept) {
+  ProcessGroup group(GetParam(), [](int rank, int n, const ecclUniqueId& id) {
+    int devices = 0;
+    CUDA_OK(cudaGetDeviceCount(&devices));
+    CUDA_OK(cudaSetDevice(rank % devices));
+    ecclComm_t comm;
+    RANK_OK(ecclCommInitRank(&comm, n, id, rank), nullptr);
+    cudaStream_t stream, other;
+    CUDA_OK(cudaStreamCreate(&stream));
+    CUDA_OK(cudaStreamCreate(&other));
+    const size_t count = 1 << 20;
+    float *d, *host;
+    CUDA_OK(cudaMalloc(&d, count * sizeof(float)));
+    CUDA_OK(cudaMallocHost(&host, count * sizeof(float)));
+    std::vector<float> ones(count, 1.0f);
+    // The input is written on the stream before the allreduce; the result
+    // is read on the stream after it.
+    CUDA_OK(cudaMemcpyAsync(d, ones.data(), count * sizeof(float), cudaMemcpyHostToDevice, stream));
+    RANK_OK(ecclAllReduce(d, d, count, ecclFloat32, ecclSum, comm, stream), comm);
+    CUDA_OK(cudaMemcpyAsync(host, d, count * sizeof(float), cudaMemcpyDeviceToHost, stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    for (size_t i = 0; i < count; i += 4099)
+      RANK_CHECK(host[i] == static_cast<float>(n), "element " + std::to_string(i) + " is " + std::to_string(host[i]));
+    // A host call after stream work runs after it on every rank.
+    float x = 1, y = 0;
+    RANK_OK(ecclAllReduce(d, d, count, ecclFloat32, ecclSum, comm, other), comm);
+    RANK_OK(ecclAllReduce(&x, &y, 1, ecclFloat32, ecclSum, comm, nullptr), comm);
+    RANK_CHECK(y == static_cast<float>(n), "host allreduce after stream work");
+    CUDA_OK(cudaStreamSynchronize(other));
+    CUDA_OK(cudaFree(d));
+    CUDA_OK(cudaFreeHost(host));
+    RANK_OK(ecclCommDestroy(comm), nullptr);
+  });
+  auto outcomes = group.wait(std::chrono::seconds(60));
+  EXPECT_TRUE(allSucceeded(outcomes)) << describe(outcomes);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, DeviceCollectives, ::testing::Values(2, 3, 4));
+
+}  // namespace
+}  // namespace eccl::test
