@@ -9,8 +9,9 @@
 #             and HBM, and the CPU sections
 #   reconfig  reconfig_perf --sizes 4,8, ranks pinned to distinct cores
 #   logs      sendrecv_perf plain against --log, and log_perf's replay
-#   device    device-buffer allreduce against NCCL (needs the C API's
-#             device path; says so when it is not built)
+#   device    device collectives against the host path (2-4 ranks on the
+#             GPU), and device_perf: the stream-path allreduce against
+#             NCCL (one GPU per rank) and against eccl's host path
 # No stage: all of them. Everything measured goes under $OUT (or
 # hardware-out/), with a dated report, report-<UTC time>.md, whose figures
 # go to docs/hardware.md.
@@ -62,7 +63,10 @@ for stage in "${stages[@]}"; do
       targets=(eccl eccl-run ecclcoord dispatch_perf reconfig_perf sendrecv_perf log_perf all_reduce_perf)
       record configure cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DECCL_WITH_FUZZ=OFF
       grep -E '^-- eccl' "$out/configure.txt" | tee -a "$report" || true
-      if grep -q 'kernels for sm' "$out/configure.txt"; then targets+=(moe_cuda_test reduce_cuda_test); fi
+      if grep -q 'kernels for sm' "$out/configure.txt"; then
+        targets+=(moe_cuda_test reduce_cuda_test device_collectives_test)
+        grep -q 'device_perf .* is not built' "$out/configure.txt" || targets+=(device_perf)
+      fi
       record build ninja -C "$build" -j"$(nproc)" "${targets[@]}"
       ;;
     cuda)
@@ -92,9 +96,27 @@ for stage in "${stages[@]}"; do
       record log_perf "${run[@]}" "$build/perf/log_perf"
       ;;
     device)
-      section "device-buffer allreduce against NCCL"
-      note "not run: the C API's device-buffer path (issue 16) is not built yet; this stage will run"
-      note "all_reduce_perf on device buffers next to NCCL's on the same GPU and ranks once it is."
+      section "device-buffer allreduce: eccl's stream path against NCCL and against eccl's host path"
+      if [ -x "$build/tests/device_collectives_test" ]; then
+        record device_collectives_test "$build/tests/device_collectives_test" \
+          --gtest_output="xml:$out/device_collectives_test.xml"
+      else
+        note "device_collectives_test: not built (no CUDA compiler at configure time)"
+      fi
+      if [ -x "$build/perf/device_perf" ]; then
+        gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+        # Two ranks share the GPU; NCCL runs only where each rank has its own.
+        record device_perf_2ranks "$build/bootstrap/eccl-run" -np 2 --timeout 300 "$build/perf/device_perf" \
+          -b 8 -e 256M -f 8 -n 20 -w 5
+        if [ "${gpus:-0}" -ge 2 ]; then
+          record device_perf_allgpus "$build/bootstrap/eccl-run" -np "$gpus" --timeout 300 "$build/perf/device_perf" \
+            -b 8 -e 256M -f 8 -n 20 -w 5
+        else
+          note "one GPU: NCCL (one GPU per rank) is compared only where there are several"
+        fi
+      else
+        note "device_perf: not built (needs CUDA and NCCL at configure time)"
+      fi
       ;;
     *)
       echo "hardware.sh: unknown stage '$stage' (build cuda dispatch reconfig logs device)" >&2
