@@ -43,7 +43,10 @@ Loaded load() {
              resolve(lib, d.memcpyDtoHAsync, {"cuMemcpyDtoHAsync_v2"}, &l.why) &&
              resolve(lib, d.memcpyHtoDAsync, {"cuMemcpyHtoDAsync_v2"}, &l.why) &&
              resolve(lib, d.launchHostFunc, {"cuLaunchHostFunc"}, &l.why) &&
-             resolve(lib, d.streamWaitValue32, {"cuStreamWaitValue32_v2", "cuStreamWaitValue32"}, &l.why);
+             resolve(lib, d.streamWaitValue32, {"cuStreamWaitValue32_v2", "cuStreamWaitValue32"}, &l.why) &&
+             resolve(lib, d.streamGetCtx, {"cuStreamGetCtx"}, &l.why) &&
+             resolve(lib, d.ctxPushCurrent, {"cuCtxPushCurrent_v2"}, &l.why) &&
+             resolve(lib, d.ctxPopCurrent, {"cuCtxPopCurrent_v2"}, &l.why);
   if (!all) return l;
   if (CUresult r = d.init(0); r != 0) {
     const char* text = nullptr;
@@ -67,6 +70,20 @@ void CudaDriver::check(CUresult result, const char* what) const {
   const char* text = nullptr;
   getErrorString(result, &text);
   fail(ecclSystemError, "{}: CUDA error {} ({})", what, result, text ? text : "unknown");
+}
+
+StreamContext::StreamContext(const CudaDriver& cuda, CUstream stream) : cuda_(cuda) {
+  // CU_STREAM_LEGACY and CU_STREAM_PER_THREAD belong to the current context.
+  if (reinterpret_cast<uintptr_t>(stream) <= 2) return;
+  CUcontext ctx = nullptr;
+  cuda_.check(cuda_.streamGetCtx(stream, &ctx), "finding the stream's CUDA context");
+  cuda_.check(cuda_.ctxPushCurrent(ctx), "making the stream's CUDA context current");
+  pushed_ = true;
+}
+
+StreamContext::~StreamContext() {
+  CUcontext ignored = nullptr;
+  if (pushed_) cuda_.ctxPopCurrent(&ignored);
 }
 
 const CudaDriver* cudaDriver(std::string* why) {

@@ -14,6 +14,7 @@ using CUresult = int;
 using CUstream = void*;
 using CUdeviceptr = unsigned long long;
 using CUhostFn = void (*)(void* userData);
+using CUcontext = void*;
 
 struct CudaDriver {
   CUresult (*init)(unsigned flags);
@@ -26,6 +27,9 @@ struct CudaDriver {
   CUresult (*memcpyHtoDAsync)(CUdeviceptr dst, const void* src, size_t bytes, CUstream stream);
   CUresult (*launchHostFunc)(CUstream stream, CUhostFn fn, void* userData);
   CUresult (*streamWaitValue32)(CUstream stream, CUdeviceptr addr, uint32_t value, unsigned flags);
+  CUresult (*streamGetCtx)(CUstream stream, CUcontext* ctx);
+  CUresult (*ctxPushCurrent)(CUcontext ctx);
+  CUresult (*ctxPopCurrent)(CUcontext* ctx);
 
   // Constants of the driver ABI used here.
   static constexpr int kPointerAttributeMemoryType = 2;  // CU_POINTER_ATTRIBUTE_MEMORY_TYPE
@@ -37,6 +41,21 @@ struct CudaDriver {
 
   // Throws eccl::Error naming `what` and the driver's message unless ok.
   void check(CUresult result, const char* what) const;
+};
+
+// Makes the context of `stream` current on this thread for its lifetime:
+// an op may be enqueued from a thread that never touched CUDA (a PyTorch
+// worker, say). The legacy default stream uses the thread's own context.
+class StreamContext {
+ public:
+  StreamContext(const CudaDriver& cuda, CUstream stream);
+  ~StreamContext();
+  StreamContext(const StreamContext&) = delete;
+  StreamContext& operator=(const StreamContext&) = delete;
+
+ private:
+  const CudaDriver& cuda_;
+  bool pushed_ = false;
 };
 
 // The loaded driver, or null with `why` set (no libcuda, no device, too old).

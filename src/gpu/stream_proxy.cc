@@ -42,8 +42,8 @@ struct StreamProxy::Shared {
   std::map<uint32_t, std::unique_ptr<Job>> ready ECCL_GUARDED_BY(mu);  // staged, by ticket
   std::vector<std::shared_ptr<Staging>> pool ECCL_GUARDED_BY(mu);
   // Mapped pinned word the GPU waits on; the thread stores each finished ticket.
-  volatile uint32_t* flag = nullptr;
-  CUdeviceptr flagOnDevice = 0;
+  volatile uint32_t* flag ECCL_GUARDED_BY(mu) = nullptr;
+  CUdeviceptr flagOnDevice ECCL_GUARDED_BY(mu) = 0;
 };
 
 size_t StreamProxy::chunkBytes() { return static_cast<size_t>(std::max<int64_t>(params::gpuChunkBytes(), 4096)); }
@@ -56,13 +56,20 @@ StreamProxy::StreamProxy(Communicator& comm)
         return std::cref(*d);
       }()),
       shared_(std::make_shared<Shared>()) {
+  thread_ = std::thread([this] { run(); });
+}
+
+// Allocated with the first op, in its stream's context; portable, so any
+// context's streams can wait on it.
+void StreamProxy::allocateFlag() {
+  MutexLock lock(shared_->mu);
+  if (shared_->flag) return;
   void* word = nullptr;
   cuda_.check(cuda_.memHostAlloc(&word, 64, CudaDriver::kHostAllocPortable | CudaDriver::kHostAllocDeviceMap),
               "allocating the stream flag");
   std::memset(word, 0, 64);
-  shared_->flag = static_cast<volatile uint32_t*>(word);
   cuda_.check(cuda_.memHostGetDevicePointer(&shared_->flagOnDevice, word, 0), "mapping the stream flag");
-  thread_ = std::thread([this] { run(); });
+  shared_->flag = static_cast<volatile uint32_t*>(word);
 }
 
 StreamProxy::~StreamProxy() {
@@ -85,7 +92,7 @@ StreamProxy::~StreamProxy() {
   MutexLock lock(shared_->mu);
   for (auto& s : shared_->pool) cuda_.memFreeHost(s->host);
   shared_->pool.clear();
-  cuda_.memFreeHost(const_cast<uint32_t*>(shared_->flag));
+  if (shared_->flag) cuda_.memFreeHost(const_cast<uint32_t*>(shared_->flag));
 }
 
 // Pinned memory costs a system call and page locking: buffers are reused
@@ -117,6 +124,8 @@ std::shared_ptr<StreamProxy::Staging> StreamProxy::takeStaging(size_t bytes) {
 
 void StreamProxy::enqueue(CUstream stream, const void* in, void* out, std::vector<Chunk> chunks, HostOp op,
                           const std::string& what) {
+  StreamContext context(cuda_, stream);
+  allocateFlag();
   size_t inBytes = 0, outBytes = 0;
   for (const Chunk& c : chunks) {
     inBytes = std::max(inBytes, c.inOffset + c.inBytes);
@@ -126,34 +135,34 @@ void StreamProxy::enqueue(CUstream stream, const void* in, void* out, std::vecto
   auto* host = static_cast<uint8_t*>(staging->host);
   auto shared = std::make_shared<HostOp>(std::move(op));
   std::vector<uint32_t> tickets;
+  CUdeviceptr flag = 0;
   {
     MutexLock lock(shared_->mu);
     for (size_t i = 0; i < chunks.size(); ++i) tickets.push_back(++shared_->nextTicket);
+    flag = shared_->flagOnDevice;
   }
   // In: every chunk's copy, each followed by the host function that hands
   // it over, so chunk 0 is on the network while chunk 1 is still copying.
-  for (size_t i = 0; i < chunks.size(); ++i) {
-    const Chunk& c = chunks[i];
-    if (c.inBytes)
-      cuda_.check(cuda_.memcpyDtoHAsync(host + c.inOffset, reinterpret_cast<CUdeviceptr>(in) + c.inOffset,
-                                        c.inBytes, stream),
-                  "copying an input chunk to pinned memory");
-    auto job = std::make_unique<Job>();
-    job->ticket = tickets[i];
-    job->index = i;
-    job->chunk = c;
-    job->op = shared;
-    job->staging = staging;
-    job->outBase = inBytes;
-    job->what = what;
-    job->shared = shared_;
-    cuda_.check(cuda_.launchHostFunc(stream, &StreamProxy::onStaged, job.get()), "enqueueing the host side");
-    job.release();  // the host function owns it now
+  size_t handed = 0;
+  try {
+    for (; handed < chunks.size(); ++handed) enqueueChunk(stream, in, host, chunks, handed, tickets[handed], shared,
+                                                          staging, inBytes, what);
+  } catch (...) {
+    // Tickets taken but never handed over would stop every later op: they
+    // pass as ops with nothing to run.
+    MutexLock lock(shared_->mu);
+    for (size_t i = handed; i < chunks.size(); ++i) {
+      auto skip = std::make_unique<Job>();
+      skip->ticket = tickets[i];
+      shared_->ready.emplace(skip->ticket, std::move(skip));
+    }
+    shared_->cv.notifyAll();
+    throw;
   }
   // Out: each chunk waits for its collective, then copies back.
   for (size_t i = 0; i < chunks.size(); ++i) {
     const Chunk& c = chunks[i];
-    cuda_.check(cuda_.streamWaitValue32(stream, shared_->flagOnDevice, tickets[i], CudaDriver::kWaitValueGeq),
+    cuda_.check(cuda_.streamWaitValue32(stream, flag, tickets[i], CudaDriver::kWaitValueGeq),
                 "enqueueing the wait for a chunk");
     if (c.outBytes && c.copyBack)
       cuda_.check(cuda_.memcpyHtoDAsync(reinterpret_cast<CUdeviceptr>(out) + c.outOffset, host + inBytes + c.outOffset,
@@ -161,6 +170,27 @@ void StreamProxy::enqueue(CUstream stream, const void* in, void* out, std::vecto
                   "copying an output chunk back to the device");
   }
   cuda_.check(cuda_.launchHostFunc(stream, &StreamProxy::onReleased, staging.get()), "enqueueing the release");
+}
+
+void StreamProxy::enqueueChunk(CUstream stream, const void* in, uint8_t* host, const std::vector<Chunk>& chunks,
+                               size_t i, uint32_t ticket, const std::shared_ptr<HostOp>& op,
+                               const std::shared_ptr<Staging>& staging, size_t outBase, const std::string& what) {
+  const Chunk& c = chunks[i];
+  if (c.inBytes)
+    cuda_.check(cuda_.memcpyDtoHAsync(host + c.inOffset, reinterpret_cast<CUdeviceptr>(in) + c.inOffset, c.inBytes,
+                                      stream),
+                "copying an input chunk to pinned memory");
+  auto job = std::make_unique<Job>();
+  job->ticket = ticket;
+  job->index = i;
+  job->chunk = c;
+  job->op = op;
+  job->staging = staging;
+  job->outBase = outBase;
+  job->what = what;
+  job->shared = shared_;
+  cuda_.check(cuda_.launchHostFunc(stream, &StreamProxy::onStaged, job.get()), "enqueueing the host side");
+  job.release();  // the host function owns it now
 }
 
 // On the GPU's callback thread: no CUDA calls, no blocking; hand over.
@@ -197,8 +227,9 @@ void StreamProxy::run() {
         shared_->cv.wait(shared_->mu);
       }
     }
-    auto* host = static_cast<uint8_t*>(job->staging->host);
     try {
+      if (!job->op) throw Error(ecclSystemError, "the op could not be enqueued on its stream");
+      auto* host = static_cast<uint8_t*>(job->staging->host);
       (*job->op)(host + job->chunk.inOffset, host + job->outBase + job->chunk.outOffset, job->index);
     } catch (const Error& e) {
       comm_.recordAsyncError(e.code(), fmt::format("{} (stream-ordered, chunk {}): {}", job->what, job->index, e.what()));
@@ -207,7 +238,7 @@ void StreamProxy::run() {
     }
     MutexLock lock(shared_->mu);
     shared_->doneTicket = job->ticket;
-    __atomic_store_n(const_cast<uint32_t*>(shared_->flag), job->ticket, __ATOMIC_RELEASE);
+    if (shared_->flag) __atomic_store_n(const_cast<uint32_t*>(shared_->flag), job->ticket, __ATOMIC_RELEASE);
     shared_->cv.notifyAll();
   }
 }

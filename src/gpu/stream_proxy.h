@@ -71,6 +71,10 @@ class StreamProxy {
   static void onStaged(void* job);
   static void onReleased(void* staging);
   void run();
+  void allocateFlag();
+  void enqueueChunk(CUstream stream, const void* in, uint8_t* host, const std::vector<Chunk>& chunks, size_t i,
+                    uint32_t ticket, const std::shared_ptr<HostOp>& op, const std::shared_ptr<Staging>& staging,
+                    size_t outBase, const std::string& what);
   std::shared_ptr<Staging> takeStaging(size_t bytes);
 
   Communicator& comm_;
