@@ -40,6 +40,16 @@ std::vector<float> pattern(int rank, size_t n) {
   return v;
 }
 
+// Ranks take the GPUs in turn (several share one where there are fewer).
+ecclComm_t openOnGpu(int rank, int n, const ecclUniqueId& id) {
+  int devices = 0;
+  CUDA_OK(cudaGetDeviceCount(&devices));
+  CUDA_OK(cudaSetDevice(rank % devices));
+  ecclComm_t comm;
+  RANK_OK(ecclCommInitRank(&comm, n, id, rank), nullptr);
+  return comm;
+}
+
 class DeviceCollectives : public ::testing::TestWithParam<int> {
  protected:
   void SetUp() override {
@@ -54,11 +64,7 @@ class DeviceCollectives : public ::testing::TestWithParam<int> {
 TEST_P(DeviceCollectives, EveryCollectiveMatchesTheHostPath) {
   setenv("ECCL_GPU_CHUNK_BYTES", "65536", 1);
   ProcessGroup group(GetParam(), [](int rank, int n, const ecclUniqueId& id) {
-    int devices = 0;
-    CUDA_OK(cudaGetDeviceCount(&devices));
-    CUDA_OK(cudaSetDevice(rank % devices));
-    ecclComm_t comm;
-    RANK_OK(ecclCommInitRank(&comm, n, id, rank), nullptr);
+    ecclComm_t comm = openOnGpu(rank, n, id);
     cudaStream_t stream;
     CUDA_OK(cudaStreamCreate(&stream));
     for (size_t count : {size_t{0}, size_t{1}, size_t{1000}, size_t{40000}, size_t{300000}}) {
@@ -113,11 +119,7 @@ TEST_P(DeviceCollectives, EveryCollectiveMatchesTheHostPath) {
 // stream work on the communicator runs after that work on every rank.
 TEST_P(DeviceCollectives, StreamOrderIsKept) {
   ProcessGroup group(GetParam(), [](int rank, int n, const ecclUniqueId& id) {
-    int devices = 0;
-    CUDA_OK(cudaGetDeviceCount(&devices));
-    CUDA_OK(cudaSetDevice(rank % devices));
-    ecclComm_t comm;
-    RANK_OK(ecclCommInitRank(&comm, n, id, rank), nullptr);
+    ecclComm_t comm = openOnGpu(rank, n, id);
     cudaStream_t stream, other;
     CUDA_OK(cudaStreamCreate(&stream));
     CUDA_OK(cudaStreamCreate(&other));

@@ -7,33 +7,8 @@
 # Exit 77 (skipped) where namespaces cannot be made.
 set -uo pipefail
 launcher=$1 perf=$2
-tag=$$
-bridge=ecclm$tag ns1=ecclm1_$tag ns2=ecclm2_$tag
-cleanup() {
-  ip netns del "$ns1" 2>/dev/null
-  ip netns del "$ns2" 2>/dev/null
-  ip link del "$bridge" 2>/dev/null
-}
-trap cleanup EXIT
-if ! ip netns add "$ns1" 2>/dev/null; then
-  echo "SKIP: cannot create network namespaces here (needs root and CAP_NET_ADMIN)"
-  exit 77
-fi
-set -e
-ip netns add "$ns2"
-ip link add "$bridge" type bridge
-ip addr add 10.214.$((tag % 200)).1/24 dev "$bridge"
-ip link set "$bridge" up
-i=1
-for ns in "$ns1" "$ns2"; do
-  ip link add "mv$i$tag" type veth peer name ecclv0 netns "$ns"
-  ip link set "mv$i$tag" master "$bridge" up
-  ip netns exec "$ns" ip addr add 10.214.$((tag % 200)).$((10 + i))/24 dev ecclv0
-  ip netns exec "$ns" ip link set ecclv0 up
-  ip netns exec "$ns" ip link set lo up
-  i=$((i + 1))
-done
-set +e
+source "$(dirname "$0")/two_hosts.sh"
+two_hosts m 214
 out=$(ECCL_TRANSPORT=auto ECCL_SOCKET_IFNAME=eccl ECCL_DEBUG=INFO "$launcher" -np 4 --host-list "$ns1,$ns2" \
       --rsh "ip netns exec" --timeout 60 "$perf" -b 1K -e 1M -f 32 -n 3 -w 1 -c 1 2>&1)
 rc=$?
