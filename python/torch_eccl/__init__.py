@@ -80,7 +80,10 @@ def _create(dist_opts, backend_opts):
     )
 
 
-dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=["cpu"])
+# CUDA tensors are taken when torch_eccl was built with CUDA: ops are
+# ordered on the caller's current stream, as NCCL's are.
+dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True,
+                              devices=["cpu", "cuda"] if _C.cuda_build() else ["cpu"])
 
 
 def make_job() -> str:

@@ -8,6 +8,7 @@
 #include <numeric>
 
 #include "process_group.h"
+#include "streams.h"
 #include "tensors.h"
 
 namespace torch_eccl {
@@ -75,7 +76,7 @@ intrusive_ptr<c10d::Work> ProcessGroupEccl::allreduce(std::vector<at::Tensor>& t
   return enqueue(OpType::ALLREDUCE, "allreduce", {t}, {t}, [this, t, type, red] {
     Flat f(t, true);
     preScale(f, red);
-    check(ecclAllReduce(f.data(), f.data(), f.count(), type, red.op, comm_, nullptr), "allreduce");
+    check(ecclAllReduce(f.data(), f.data(), f.count(), type, red.op, comm_, opStream()), "allreduce");
     f.writeBack();
   }, opts.asyncOp);
 }
@@ -101,7 +102,7 @@ intrusive_ptr<c10d::Work> ProcessGroupEccl::allreduce_coalesced(std::vector<at::
                      at::Tensor all = at::cat(flat);
                      Flat f(all, true);
                      preScale(f, plan[0].second);
-                     check(ecclAllReduce(f.data(), f.data(), f.count(), plan[0].first, plan[0].second.op, comm_, nullptr),
+                     check(ecclAllReduce(f.data(), f.data(), f.count(), plan[0].first, plan[0].second.op, comm_, opStream()),
                            "allreduce_coalesced");
                      int64_t at = 0;
                      for (auto& t : tensors) {
@@ -114,7 +115,7 @@ intrusive_ptr<c10d::Work> ProcessGroupEccl::allreduce_coalesced(std::vector<at::
                    for (size_t i = 0; i < tensors.size(); ++i) {
                      Flat f(tensors[i], true);
                      preScale(f, plan[i].second);
-                     check(ecclAllReduce(f.data(), f.data(), f.count(), plan[i].first, plan[i].second.op, comm_, nullptr),
+                     check(ecclAllReduce(f.data(), f.data(), f.count(), plan[i].first, plan[i].second.op, comm_, opStream()),
                            "allreduce_coalesced");
                      f.writeBack();
                    }
@@ -130,7 +131,7 @@ intrusive_ptr<c10d::Work> ProcessGroupEccl::broadcast(std::vector<at::Tensor>& t
   return enqueue(OpType::BROADCAST, "broadcast", {t}, {t}, [this, t, root] {
     bool isRoot = rank_ == root;
     Flat f(t, isRoot);
-    check(ecclBroadcast(f.data(), f.data(), f.bytes(), ecclUint8, root, comm_, nullptr), "broadcast");
+    check(ecclBroadcast(f.data(), f.data(), f.bytes(), ecclUint8, root, comm_, opStream()), "broadcast");
     if (!isRoot) f.writeBack();
   }, opts.asyncOp);
 }
@@ -144,7 +145,7 @@ intrusive_ptr<c10d::Work> ProcessGroupEccl::reduce(std::vector<at::Tensor>& tens
   return enqueue(OpType::REDUCE, "reduce", {t}, {t}, [this, t, type, red, root] {
     Flat f(t, true);
     preScale(f, red);
-    check(ecclReduce(f.data(), f.data(), f.count(), type, red.op, root, comm_, nullptr), "reduce");
+    check(ecclReduce(f.data(), f.data(), f.count(), type, red.op, root, comm_, opStream()), "reduce");
     if (rank_ == root) f.writeBack();
   }, opts.asyncOp);
 }
@@ -165,7 +166,7 @@ intrusive_ptr<c10d::Work> ProcessGroupEccl::allgather(std::vector<std::vector<at
   return enqueue(OpType::ALLGATHER, "allgather", outs, {in}, [this, in, outs]() mutable {
     Flat f(in, true);
     at::Tensor all = at::empty({static_cast<int64_t>(f.bytes()) * size_}, at::TensorOptions().dtype(at::kByte));
-    check(ecclAllGather(f.data(), all.data_ptr(), f.bytes(), ecclUint8, comm_, nullptr), "allgather");
+    check(ecclAllGather(f.data(), all.data_ptr(), f.bytes(), ecclUint8, comm_, opStream()), "allgather");
     unpackBytes(all, outs);
   }, opts.asyncOp);
 }
@@ -181,7 +182,7 @@ intrusive_ptr<c10d::Work> ProcessGroupEccl::all_gather_single(at::Tensor& output
   at::Tensor in = input, out = output;
   return enqueue(OpType::_ALLGATHER_BASE, "all_gather_into_tensor", {out}, {in}, [this, in, out] {
     Flat i(in, true), o(out, false);
-    check(ecclAllGather(i.data(), o.data(), i.bytes(), ecclUint8, comm_, nullptr), "all_gather_into_tensor");
+    check(ecclAllGather(i.data(), o.data(), i.bytes(), ecclUint8, comm_, opStream()), "all_gather_into_tensor");
     o.writeBack();
   }, opts.asyncOp);
 }
@@ -202,7 +203,7 @@ intrusive_ptr<c10d::Work> ProcessGroupEccl::all_gather_single_coalesced(std::vec
                  [this, inputs, outputs] {
                    for (size_t k = 0; k < inputs.size(); ++k) {
                      Flat i(inputs[k], true), o(outputs[k], false);
-                     check(ecclAllGather(i.data(), o.data(), i.bytes(), ecclUint8, comm_, nullptr),
+                     check(ecclAllGather(i.data(), o.data(), i.bytes(), ecclUint8, comm_, opStream()),
                            "all_gather_into_tensor_coalesced");
                      o.writeBack();
                    }
@@ -225,7 +226,7 @@ intrusive_ptr<c10d::Work> ProcessGroupEccl::allgather_coalesced(std::vector<std:
   return enqueue(OpType::ALLGATHER_COALESCED, "allgather_coalesced", flatOuts, inputs, [this, inputs, outputs]() mutable {
     at::Tensor mine = packBytes(inputs);
     at::Tensor all = at::empty({mine.numel() * size_}, mine.options());
-    check(ecclAllGather(mine.data_ptr(), all.data_ptr(), mine.numel(), ecclUint8, comm_, nullptr), "allgather_coalesced");
+    check(ecclAllGather(mine.data_ptr(), all.data_ptr(), mine.numel(), ecclUint8, comm_, opStream()), "allgather_coalesced");
     for (int r = 0; r < size_; ++r) unpackBytes(all.narrow(0, r * mine.numel(), mine.numel()), outputs[r]);
   }, opts.asyncOp);
 }
@@ -252,9 +253,9 @@ intrusive_ptr<c10d::Work> ProcessGroupEccl::gather(std::vector<std::vector<at::T
       for (int r = 0; r < size_; ++r) flats.emplace_back(outs[r], false);
     inGroup(
         [&] {
-          if (rank_ != root) return check(ecclSend(mine.data(), mine.bytes(), ecclUint8, root, comm_, nullptr), "gather");
+          if (rank_ != root) return check(ecclSend(mine.data(), mine.bytes(), ecclUint8, root, comm_, opStream()), "gather");
           for (int r = 0; r < size_; ++r)
-            if (r != root) check(ecclRecv(flats[r].data(), flats[r].bytes(), ecclUint8, r, comm_, nullptr), "gather");
+            if (r != root) check(ecclRecv(flats[r].data(), flats[r].bytes(), ecclUint8, r, comm_, opStream()), "gather");
         },
         [this](ecclResult_t rc, const char* w) { check(rc, w); }, "gather");
     if (rank_ == root) {
@@ -287,9 +288,9 @@ intrusive_ptr<c10d::Work> ProcessGroupEccl::scatter(std::vector<at::Tensor>& out
       for (int r = 0; r < size_; ++r) flats.emplace_back(ins[r], true);
     inGroup(
         [&] {
-          if (rank_ != root) return check(ecclRecv(mine.data(), mine.bytes(), ecclUint8, root, comm_, nullptr), "scatter");
+          if (rank_ != root) return check(ecclRecv(mine.data(), mine.bytes(), ecclUint8, root, comm_, opStream()), "scatter");
           for (int r = 0; r < size_; ++r)
-            if (r != root) check(ecclSend(flats[r].data(), flats[r].bytes(), ecclUint8, r, comm_, nullptr), "scatter");
+            if (r != root) check(ecclSend(flats[r].data(), flats[r].bytes(), ecclUint8, r, comm_, opStream()), "scatter");
         },
         [this](ecclResult_t rc, const char* w) { check(rc, w); }, "scatter");
     if (rank_ == root) mine.buffer().copy_(flats[root].buffer());
@@ -314,7 +315,7 @@ intrusive_ptr<c10d::Work> ProcessGroupEccl::reduce_scatter(std::vector<at::Tenso
     Flat all(at::cat(flat), true);
     preScale(all, red);
     Flat o(out, false);
-    check(ecclReduceScatter(all.data(), o.data(), o.count(), type, red.op, comm_, nullptr), "reduce_scatter");
+    check(ecclReduceScatter(all.data(), o.data(), o.count(), type, red.op, comm_, opStream()), "reduce_scatter");
     o.writeBack();
   }, opts.asyncOp);
 }
@@ -334,7 +335,7 @@ intrusive_ptr<c10d::Work> ProcessGroupEccl::reduce_scatter_single(at::Tensor& ou
     // The input is read, never written: a prescale works on a copy.
     Flat i(red.preScale || red.preScaleTensor ? realView(in).clone() : in, true), o(out, false);
     preScale(i, red);
-    check(ecclReduceScatter(i.data(), o.data(), o.count(), type, red.op, comm_, nullptr), "reduce_scatter_tensor");
+    check(ecclReduceScatter(i.data(), o.data(), o.count(), type, red.op, comm_, opStream()), "reduce_scatter_tensor");
     o.writeBack();
   }, opts.asyncOp);
 }
@@ -361,7 +362,7 @@ intrusive_ptr<c10d::Work> ProcessGroupEccl::reduce_scatter_single_coalesced(std:
                      Flat i(red.preScale || red.preScaleTensor ? realView(inputs[k]).clone() : inputs[k], true);
                      Flat o(outputs[k], false);
                      preScale(i, red);
-                     check(ecclReduceScatter(i.data(), o.data(), o.count(), type, red.op, comm_, nullptr),
+                     check(ecclReduceScatter(i.data(), o.data(), o.count(), type, red.op, comm_, opStream()),
                            "reduce_scatter_tensor_coalesced");
                      o.writeBack();
                    }
@@ -409,7 +410,7 @@ intrusive_ptr<c10d::Work> ProcessGroupEccl::all_to_all_single(at::Tensor& output
                  [this, in, out, sendCounts, sendDispls, recvCounts, recvDispls] {
                    Flat i(in, true), o(out, false);
                    check(ecclAllToAllv(i.data(), sendCounts.data(), sendDispls.data(), o.data(), recvCounts.data(),
-                                       recvDispls.data(), ecclUint8, comm_, nullptr),
+                                       recvDispls.data(), ecclUint8, comm_, opStream()),
                          "all_to_all_single");
                    o.writeBack();
                  }, opts.asyncOp);
@@ -438,7 +439,7 @@ intrusive_ptr<c10d::Work> ProcessGroupEccl::alltoall(std::vector<at::Tensor>& ou
                    at::Tensor packed = packBytes(inputs);
                    at::Tensor got = at::empty({static_cast<int64_t>(r)}, packed.options());
                    check(ecclAllToAllv(packed.data_ptr(), sendCounts.data(), sendDispls.data(), got.data_ptr(),
-                                       recvCounts.data(), recvDispls.data(), ecclUint8, comm_, nullptr),
+                                       recvCounts.data(), recvDispls.data(), ecclUint8, comm_, opStream()),
                          "all_to_all");
                    unpackBytes(got, outputs);
                  }, opts.asyncOp);

@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "process_group.h"
+#include "streams.h"
 
 namespace py = pybind11;
 
@@ -92,6 +93,7 @@ PYBIND11_MODULE(_C, m) {
     TORCH_CHECK(ecclUniqueIdToString(&id, text, sizeof(text)) == ecclSuccess, "eccl: ", ecclGetLastError(nullptr));
     return std::string(text);
   });
+  m.def("cuda_build", &torch_eccl::cudaBuild);
   m.def("version", [] {
     int v = 0;
     ecclGetVersion(&v);

@@ -11,6 +11,7 @@
 #include <variant>
 
 #include "handle.h"
+#include "streams.h"
 #include "tensors.h"
 
 namespace torch_eccl {
@@ -170,6 +171,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupEccl::enqueue(c10d::OpType type, cons
                                                          std::vector<at::Tensor> inputs, std::function<void()> run,
                                                          bool async) {
   requireRank(name);
+  std::vector<at::Tensor> all = outputs;
+  all.insert(all.end(), inputs.begin(), inputs.end());
+  run = onCallerStream(all, std::move(run));
   auto work = c10::make_intrusive<EcclWork>(rank_, type, name, std::move(outputs), std::move(inputs));
   if (!async && driver_->runInlineIfIdle(work, run)) return work;
   driver_->post(work, std::move(run));

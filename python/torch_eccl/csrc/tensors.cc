@@ -1,13 +1,16 @@
 #include "tensors.h"
 
+#include "streams.h"
+
 #include <c10/util/Exception.h>
 
 namespace torch_eccl {
 
 void checkTensor(const at::Tensor& t, const char* op) {
   TORCH_CHECK_VALUE(t.defined(), "eccl ", op, ": a tensor is undefined");
-  TORCH_CHECK_VALUE(t.device().is_cpu(), "eccl ", op, ": tensors must be on the CPU, got one on ", t.device(),
-                    " (device buffers are not supported by this release)");
+  TORCH_CHECK_VALUE(t.device().is_cpu() || (t.is_cuda() && cudaBuild()), "eccl ", op,
+                    ": tensors must be on the CPU", cudaBuild() ? " or a CUDA device" : "", ", got one on ",
+                    t.device(), cudaBuild() ? "" : " (this torch_eccl was built without CUDA)");
   TORCH_CHECK_VALUE(t.layout() == at::kStrided, "eccl ", op, ": sparse tensors are not supported");
 }
 

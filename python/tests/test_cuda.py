@@ -1,0 +1,79 @@
+"""CUDA tensors through the eccl backend: each op on CUDA tensors against the
+same op on CPU tensors, ordered on the caller's current stream (a side
+stream included). Skips where torch has no GPU or torch_eccl was built
+without CUDA."""
+
+import pytest
+import torch
+
+import world
+
+
+def _skip_reason():
+    import torch_eccl
+
+    if not torch_eccl._C.cuda_build():
+        return "torch_eccl was built without CUDA"
+    if not torch.cuda.is_available():
+        return "no CUDA GPU on this machine"
+    return None
+
+
+def _ops(rank, n, port):
+    import torch.distributed as dist
+
+    world.init(rank, n, port)
+    torch.cuda.set_device(rank % torch.cuda.device_count())
+    dev = torch.device("cuda", torch.cuda.current_device())
+    failures = []
+    for numel in (1, 1000, 3 << 20):
+        base = torch.arange(numel, dtype=torch.float32) * (rank + 1) % 97
+        # allreduce, on the default stream and on a side stream
+        for side in (False, True):
+            cpu = base.clone()
+            dist.all_reduce(cpu)
+            stream = torch.cuda.Stream() if side else torch.cuda.current_stream()
+            with torch.cuda.stream(stream):
+                gpu = base.to(dev)
+                dist.all_reduce(gpu)
+                got = gpu.cpu()
+            if not torch.equal(got, cpu):
+                failures.append(f"all_reduce numel {numel} side stream {side}")
+        # broadcast, all_gather_into_tensor, reduce_scatter_tensor, all_to_all_single
+        cpu = base.clone()
+        dist.broadcast(cpu, src=n - 1)
+        gpu = base.to(dev)
+        dist.broadcast(gpu, src=n - 1)
+        if not torch.equal(gpu.cpu(), cpu):
+            failures.append(f"broadcast numel {numel}")
+        out_cpu = torch.empty(numel * n)
+        dist.all_gather_into_tensor(out_cpu, base)
+        out_gpu = torch.empty(numel * n, device=dev)
+        dist.all_gather_into_tensor(out_gpu, base.to(dev))
+        if not torch.equal(out_gpu.cpu(), out_cpu):
+            failures.append(f"all_gather_into_tensor numel {numel}")
+        if numel % n == 0:
+            rs_cpu = torch.empty(numel // n)
+            dist.reduce_scatter_tensor(rs_cpu, base)
+            rs_gpu = torch.empty(numel // n, device=dev)
+            dist.reduce_scatter_tensor(rs_gpu, base.to(dev))
+            if not torch.equal(rs_gpu.cpu(), rs_cpu):
+                failures.append(f"reduce_scatter_tensor numel {numel}")
+            a2a_cpu = torch.empty(numel)
+            dist.all_to_all_single(a2a_cpu, base)
+            a2a_gpu = torch.empty(numel, device=dev)
+            dist.all_to_all_single(a2a_gpu, base.to(dev))
+            if not torch.equal(a2a_gpu.cpu(), a2a_cpu):
+                failures.append(f"all_to_all_single numel {numel}")
+    dist.destroy_process_group()
+    return failures
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_cuda_tensors_match_cpu_tensors(n):
+    reason = _skip_reason()
+    if reason:
+        pytest.skip(reason)
+    outcomes = world.run(n, _ops, timeout=300)
+    for o in outcomes:
+        assert o.status == "ok" and o.value == [], o
