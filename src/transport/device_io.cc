@@ -61,10 +61,16 @@ void LaneDevice::flushLocked(Lane& lane) {
     ssize_t rc = lane.conduit->write(iov, n);
     if (rc == 0) break;
     if (rc < 0) {
-      failPeerLocked(lane.key.remote, ecclRemoteError,
-                     fmt::format("peer {}: send on lane {} failed: {}", labelLocked(lane.key.remote),
-                                 lane.key.lane, strerror(errno)),
-                     true);
+      const std::string why = strerror(errno);
+      // What the peer sent before it went is read first: a peer that gave
+      // up after another member failed has usually told us which one, and
+      // that member, not this peer, is what every rank must name.
+      if (!lane.reading) readLocked(lane);
+      if (lane.conduit)
+        failPeerLocked(lane.key.remote, ecclRemoteError,
+                       fmt::format("peer {}: send on lane {} failed: {}", labelLocked(lane.key.remote),
+                                   lane.key.lane, why),
+                       true);
       return;
     }
     item.done += static_cast<size_t>(rc);
@@ -335,6 +341,12 @@ void LaneDevice::progressLoop() {
 // recv(); a large payload is read straight into its destination. A short
 // read means the socket is empty, so no recv() is spent on EAGAIN.
 void LaneDevice::readLocked(Lane& lane) {
+  lane.reading = true;
+  readFramesLocked(lane);
+  lane.reading = false;
+}
+
+void LaneDevice::readFramesLocked(Lane& lane) {
   const uint64_t token = lane.token;
   size_t budget = kReadBudgetPerEvent;
   bool drained = false;

@@ -87,6 +87,7 @@ void LaneDevice::revokeLocked(ecclResult_t code, const std::string& reason, uint
 }
 
 void LaneDevice::floodRevokeLocked(ecclResult_t code, const std::string& reason, uint64_t fromSeq) {
+  std::vector<Lane*> queued;
   for (auto& [id, other] : peers_) {
     if (other.state == Peer::State::kFailed || other.lanes.empty() || other.role == PeerRole::kCandidate) continue;
     Lane& lane = *other.lanes[0];
@@ -97,8 +98,10 @@ void LaneDevice::floodRevokeLocked(ecclResult_t code, const std::string& reason,
     std::memcpy(payload.data() + 8, &c, 4);
     std::memcpy(payload.data() + 12, reason.data(), reason.size());
     if (payload.size() > FrameHeader::kMaxControlPayload) payload.resize(FrameHeader::kMaxControlPayload);
-    queueControlLocked(lane, FrameType::kRevoke, std::move(payload));
+    queueControlLocked(lane, FrameType::kRevoke, std::move(payload), /*flush=*/false);
+    queued.push_back(&lane);
   }
+  for (Lane* lane : queued) flushLocked(*lane);
 }
 
 // Each collective enters this rank's signature as it starts; a peer's
@@ -173,7 +176,10 @@ void LaneDevice::failPeerLocked(MemberId member, ecclResult_t code, const std::s
 
 // Tells everyone we are connected to, so ranks that wait on a live
 // neighbour of the failed member learn its name at once.
+// Every notice is queued before any is written: writing to a peer that
+// has gone fails that peer, whose own notice must then come second.
 void LaneDevice::floodNoticeLocked(MemberId member, const std::string& reason) {
+  std::vector<Lane*> queued;
   for (auto& [id, other] : peers_) {
     if (id == member || other.state == Peer::State::kFailed || other.lanes.empty() ||
         other.role == PeerRole::kCandidate)
@@ -184,8 +190,10 @@ void LaneDevice::floodNoticeLocked(MemberId member, const std::string& reason) {
     std::memcpy(payload.data(), &member, 8);
     std::memcpy(payload.data() + 8, reason.data(), reason.size());
     if (payload.size() > FrameHeader::kMaxControlPayload) payload.resize(FrameHeader::kMaxControlPayload);
-    queueControlLocked(lane, FrameType::kNotice, std::move(payload));
+    queueControlLocked(lane, FrameType::kNotice, std::move(payload), /*flush=*/false);
+    queued.push_back(&lane);
   }
+  for (Lane* lane : queued) flushLocked(*lane);
 }
 
 void LaneDevice::markLeftLocked(Peer& p) {
@@ -226,7 +234,7 @@ void LaneDevice::leftPeerNeededLocked(Peer& p) {
   floodNoticeLocked(p.id, p.failReason);
 }
 
-void LaneDevice::queueControlLocked(Lane& lane, FrameType type, std::vector<uint8_t> payload) {
+void LaneDevice::queueControlLocked(Lane& lane, FrameType type, std::vector<uint8_t> payload, bool flush) {
   SendItem item;
   FrameHeader h;
   h.type = type;
@@ -239,7 +247,7 @@ void LaneDevice::queueControlLocked(Lane& lane, FrameType type, std::vector<uint
   item.length = item.owned.size();
   lane.sendQueue.push_back(std::move(item));
   // The deque keeps elements in place, so data keeps pointing at owned.
-  flushLocked(lane);
+  if (flush) flushLocked(lane);
 }
 
 void LaneDevice::onControlLocked(Lane& lane) {

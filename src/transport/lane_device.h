@@ -118,6 +118,7 @@ struct Lane {
   bool wantOut = false;
   bool saidGoodbye = false;  // the peer's goodbye arrived on this lane
   bool opened = false;       // connected once (it may be closed again)
+  bool reading = false;      // readLocked is parsing this lane (it must not be re-entered)
   std::deque<SendItem> sendQueue;
   // Receive state machine, touched only by the progress thread.
   enum class Rx { kHeader, kSignature, kPayload } rx = Rx::kHeader;
@@ -248,7 +249,11 @@ class LaneDevice final : public Device {
   void leftPeerNeededLocked(Peer& peer) ECCL_REQUIRES(mu_);
   void floodNoticeLocked(MemberId member, const std::string& reason) ECCL_REQUIRES(mu_);
   void discardOrphanedPayloadsLocked() ECCL_REQUIRES(mu_);
-  void queueControlLocked(Lane& lane, FrameType type, std::vector<uint8_t> payload) ECCL_REQUIRES(mu_);
+  // flush=false: the caller flushes later (a flood queues on every lane
+  // first, so a write that fails one peer cannot get its own notice ahead
+  // of the one being flooded).
+  void queueControlLocked(Lane& lane, FrameType type, std::vector<uint8_t> payload, bool flush = true)
+      ECCL_REQUIRES(mu_);
   // fromSeq > 0: collectives numbered below it are unaffected (every rank
   // has sent its part of them), so ranks still finishing one complete it.
   void revokeLocked(ecclResult_t code, const std::string& reason, uint64_t fromSeq = 0) ECCL_REQUIRES(mu_);
@@ -264,6 +269,7 @@ class LaneDevice final : public Device {
   void progressLoop();
   void acceptLoop();
   void readLocked(Lane& lane) ECCL_REQUIRES(mu_);
+  void readFramesLocked(Lane& lane) ECCL_REQUIRES(mu_);
   uint8_t* rxDestinationLocked(Lane& lane, size_t* want) ECCL_REQUIRES(mu_);
   bool advanceLocked(Lane& lane, size_t got) ECCL_REQUIRES(mu_);
   bool onHeaderLocked(Lane& lane) ECCL_REQUIRES(mu_);
