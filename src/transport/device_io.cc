@@ -83,14 +83,28 @@ void LaneDevice::flushLocked(Lane& lane) {
   setWantOutLocked(lane, !lane.sendQueue.empty());
 }
 
-RequestPtr LaneDevice::isend(MemberId member, uint64_t seq, uint32_t tag, const void* buf, size_t len,
-                            const uint32_t* payloadCrc, const CallSignature* signature) {
-  connectPeer(member);
+RequestPtr LaneDevice::newRequest(MemberId member, uint64_t seq, bool isSend) {
   auto r = std::make_shared<Request>();
   r->peer = member;
   r->seq = seq;
-  r->isSend = true;
+  r->isSend = isSend;
   r->survivesRevocation = FrameHeader::survivesRevocation(seq);
+  return r;
+}
+
+// A post to a member that failed or left fails at once; needing a member
+// that left in order breaks the view like a failure.
+bool LaneDevice::failIfPeerGoneLocked(const RequestPtr& r, Peer& p) {
+  if (p.state != Peer::State::kFailed && p.state != Peer::State::kLeft) return false;
+  completeLocked(r, p.failCode, p.failReason);
+  if (p.state == Peer::State::kLeft && !r->survivesRevocation) leftPeerNeededLocked(p);
+  return true;
+}
+
+RequestPtr LaneDevice::isend(MemberId member, uint64_t seq, uint32_t tag, const void* buf, size_t len,
+                            const uint32_t* payloadCrc, const CallSignature* signature) {
+  connectPeer(member);
+  RequestPtr r = newRequest(member, seq, /*isSend=*/true);
   MutexLock lock(mu_);
   Peer& p = peerLocked(member);
   if (aborted_) {
@@ -101,11 +115,7 @@ RequestPtr LaneDevice::isend(MemberId member, uint64_t seq, uint32_t tag, const 
     completeLocked(r, revokedCode_, revokedReason_);
     return r;
   }
-  if (p.state == Peer::State::kFailed || p.state == Peer::State::kLeft) {
-    completeLocked(r, p.failCode, p.failReason);
-    if (p.state == Peer::State::kLeft && !r->survivesRevocation) leftPeerNeededLocked(p);
-    return r;
-  }
+  if (failIfPeerGoneLocked(r, p)) return r;
   const size_t lanes = p.lanes.size();
   size_t chunk = len;
   if (lanes > 1 && static_cast<int64_t>(len) >= opt_.stripeMinBytes)
@@ -153,10 +163,7 @@ RequestPtr LaneDevice::isend(MemberId member, uint64_t seq, uint32_t tag, const 
 RequestPtr LaneDevice::irecv(MemberId member, uint64_t seq, uint32_t tag, void* buf, size_t len,
                             const CallSignature* signature) {
   connectPeer(member);
-  auto r = std::make_shared<Request>();
-  r->peer = member;
-  r->seq = seq;
-  r->survivesRevocation = FrameHeader::survivesRevocation(seq);
+  RequestPtr r = newRequest(member, seq, /*isSend=*/false);
   MutexLock lock(mu_);
   Peer& p = peerLocked(member);
   if (aborted_) {
@@ -195,11 +202,7 @@ RequestPtr LaneDevice::irecv(MemberId member, uint64_t seq, uint32_t tag, void* 
     }
     return r;
   }
-  if (p.state == Peer::State::kFailed || p.state == Peer::State::kLeft) {
-    completeLocked(r, p.failCode, p.failReason);
-    if (p.state == Peer::State::kLeft && !r->survivesRevocation) leftPeerNeededLocked(p);
-    return r;
-  }
+  if (failIfPeerGoneLocked(r, p)) return r;
   Inbox& box = inbox_[key];
   box.request = r;
   box.userBuffer = static_cast<uint8_t*>(buf);

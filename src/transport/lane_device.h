@@ -268,6 +268,8 @@ class LaneDevice final : public Device {
 
   void progressLoop();
   void acceptLoop();
+  static RequestPtr newRequest(MemberId member, uint64_t seq, bool isSend);
+  bool failIfPeerGoneLocked(const RequestPtr& r, Peer& p) ECCL_REQUIRES(mu_);
   void readLocked(Lane& lane) ECCL_REQUIRES(mu_);
   void readFramesLocked(Lane& lane) ECCL_REQUIRES(mu_);
   uint8_t* rxDestinationLocked(Lane& lane, size_t* want) ECCL_REQUIRES(mu_);
