@@ -200,8 +200,11 @@ ecclResult_t ecclCommGetStats(ecclComm_t comm, ecclCommStats_t* stats);
  * and the stream's later work waits for it. Errors of enqueued work arrive
  * through ecclCommGetAsyncError. Every rank must issue stream ops and host
  * ops on a communicator in the same order (a host call first lets the
- * communicator's pending stream ops run). Not inside ecclGroupStart/End in
- * this release. Needs a CUDA driver at run time, not at build time. */
+ * communicator's pending stream ops run). Inside ecclGroupStart/End a
+ * communicator's device calls run together at GroupEnd, ordered on every
+ * stream they named; one group takes host or device buffers per
+ * communicator, not both. Needs a CUDA driver at run time, not at build
+ * time. */
 ecclResult_t ecclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
                            ecclDataType_t datatype, ecclRedOp_t op, ecclComm_t comm,
                            ecclStream_t stream);
@@ -308,8 +311,14 @@ ecclResult_t ecclLogRead(ecclComm_t comm, int peer, size_t index, ecclLogRecord_
  * on every rank (an expert may have several replicas on one rank). Each
  * expert's tokens are split over its replicas in quotas differing by at
  * most one, local replicas first, and exchanged without padding. The plan
- * holds the received rows, expert-major, until ecclMoeCombine. Host
- * buffers in this release (stream must be NULL). */
+ * holds the received rows, expert-major, until ecclMoeCombine.
+ * Host buffers (stream NULL): blocking. Device buffers (x and topkIds; the
+ * replicas table may be on either side): the dispatch is enqueued on
+ * `stream` like a collective; ecclMoeExpertInput then waits until the
+ * stream has reached it (how many rows arrive is known only then) and
+ * returns rows in device memory, valid in the dispatch stream's order and
+ * freed, in that order, by ecclMoePlanDestroy; ecclMoeCombine takes device
+ * buffers and is stream-ordered. Not inside ecclGroupStart/End. */
 typedef struct ecclMoePlan* ecclMoePlan_t;
 ecclResult_t ecclMoeDispatch(const void* x, const int32_t* topkIds, int64_t numTokens, int topk,
                              int64_t hidden, ecclDataType_t datatype, const int32_t* replicas,

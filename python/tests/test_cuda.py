@@ -65,6 +65,19 @@ def _ops(rank, n, port):
             dist.all_to_all_single(a2a_gpu, base.to(dev))
             if not torch.equal(a2a_gpu.cpu(), a2a_cpu):
                 failures.append(f"all_to_all_single numel {numel}")
+        # gather and scatter: sends and receives in one group on device buffers
+        parts_cpu = [torch.empty(numel) for _ in range(n)] if rank == 0 else None
+        dist.gather(base, parts_cpu, dst=0)
+        parts_gpu = [torch.empty(numel, device=dev) for _ in range(n)] if rank == 0 else None
+        dist.gather(base.to(dev), parts_gpu, dst=0)
+        if rank == 0 and any(not torch.equal(g.cpu(), c) for g, c in zip(parts_gpu, parts_cpu)):
+            failures.append(f"gather numel {numel}")
+        sc_cpu = torch.empty(numel)
+        dist.scatter(sc_cpu, [base + r for r in range(n)] if rank == 0 else None, src=0)
+        sc_gpu = torch.empty(numel, device=dev)
+        dist.scatter(sc_gpu, [(base + r).to(dev) for r in range(n)] if rank == 0 else None, src=0)
+        if not torch.equal(sc_gpu.cpu(), sc_cpu):
+            failures.append(f"scatter numel {numel}")
     dist.destroy_process_group()
     return failures
 

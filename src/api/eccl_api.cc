@@ -10,7 +10,6 @@
 #include "coll/reduce.h"
 #include "common/params.h"
 #include "core/group.h"
-#include "moe/dispatcher.h"
 
 using eccl::Communicator;
 using eccl::fail;
@@ -34,33 +33,17 @@ namespace {
 using eccl::api::impl;
 
 using eccl::api::deviceStream;
-using eccl::api::streams;
-using eccl::gpu::StreamProxy;
+using eccl::api::submit;
+using eccl::api::submitElementwise;
+using Ins = std::vector<const uint8_t*>;
+using Outs = std::vector<uint8_t*>;
 
 void checkStream(ecclStream_t stream, const char* fn) {
   if (stream != nullptr)
     fail(ecclInvalidArgument,
          "{}: stream must be NULL: this call works on host buffers only (device buffers and streams are taken by the "
-         "collectives and send/recv)",
+         "collectives, send/recv and the MoE dispatch and combine)",
          fn);
-}
-
-// A chunked op on the stream path: `run(in, out, count)` is the host
-// collective of one chunk of `count` elements.
-template <typename F>
-void enqueueChunked(ecclComm_t comm, eccl::gpu::CUstream stream, const void* in, void* out, size_t count,
-                    ecclDataType_t type, bool hasIn, bool hasOut, bool copyBack, F run, const char* fn) {
-  const size_t ts = eccl::typeSize(type);
-  const size_t bytes = count * ts;
-  auto chunks = eccl::api::elementChunks(bytes, ts, hasIn, hasOut);
-  std::vector<size_t> counts;
-  for (size_t i = 0; i < chunks.size(); ++i) {
-    chunks[i].copyBack = copyBack;
-    counts.push_back(((i + 1 < chunks.size() ? chunks[i + 1].inOffset : bytes) - chunks[i].inOffset) / ts);
-  }
-  streams(comm).enqueue(
-      stream, in, out, std::move(chunks),
-      [run, counts](const uint8_t* i, uint8_t* o, size_t index) { run(i, o, counts[index]); }, fn);
 }
 
 // A collective outside a group runs now; inside one it runs at GroupEnd.
@@ -70,6 +53,36 @@ void runOrEnqueue(Communicator& c, F&& f) {
     eccl::group::enqueue(&c, nullptr, std::forward<F>(f));
   else
     f();
+}
+
+// A send or receive on host memory: now, or posted at GroupEnd inside a group.
+void sendOnHost(Communicator& c, const void* buf, size_t bytes, int peer, ecclDataType_t type) {
+  if (peer == c.rank()) {
+    eccl::group::enqueue(&c, [=, &c] { c.pushSelfSend(buf, bytes); }, nullptr);
+    return;
+  }
+  if (!eccl::group::active()) {
+    c.waitP2p(c.postSend(buf, bytes, peer, type), peer, true);
+    return;
+  }
+  auto request = std::make_shared<eccl::transport::RequestPtr>();
+  eccl::group::enqueue(
+      &c, [=, &c] { *request = c.postSend(buf, bytes, peer, type); }, [=, &c] { c.waitP2p(*request, peer, true); });
+}
+
+void recvOnHost(Communicator& c, void* buf, size_t bytes, int peer, ecclDataType_t type) {
+  if (peer == c.rank()) {
+    eccl::group::enqueue(&c, nullptr, [=, &c] { c.popSelfRecv(buf, bytes); });
+    return;
+  }
+  if (!eccl::group::active()) {
+    c.waitP2p(c.postRecv(buf, bytes, peer, type), peer, false);
+    return;
+  }
+  auto request = std::make_shared<eccl::transport::RequestPtr>();
+  eccl::group::enqueue(
+      &c, [=, &c] { *request = c.postRecv(buf, bytes, peer, type); }, [=, &c] { c.waitP2p(*request, peer, false); },
+      /*postFirst=*/true);
 }
 
 eccl::CommOptions optionsFrom(const ecclConfig_t* config, const char* what) {
@@ -303,53 +316,6 @@ ecclResult_t ecclLogRead(ecclComm_t comm, int peer, size_t index, ecclLogRecord_
   });
 }
 
-ecclResult_t ecclMoeDispatch(const void* x, const int32_t* topkIds, int64_t numTokens, int topk, int64_t hidden,
-                             ecclDataType_t datatype, const int32_t* replicas, int numExperts, ecclMoePlan_t* plan,
-                             ecclComm_t comm, ecclStream_t stream) {
-  return guarded(comm, "ecclMoeDispatch", [&] {
-    Communicator& c = impl(comm, "ecclMoeDispatch");
-    checkStream(stream, "ecclMoeDispatch");
-    if (!plan) fail(ecclInvalidArgument, "ecclMoeDispatch: plan is NULL");
-    *plan = nullptr;
-    c.checkUsable();
-    auto p = std::make_unique<ecclMoePlan>();
-    p->comm = &c;
-    p->impl = std::make_unique<eccl::moe::DispatchPlan>(c, x, topkIds, numTokens, topk, hidden, datatype, replicas,
-                                                        numExperts);
-    *plan = p.release();
-  });
-}
-
-ecclResult_t ecclMoeExpertInput(ecclMoePlan_t plan, void** rows, int* numLocalExperts, const int32_t** localExperts,
-                                const int64_t** expertRows, const int64_t** expertOffsets) {
-  return guarded(nullptr, "ecclMoeExpertInput", [&] {
-    if (!plan || !rows || !numLocalExperts || !localExperts || !expertRows || !expertOffsets)
-      fail(ecclInvalidArgument, "ecclMoeExpertInput: NULL argument");
-    auto& d = *plan->impl;
-    *rows = d.expertInput();
-    *numLocalExperts = static_cast<int>(d.localExperts().size());
-    *localExperts = d.localExperts().data();
-    *expertRows = d.expertRows().data();
-    *expertOffsets = d.expertOffsets().data();
-  });
-}
-
-ecclResult_t ecclMoeCombine(ecclMoePlan_t plan, const void* expertOutput, const float* weights, void* out,
-                            ecclComm_t comm, ecclStream_t stream) {
-  return guarded(comm, "ecclMoeCombine", [&] {
-    Communicator& c = impl(comm, "ecclMoeCombine");
-    checkStream(stream, "ecclMoeCombine");
-    if (!plan) fail(ecclInvalidArgument, "ecclMoeCombine: plan is NULL");
-    if (plan->comm != &c) fail(ecclInvalidArgument, "ecclMoeCombine: the plan belongs to another communicator");
-    c.checkUsable();
-    plan->impl->combine(c, expertOutput, weights, out);
-  });
-}
-
-ecclResult_t ecclMoePlanDestroy(ecclMoePlan_t plan) {
-  return guarded(nullptr, "ecclMoePlanDestroy", [&] { delete plan; });
-}
-
 ecclResult_t ecclCommGetStats(ecclComm_t comm, ecclCommStats_t* stats) {
   return guarded(comm, "ecclCommGetStats", [&] {
     Communicator& c = impl(comm, "ecclCommGetStats");
@@ -434,14 +400,13 @@ ecclResult_t ecclAllReduce(const void* in, void* out, size_t count, ecclDataType
                            ecclComm_t comm, ecclStream_t stream) {
   return guarded(comm, "ecclAllReduce", [&] {
     Communicator& c = impl(comm, "ecclAllReduce");
+    auto host = [&c, type, op](const void* i, void* o, size_t n) { runOrEnqueue(c, [=, &c] { c.allReduce(i, o, n, type, op); }); };
     if (auto s = deviceStream(comm, stream, {in, out}, "ecclAllReduce")) {
       Communicator::checkedBytes(count, type, 1, "ecclAllReduce");
-      enqueueChunked(comm, *s, in, out, count, type, true, true, true,
-                     [&c, type, op](const uint8_t* i, uint8_t* o, size_t n) { c.allReduce(i, o, n, type, op); },
-                     "ecclAllReduce");
+      submitElementwise(comm, *s, in, out, count, type, host, "ecclAllReduce");
       return;
     }
-    runOrEnqueue(c, [=, &c] { c.allReduce(in, out, count, type, op); });
+    host(in, out, count);
   });
 }
 
@@ -450,16 +415,15 @@ ecclResult_t ecclBroadcast(const void* in, void* out, size_t count, ecclDataType
   return guarded(comm, "ecclBroadcast", [&] {
     Communicator& c = impl(comm, "ecclBroadcast");
     const bool atRoot = c.rank() == root;
+    auto host = [&c, type, root](const void* i, void* o, size_t n) { runOrEnqueue(c, [=, &c] { c.broadcast(i, o, n, type, root); }); };
     if (auto s = deviceStream(comm, stream, {atRoot ? in : nullptr, out}, "ecclBroadcast")) {
       Communicator::checkedBytes(count, type, 1, "ecclBroadcast");
-      enqueueChunked(comm, *s, in, out, count, type, atRoot, true, true,
-                     [&c, type, root, atRoot](const uint8_t* i, uint8_t* o, size_t n) {
-                       c.broadcast(atRoot ? i : o, o, n, type, root);
-                     },
-                     "ecclBroadcast");
+      // Off the root only the output is staged, and it is the input as well.
+      submitElementwise(comm, *s, atRoot ? in : nullptr, out, count, type,
+                        [host](const uint8_t* i, uint8_t* o, size_t n) { host(i ? i : o, o, n); }, "ecclBroadcast");
       return;
     }
-    runOrEnqueue(c, [=, &c] { c.broadcast(in, out, count, type, root); });
+    host(in, out, count);
   });
 }
 
@@ -468,14 +432,16 @@ ecclResult_t ecclReduce(const void* in, void* out, size_t count, ecclDataType_t 
   return guarded(comm, "ecclReduce", [&] {
     Communicator& c = impl(comm, "ecclReduce");
     const bool atRoot = c.rank() == root;
+    auto host = [&c, type, op, root](const void* i, void* o, size_t n) {
+      runOrEnqueue(c, [=, &c] { c.reduce(i, o, n, type, op, root); });
+    };
     if (auto s = deviceStream(comm, stream, {in, atRoot ? out : nullptr}, "ecclReduce")) {
       Communicator::checkedBytes(count, type, 1, "ecclReduce");
-      enqueueChunked(comm, *s, in, out, count, type, true, true, atRoot,
-                     [&c, type, op, root](const uint8_t* i, uint8_t* o, size_t n) { c.reduce(i, o, n, type, op, root); },
-                     "ecclReduce");
+      // Off the root the output is scratch: staged, never copied back.
+      submitElementwise(comm, *s, in, atRoot ? out : nullptr, count, type, host, "ecclReduce");
       return;
     }
-    runOrEnqueue(c, [=, &c] { c.reduce(in, out, count, type, op, root); });
+    host(in, out, count);
   });
 }
 
@@ -483,15 +449,15 @@ ecclResult_t ecclAllGather(const void* in, void* out, size_t sendcount, ecclData
                            ecclStream_t stream) {
   return guarded(comm, "ecclAllGather", [&] {
     Communicator& c = impl(comm, "ecclAllGather");
+    auto host = [&c, sendcount, type](const void* i, void* o) { runOrEnqueue(c, [=, &c] { c.allGather(i, o, sendcount, type); }); };
     if (auto s = deviceStream(comm, stream, {in, out}, "ecclAllGather")) {
       size_t bytes = Communicator::checkedBytes(sendcount, type, 1, "ecclAllGather");
       Communicator::checkedBytes(sendcount, type, c.size(), "ecclAllGather");
-      streams(comm).enqueue(*s, in, out, eccl::api::wholeOp(bytes, bytes * c.size()),
-                            [&c, sendcount, type](const uint8_t* i, uint8_t* o, size_t) { c.allGather(i, o, sendcount, type); },
-                            "ecclAllGather");
+      submit(comm, *s, {{in, bytes}}, {{out, bytes * c.size()}}, [host](const Ins& i, const Outs& o) { host(i[0], o[0]); },
+             "ecclAllGather");
       return;
     }
-    runOrEnqueue(c, [=, &c] { c.allGather(in, out, sendcount, type); });
+    host(in, out);
   });
 }
 
@@ -499,16 +465,17 @@ ecclResult_t ecclReduceScatter(const void* in, void* out, size_t recvcount, eccl
                                ecclComm_t comm, ecclStream_t stream) {
   return guarded(comm, "ecclReduceScatter", [&] {
     Communicator& c = impl(comm, "ecclReduceScatter");
+    auto host = [&c, recvcount, type, op](const void* i, void* o) {
+      runOrEnqueue(c, [=, &c] { c.reduceScatter(i, o, recvcount, type, op); });
+    };
     if (auto s = deviceStream(comm, stream, {in, out}, "ecclReduceScatter")) {
       size_t bytes = Communicator::checkedBytes(recvcount, type, 1, "ecclReduceScatter");
       Communicator::checkedBytes(recvcount, type, c.size(), "ecclReduceScatter");
-      streams(comm).enqueue(
-          *s, in, out, eccl::api::wholeOp(bytes * c.size(), bytes),
-          [&c, recvcount, type, op](const uint8_t* i, uint8_t* o, size_t) { c.reduceScatter(i, o, recvcount, type, op); },
-          "ecclReduceScatter");
+      submit(comm, *s, {{in, bytes * c.size()}}, {{out, bytes}},
+             [host](const Ins& i, const Outs& o) { host(i[0], o[0]); }, "ecclReduceScatter");
       return;
     }
-    runOrEnqueue(c, [=, &c] { c.reduceScatter(in, out, recvcount, type, op); });
+    host(in, out);
   });
 }
 
@@ -516,14 +483,14 @@ ecclResult_t ecclAllToAll(const void* in, void* out, size_t count, ecclDataType_
                           ecclStream_t stream) {
   return guarded(comm, "ecclAllToAll", [&] {
     Communicator& c = impl(comm, "ecclAllToAll");
+    auto host = [&c, count, type](const void* i, void* o) { runOrEnqueue(c, [=, &c] { c.allToAll(i, o, count, type); }); };
     if (auto s = deviceStream(comm, stream, {in, out}, "ecclAllToAll")) {
       size_t bytes = Communicator::checkedBytes(count, type, c.size(), "ecclAllToAll");
-      streams(comm).enqueue(*s, in, out, eccl::api::wholeOp(bytes, bytes),
-                            [&c, count, type](const uint8_t* i, uint8_t* o, size_t) { c.allToAll(i, o, count, type); },
-                            "ecclAllToAll");
+      submit(comm, *s, {{in, bytes}}, {{out, bytes}}, [host](const Ins& i, const Outs& o) { host(i[0], o[0]); },
+             "ecclAllToAll");
       return;
     }
-    runOrEnqueue(c, [=, &c] { c.allToAll(in, out, count, type); });
+    host(in, out);
   });
 }
 
@@ -543,13 +510,16 @@ ecclResult_t ecclAllToAllv(const void* in, const size_t sendcounts[], const size
       }
       Communicator::checkedBytes(std::max(inElems, outElems), type, 1, "ecclAllToAllv");
       // The counts are the caller's arrays: copied now, as the op runs later.
-      std::vector<size_t> sc(sendcounts, sendcounts + n), sd(sdispls, sdispls + n), rc(recvcounts, recvcounts + n),
-          rd(rdispls, rdispls + n);
-      streams(comm).enqueue(*s, in, out, eccl::api::wholeOp(inElems * ts, outElems * ts),
-                            [&c, sc, sd, rc, rd, type](const uint8_t* i, uint8_t* o, size_t) {
-                              c.allToAllv(i, sc.data(), sd.data(), o, rc.data(), rd.data(), type);
-                            },
-                            "ecclAllToAllv");
+      auto counts = std::make_shared<std::vector<size_t>>(sendcounts, sendcounts + n);
+      counts->insert(counts->end(), sdispls, sdispls + n);
+      counts->insert(counts->end(), recvcounts, recvcounts + n);
+      counts->insert(counts->end(), rdispls, rdispls + n);
+      submit(comm, *s, {{in, inElems * ts}}, {{out, outElems * ts}},
+             [&c, counts, n, type](const Ins& i, const Outs& o) {
+               const size_t* k = counts->data();
+               runOrEnqueue(c, [=, &c] { c.allToAllv(i[0], k, k + n, o[0], k + 2 * n, k + 3 * n, type); });
+             },
+             "ecclAllToAllv");
       return;
     }
     runOrEnqueue(c, [=, &c] { c.allToAllv(in, sendcounts, sdispls, out, recvcounts, rdispls, type); });
@@ -570,28 +540,14 @@ ecclResult_t ecclSend(const void* buf, size_t count, ecclDataType_t type, int pe
     size_t bytes = Communicator::checkedBytes(count, type, 1, "ecclSend");
     Communicator::checkBuffer(buf, count, "ecclSend sendbuff");
     c.checkRank(peer, "ecclSend peer");
+    if (peer == c.rank() && !eccl::group::active())
+      fail(ecclInvalidUsage, "ecclSend to self (rank {}) outside a group would never complete", peer);
+    auto host = [&c, bytes, peer, type](const void* b) { sendOnHost(c, b, bytes, peer, type); };
     if (auto s = deviceStream(comm, stream, {buf}, "ecclSend")) {
-      if (peer == c.rank()) fail(ecclInvalidUsage, "ecclSend to self (rank {}) needs a group, and device buffers cannot be grouped yet", peer);
-      streams(comm).enqueue(*s, buf, nullptr, eccl::api::wholeOp(bytes, 0),
-                            [&c, bytes, peer, type](const uint8_t* i, uint8_t*, size_t) {
-                              c.waitP2p(c.postSend(i, bytes, peer, type), peer, true);
-                            },
-                            "ecclSend");
+      submit(comm, *s, {{buf, bytes}}, {}, [host](const Ins& i, const Outs&) { host(i[0]); }, "ecclSend");
       return;
     }
-    if (peer == c.rank()) {
-      if (!eccl::group::active())
-        fail(ecclInvalidUsage, "ecclSend to self (rank {}) outside a group would never complete", peer);
-      eccl::group::enqueue(&c, [=, &c] { c.pushSelfSend(buf, bytes); }, nullptr);
-      return;
-    }
-    if (!eccl::group::active()) {
-      c.waitP2p(c.postSend(buf, bytes, peer, type), peer, true);
-      return;
-    }
-    auto request = std::make_shared<eccl::transport::RequestPtr>();
-    eccl::group::enqueue(
-        &c, [=, &c] { *request = c.postSend(buf, bytes, peer, type); }, [=, &c] { c.waitP2p(*request, peer, true); });
+    host(buf);
   });
 }
 
@@ -602,29 +558,14 @@ ecclResult_t ecclRecv(void* buf, size_t count, ecclDataType_t type, int peer, ec
     size_t bytes = Communicator::checkedBytes(count, type, 1, "ecclRecv");
     Communicator::checkBuffer(buf, count, "ecclRecv recvbuff");
     c.checkRank(peer, "ecclRecv peer");
+    if (peer == c.rank() && !eccl::group::active())
+      fail(ecclInvalidUsage, "ecclRecv from self (rank {}) outside a group would never complete", peer);
+    auto host = [&c, bytes, peer, type](void* b) { recvOnHost(c, b, bytes, peer, type); };
     if (auto s = deviceStream(comm, stream, {buf}, "ecclRecv")) {
-      if (peer == c.rank()) fail(ecclInvalidUsage, "ecclRecv from self (rank {}) needs a group, and device buffers cannot be grouped yet", peer);
-      streams(comm).enqueue(*s, nullptr, buf, eccl::api::wholeOp(0, bytes),
-                            [&c, bytes, peer, type](const uint8_t*, uint8_t* o, size_t) {
-                              c.waitP2p(c.postRecv(o, bytes, peer, type), peer, false);
-                            },
-                            "ecclRecv");
+      submit(comm, *s, {}, {{buf, bytes}}, [host](const Ins&, const Outs& o) { host(o[0]); }, "ecclRecv");
       return;
     }
-    if (peer == c.rank()) {
-      if (!eccl::group::active())
-        fail(ecclInvalidUsage, "ecclRecv from self (rank {}) outside a group would never complete", peer);
-      eccl::group::enqueue(&c, nullptr, [=, &c] { c.popSelfRecv(buf, bytes); });
-      return;
-    }
-    if (!eccl::group::active()) {
-      c.waitP2p(c.postRecv(buf, bytes, peer, type), peer, false);
-      return;
-    }
-    auto request = std::make_shared<eccl::transport::RequestPtr>();
-    eccl::group::enqueue(
-        &c, [=, &c] { *request = c.postRecv(buf, bytes, peer, type); }, [=, &c] { c.waitP2p(*request, peer, false); },
-        /*postFirst=*/true);
+    host(buf);
   });
 }
 
@@ -633,7 +574,22 @@ ecclResult_t ecclGroupStart(void) {
 }
 
 ecclResult_t ecclGroupEnd(void) {
-  return guarded(nullptr, "ecclGroupEnd", [] { eccl::group::end(); });
+  return guarded(nullptr, "ecclGroupEnd", [] {
+    // Device calls go to their streams first (enqueueing only); the host
+    // calls then run and wait here. Both are tried even when one fails.
+    std::optional<eccl::Error> first;
+    if (eccl::group::depth() == 1) try {
+        eccl::api::flushDeviceGroup();
+      } catch (const eccl::Error& e) {
+        first = e;
+      }
+    try {
+      eccl::group::end();
+    } catch (const eccl::Error& e) {
+      if (!first) first = e;
+    }
+    if (first) throw *first;
+  });
 }
 
 }  // extern "C"

@@ -27,9 +27,14 @@ struct ecclComm {
 namespace eccl::moe {
 class DispatchPlan;
 }
+namespace eccl::api {
+struct DeviceDispatch;
+}
 struct ecclMoePlan {
   eccl::Communicator* comm = nullptr;
-  std::unique_ptr<eccl::moe::DispatchPlan> impl;
+  std::unique_ptr<eccl::moe::DispatchPlan> impl;  // a dispatch on host buffers
+  std::shared_ptr<eccl::api::DeviceDispatch> device;  // one on device buffers (moe_api.cc)
+  ~ecclMoePlan();
 };
 
 // A non-blocking send or receive (p2p_api.cc).

@@ -26,6 +26,8 @@ thread_local State state;
 
 bool active() { return state.depth > 0; }
 
+int depth() { return state.depth; }
+
 void start() { ++state.depth; }
 
 void enqueue(Communicator* comm, std::function<void()> post, std::function<void()> finish, bool postFirst) {

@@ -10,6 +10,8 @@
 namespace eccl::group {
 
 bool active();
+// How many ecclGroupStart calls are open on this thread.
+int depth();
 void start();
 // post() runs at end() before any finish(); finish() waits or runs the op.
 // Ops with postFirst (receives) are posted before the others: data that

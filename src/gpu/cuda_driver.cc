@@ -46,7 +46,13 @@ Loaded load() {
              resolve(lib, d.streamWaitValue32, {"cuStreamWaitValue32_v2", "cuStreamWaitValue32"}, &l.why) &&
              resolve(lib, d.streamGetCtx, {"cuStreamGetCtx"}, &l.why) &&
              resolve(lib, d.ctxPushCurrent, {"cuCtxPushCurrent_v2"}, &l.why) &&
-             resolve(lib, d.ctxPopCurrent, {"cuCtxPopCurrent_v2"}, &l.why);
+             resolve(lib, d.ctxPopCurrent, {"cuCtxPopCurrent_v2"}, &l.why) &&
+             resolve(lib, d.eventCreate, {"cuEventCreate"}, &l.why) &&
+             resolve(lib, d.eventRecord, {"cuEventRecord"}, &l.why) &&
+             resolve(lib, d.streamWaitEvent, {"cuStreamWaitEvent"}, &l.why) &&
+             resolve(lib, d.eventDestroy, {"cuEventDestroy_v2"}, &l.why) &&
+             resolve(lib, d.memAllocAsync, {"cuMemAllocAsync"}, &l.why) &&
+             resolve(lib, d.memFreeAsync, {"cuMemFreeAsync"}, &l.why);
   if (!all) return l;
   if (CUresult r = d.init(0); r != 0) {
     const char* text = nullptr;
@@ -70,6 +76,17 @@ void CudaDriver::check(CUresult result, const char* what) const {
   const char* text = nullptr;
   getErrorString(result, &text);
   fail(ecclSystemError, "{}: CUDA error {} ({})", what, result, text ? text : "unknown");
+}
+
+void CudaDriver::streamAfter(CUstream waiter, CUstream producer) const {
+  if (waiter == producer) return;
+  CUevent event = nullptr;
+  check(eventCreate(&event, kEventDisableTiming), "creating an event to order two streams");
+  CUresult recorded = eventRecord(event, producer);
+  CUresult waited = recorded == 0 ? streamWaitEvent(waiter, event, 0) : recorded;
+  // Destroying an event a stream still waits on is allowed: it is released once the wait is done.
+  eventDestroy(event);
+  check(waited, "ordering one stream after another");
 }
 
 StreamContext::StreamContext(const CudaDriver& cuda, CUstream stream) : cuda_(cuda) {

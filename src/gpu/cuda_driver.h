@@ -15,6 +15,7 @@ using CUstream = void*;
 using CUdeviceptr = unsigned long long;
 using CUhostFn = void (*)(void* userData);
 using CUcontext = void*;
+using CUevent = void*;
 
 struct CudaDriver {
   CUresult (*init)(unsigned flags);
@@ -30,6 +31,12 @@ struct CudaDriver {
   CUresult (*streamGetCtx)(CUstream stream, CUcontext* ctx);
   CUresult (*ctxPushCurrent)(CUcontext ctx);
   CUresult (*ctxPopCurrent)(CUcontext* ctx);
+  CUresult (*eventCreate)(CUevent* event, unsigned flags);
+  CUresult (*eventRecord)(CUevent event, CUstream stream);
+  CUresult (*streamWaitEvent)(CUstream stream, CUevent event, unsigned flags);
+  CUresult (*eventDestroy)(CUevent event);
+  CUresult (*memAllocAsync)(CUdeviceptr* dptr, size_t bytes, CUstream stream);
+  CUresult (*memFreeAsync)(CUdeviceptr dptr, CUstream stream);
 
   // Constants of the driver ABI used here.
   static constexpr int kPointerAttributeMemoryType = 2;  // CU_POINTER_ATTRIBUTE_MEMORY_TYPE
@@ -38,6 +45,10 @@ struct CudaDriver {
   static constexpr unsigned kHostAllocPortable = 1;      // CU_MEMHOSTALLOC_PORTABLE
   static constexpr unsigned kHostAllocDeviceMap = 2;     // CU_MEMHOSTALLOC_DEVICEMAP
   static constexpr unsigned kWaitValueGeq = 0;           // CU_STREAM_WAIT_VALUE_GEQ
+  static constexpr unsigned kEventDisableTiming = 2;     // CU_EVENT_DISABLE_TIMING
+
+  // Later work on `waiter` waits for the work enqueued on `producer` so far.
+  void streamAfter(CUstream waiter, CUstream producer) const;
 
   // Throws eccl::Error naming `what` and the driver's message unless ok.
   void check(CUresult result, const char* what) const;

@@ -122,36 +122,65 @@ std::shared_ptr<StreamProxy::Staging> StreamProxy::takeStaging(size_t bytes) {
   return best;
 }
 
-void StreamProxy::enqueue(CUstream stream, const void* in, void* out, std::vector<Chunk> chunks, HostOp op,
-                          const std::string& what) {
+std::vector<size_t> StreamProxy::packedOffsets(const std::vector<size_t>& bytes) {
+  constexpr size_t kAlign = 64;
+  std::vector<size_t> at{0};
+  for (size_t b : bytes) at.push_back(at.back() + (b + kAlign - 1) / kAlign * kAlign);
+  return at;
+}
+
+namespace {
+
+// Calls `copy(offsetInBuffer, offsetInPacked, bytes, buffer)` for each part
+// of the packed range [from, from + bytes) that falls in a buffer.
+template <typename F>
+void forEachOverlap(const std::vector<size_t>& at, const std::vector<size_t>& sizes, size_t from, size_t bytes, F copy) {
+  for (size_t b = 0; b < sizes.size(); ++b) {
+    size_t lo = std::max(from, at[b]), hi = std::min(from + bytes, at[b] + sizes[b]);
+    if (lo < hi) copy(lo - at[b], lo, hi - lo, b);
+  }
+}
+
+template <typename T>
+std::vector<size_t> sizesOf(const std::vector<T>& buffers) {
+  std::vector<size_t> sizes;
+  for (const T& b : buffers) sizes.push_back(b.bytes);
+  return sizes;
+}
+
+}  // namespace
+
+uint32_t StreamProxy::enqueue(CUstream stream, Op op) {
   StreamContext context(cuda_, stream);
   allocateFlag();
-  size_t inBytes = 0, outBytes = 0;
-  for (const Chunk& c : chunks) {
-    inBytes = std::max(inBytes, c.inOffset + c.inBytes);
-    outBytes = std::max(outBytes, c.outOffset + c.outBytes);
-  }
-  auto staging = takeStaging(inBytes + outBytes);
+  const auto inSizes = sizesOf(op.inputs), outSizes = sizesOf(op.outputs);
+  const auto inAt = packedOffsets(inSizes), outAt = packedOffsets(outSizes);
+  const size_t inBytes = inAt.back();
+  if (op.chunks.empty()) op.chunks.push_back({0, inBytes, 0, outAt.back()});
+  for (CUstream other : op.alsoOn) cuda_.streamAfter(stream, other);
+  auto staging = takeStaging(inBytes + outAt.back());
   auto* host = static_cast<uint8_t*>(staging->host);
-  auto shared = std::make_shared<HostOp>(std::move(op));
+  // Host tables are read now: the caller may reuse them once the call returns.
+  for (size_t b = 0; b < op.inputs.size(); ++b)
+    if (op.inputs[b].onHost && op.inputs[b].bytes) std::memcpy(host + inAt[b], op.inputs[b].data, op.inputs[b].bytes);
+  auto run = std::make_shared<HostOp>(std::move(op.run));
   std::vector<uint32_t> tickets;
   CUdeviceptr flag = 0;
   {
     MutexLock lock(shared_->mu);
-    for (size_t i = 0; i < chunks.size(); ++i) tickets.push_back(++shared_->nextTicket);
+    for (size_t i = 0; i < op.chunks.size(); ++i) tickets.push_back(++shared_->nextTicket);
     flag = shared_->flagOnDevice;
   }
   // In: every chunk's copy, each followed by the host function that hands
   // it over, so chunk 0 is on the network while chunk 1 is still copying.
   size_t handed = 0;
   try {
-    for (; handed < chunks.size(); ++handed) enqueueChunk(stream, in, host, chunks, handed, tickets[handed], shared,
-                                                          staging, inBytes, what);
+    for (; handed < op.chunks.size(); ++handed) stageChunk(stream, op, inAt, host, handed, tickets[handed], run, staging, inBytes);
   } catch (...) {
     // Tickets taken but never handed over would stop every later op: they
     // pass as ops with nothing to run.
     MutexLock lock(shared_->mu);
-    for (size_t i = handed; i < chunks.size(); ++i) {
+    for (size_t i = handed; i < op.chunks.size(); ++i) {
       auto skip = std::make_unique<Job>();
       skip->ticket = tickets[i];
       shared_->ready.emplace(skip->ticket, std::move(skip));
@@ -160,34 +189,39 @@ void StreamProxy::enqueue(CUstream stream, const void* in, void* out, std::vecto
     throw;
   }
   // Out: each chunk waits for its collective, then copies back.
-  for (size_t i = 0; i < chunks.size(); ++i) {
-    const Chunk& c = chunks[i];
+  for (size_t i = 0; i < op.chunks.size(); ++i) {
+    const Chunk& c = op.chunks[i];
     cuda_.check(cuda_.streamWaitValue32(stream, flag, tickets[i], CudaDriver::kWaitValueGeq),
                 "enqueueing the wait for a chunk");
-    if (c.outBytes && c.copyBack)
-      cuda_.check(cuda_.memcpyHtoDAsync(reinterpret_cast<CUdeviceptr>(out) + c.outOffset, host + inBytes + c.outOffset,
-                                        c.outBytes, stream),
+    forEachOverlap(outAt, outSizes, c.outOffset, c.outBytes, [&](size_t at, size_t packed, size_t n, size_t b) {
+      if (!op.outputs[b].data) return;
+      cuda_.check(cuda_.memcpyHtoDAsync(reinterpret_cast<CUdeviceptr>(op.outputs[b].data) + at, host + inBytes + packed,
+                                        n, stream),
                   "copying an output chunk back to the device");
+    });
   }
   cuda_.check(cuda_.launchHostFunc(stream, &StreamProxy::onReleased, staging.get()), "enqueueing the release");
+  for (CUstream other : op.alsoOn) cuda_.streamAfter(other, stream);
+  return tickets.back();
 }
 
-void StreamProxy::enqueueChunk(CUstream stream, const void* in, uint8_t* host, const std::vector<Chunk>& chunks,
-                               size_t i, uint32_t ticket, const std::shared_ptr<HostOp>& op,
-                               const std::shared_ptr<Staging>& staging, size_t outBase, const std::string& what) {
-  const Chunk& c = chunks[i];
-  if (c.inBytes)
-    cuda_.check(cuda_.memcpyDtoHAsync(host + c.inOffset, reinterpret_cast<CUdeviceptr>(in) + c.inOffset, c.inBytes,
-                                      stream),
+void StreamProxy::stageChunk(CUstream stream, const Op& op, const std::vector<size_t>& inAt, uint8_t* host, size_t i,
+                             uint32_t ticket, const std::shared_ptr<HostOp>& run,
+                             const std::shared_ptr<Staging>& staging, size_t outBase) {
+  const Chunk& c = op.chunks[i];
+  forEachOverlap(inAt, sizesOf(op.inputs), c.inOffset, c.inBytes, [&](size_t at, size_t packed, size_t n, size_t b) {
+    if (op.inputs[b].onHost) return;
+    cuda_.check(cuda_.memcpyDtoHAsync(host + packed, reinterpret_cast<CUdeviceptr>(op.inputs[b].data) + at, n, stream),
                 "copying an input chunk to pinned memory");
+  });
   auto job = std::make_unique<Job>();
   job->ticket = ticket;
   job->index = i;
   job->chunk = c;
-  job->op = op;
+  job->op = run;
   job->staging = staging;
   job->outBase = outBase;
-  job->what = what;
+  job->what = op.what;
   job->shared = shared_;
   cuda_.check(cuda_.launchHostFunc(stream, &StreamProxy::onStaged, job.get()), "enqueueing the host side");
   job.release();  // the host function owns it now
@@ -244,8 +278,16 @@ void StreamProxy::run() {
 }
 
 void StreamProxy::drain(Deadline deadline) {
+  uint32_t target = 0;
+  {
+    MutexLock lock(shared_->mu);
+    target = shared_->nextTicket;
+  }
+  waitFor(target, deadline);
+}
+
+void StreamProxy::waitFor(uint32_t target, Deadline deadline) {
   MutexLock lock(shared_->mu);
-  const uint32_t target = shared_->nextTicket;
   while (static_cast<int32_t>(shared_->doneTicket - target) < 0)
     if (!shared_->cv.waitUntil(shared_->mu, deadline) && Clock::now() >= deadline)
       fail(ecclTimeout, "stream-ordered ops up to {} not run before the deadline (done: {}): is the GPU stream stuck?",

@@ -34,14 +34,35 @@ namespace eccl::gpu {
 
 class StreamProxy {
  public:
-  // One part of an op that runs as its own host collective: its input and
-  // output byte ranges within the op's buffers.
+  // A buffer an op reads: device memory copied in on the stream, or host
+  // memory (a small table) copied when the op is enqueued.
+  struct Input {
+    const void* data = nullptr;
+    size_t bytes = 0;
+    bool onHost = false;
+  };
+  // A device buffer an op writes; data == nullptr: scratch, not copied back
+  // (a reduce's output on a rank that is not the root).
+  struct Output {
+    void* data = nullptr;
+    size_t bytes = 0;
+  };
+  // One part of an op that runs as its own host collective: its byte ranges
+  // within the op's inputs and outputs, each side laid out as packedOffsets
+  // places its buffers.
   struct Chunk {
     size_t inOffset = 0, inBytes = 0, outOffset = 0, outBytes = 0;
-    bool copyBack = true;  // false: the output is scratch here (a reduce's non-root)
   };
   // Runs chunk `index` on the pinned copies (in: the chunk's input, out: its output).
   using HostOp = std::function<void(const uint8_t* in, uint8_t* out, size_t index)>;
+  struct Op {
+    std::vector<Input> inputs;
+    std::vector<Output> outputs;
+    std::vector<Chunk> chunks;  // empty: one chunk of everything
+    HostOp run;
+    std::string what;                 // names the op in errors
+    std::vector<CUstream> alsoOn;     // further streams the op is ordered on (a group's)
+  };
 
   // Throws ecclSystemError naming the reason when there is no CUDA driver.
   explicit StreamProxy(Communicator& comm);
@@ -49,10 +70,16 @@ class StreamProxy {
   StreamProxy(const StreamProxy&) = delete;
   StreamProxy& operator=(const StreamProxy&) = delete;
 
-  // Enqueues an op on `stream` (in/out: device pointers; either may be null
-  // when its chunks have no bytes). `what` names the op in errors.
-  void enqueue(CUstream stream, const void* in, void* out, std::vector<Chunk> chunks, HostOp op,
-               const std::string& what);
+  // Where each buffer of `bytes` starts when they are packed one after the
+  // other, each aligned for any element type; the last entry is the total.
+  static std::vector<size_t> packedOffsets(const std::vector<size_t>& bytes);
+
+  // Enqueues `op` on `stream` (and orders it on op.alsoOn: it starts after
+  // their earlier work, their later work waits for it). Returns the ticket
+  // of its last chunk (see waitFor).
+  uint32_t enqueue(CUstream stream, Op op);
+  // Waits until every op up to `ticket` has run on the host; throws at the deadline.
+  void waitFor(uint32_t ticket, Deadline deadline);
   // Waits until every op enqueued so far has run on the host (a host-buffer
   // call on the same communicator comes after them); throws at the deadline.
   void drain(Deadline deadline);
@@ -72,9 +99,9 @@ class StreamProxy {
   static void onReleased(void* staging);
   void run();
   void allocateFlag();
-  void enqueueChunk(CUstream stream, const void* in, uint8_t* host, const std::vector<Chunk>& chunks, size_t i,
-                    uint32_t ticket, const std::shared_ptr<HostOp>& op, const std::shared_ptr<Staging>& staging,
-                    size_t outBase, const std::string& what);
+  void stageChunk(CUstream stream, const Op& op, const std::vector<size_t>& inAt, uint8_t* host, size_t i,
+                  uint32_t ticket, const std::shared_ptr<HostOp>& run, const std::shared_ptr<Staging>& staging,
+                  size_t outBase);
   std::shared_ptr<Staging> takeStaging(size_t bytes);
 
   Communicator& comm_;

@@ -32,16 +32,21 @@ auto invalidToEccl(const char* what, F&& f) {
 
 }  // namespace
 
-DispatchPlan::DispatchPlan(Communicator& comm, const void* x, const int32_t* topk, int64_t tokens, int k,
-                           int64_t hidden, ecclDataType_t type, const int32_t* replicas, int nexperts)
-    : tokens_(tokens), hidden_(hidden), k_(k), type_(type), epoch_(static_cast<int>(comm.epoch())) {
-  const int n = comm.size();
+size_t DispatchPlan::checkArguments(const void* x, const int32_t* topk, int64_t tokens, int k, int64_t hidden,
+                                   ecclDataType_t type, const int32_t* replicas, int nexperts) {
   ECCL_CHECK_ARG(tokens >= 0 && k >= 1 && hidden >= 1 && nexperts >= 1,
                  "ecclMoeDispatch: need tokens >= 0, topk >= 1, hidden >= 1, experts >= 1 (got {}, {}, {}, {})", tokens,
                  k, hidden, nexperts);
   ECCL_CHECK_ARG(replicas != nullptr, "ecclMoeDispatch: replicas is NULL");
   ECCL_CHECK_ARG(tokens == 0 || (x && topk), "ecclMoeDispatch: tokens or topk is NULL with {} tokens", tokens);
-  rowBytes_ = Communicator::checkedBytes(static_cast<size_t>(hidden), type, 1, "ecclMoeDispatch");
+  return Communicator::checkedBytes(static_cast<size_t>(hidden), type, 1, "ecclMoeDispatch");
+}
+
+DispatchPlan::DispatchPlan(Communicator& comm, const void* x, const int32_t* topk, int64_t tokens, int k,
+                           int64_t hidden, ecclDataType_t type, const int32_t* replicas, int nexperts)
+    : tokens_(tokens), hidden_(hidden), k_(k), type_(type), epoch_(static_cast<int>(comm.epoch())) {
+  const int n = comm.size();
+  rowBytes_ = checkArguments(x, topk, tokens, k, hidden, type, replicas, nexperts);
   // Everyone's counts: tokens on rank j for expert e.
   std::vector<int64_t> mine(nexperts, 0), all(static_cast<size_t>(n) * nexperts);
   for (int64_t i = 0; i < tokens * k; ++i) {
@@ -66,7 +71,8 @@ DispatchPlan::DispatchPlan(Communicator& comm, const void* x, const int32_t* top
   regroupRows(recvBuf.data(), rowBytes_, layout_, grouped_.data());
 }
 
-void DispatchPlan::combine(Communicator& comm, const void* expertOutput, const float* weights, void* out) {
+void DispatchPlan::checkCombine(const Communicator& comm, const void* expertOutput, const float* weights,
+                                const void* out) const {
   ECCL_CHECK_ARG(static_cast<int>(comm.epoch()) == epoch_,
                  "ecclMoeCombine: the plan was made at epoch {}, the communicator is at epoch {}; dispatch again",
                  epoch_, comm.epoch());
@@ -75,6 +81,10 @@ void DispatchPlan::combine(Communicator& comm, const void* expertOutput, const f
                  coll::typeName(type_));
   ECCL_CHECK_ARG(expertOutput || layout_.recvRows == 0, "ecclMoeCombine: expertOutput is NULL");
   ECCL_CHECK_ARG((weights && out) || tokens_ == 0, "ecclMoeCombine: weights or out is NULL");
+}
+
+void DispatchPlan::combine(Communicator& comm, const void* expertOutput, const float* weights, void* out) {
+  checkCombine(comm, expertOutput, weights, out);
   std::vector<uint8_t> back(static_cast<size_t>(layout_.recvRows) * rowBytes_);
   ungroupRows(expertOutput, rowBytes_, layout_, back.data());
   std::vector<uint8_t> returned(static_cast<size_t>(permute_.sendRows) * rowBytes_);

@@ -17,6 +17,11 @@ class DispatchPlan {
   // Collective over `comm`; replicas[e * nranks + j] must be the same on every rank.
   DispatchPlan(Communicator& comm, const void* x, const int32_t* topk, int64_t tokens, int k, int64_t hidden,
                ecclDataType_t type, const int32_t* replicas, int nexperts);
+  // The checks that need no data, as the constructor makes them; returns the bytes of one row.
+  static size_t checkArguments(const void* x, const int32_t* topk, int64_t tokens, int k, int64_t hidden,
+                               ecclDataType_t type, const int32_t* replicas, int nexperts);
+  // The checks combine makes before any data moves.
+  void checkCombine(const Communicator& comm, const void* expertOutput, const float* weights, const void* out) const;
   // Expert outputs in the expert-major layout of expertInput(); collective.
   void combine(Communicator& comm, const void* expertOutput, const float* weights, void* out);
 
@@ -26,6 +31,9 @@ class DispatchPlan {
   const std::vector<int64_t>& expertOffsets() const { return layout_.expertOffset; }
   int64_t rowsSent() const { return permute_.sendRows; }
   int64_t rowsReceived() const { return layout_.recvRows; }
+  int64_t tokens() const { return tokens_; }
+  int topk() const { return k_; }
+  size_t rowBytes() const { return rowBytes_; }
 
  private:
   int64_t tokens_, hidden_;

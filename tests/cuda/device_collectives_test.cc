@@ -150,6 +150,152 @@ TEST_P(DeviceCollectives, StreamOrderIsKept) {
   EXPECT_TRUE(allSucceeded(outcomes)) << describe(outcomes);
 }
 
+// Inside a group, device calls run together when their stream gets there:
+// a ring of sends and receives on two streams, a send to self and an
+// allreduce, every result against what the host path gives. A host buffer
+// in a group that holds device buffers on the same communicator is refused
+// at its call, and the group's device calls still run.
+TEST_P(DeviceCollectives, GroupedCallsMatchTheHostPath) {
+  ProcessGroup group(GetParam(), [](int rank, int n, const ecclUniqueId& id) {
+    ecclComm_t comm = openOnGpu(rank, n, id);
+    cudaStream_t sends, recvs;
+    CUDA_OK(cudaStreamCreate(&sends));
+    CUDA_OK(cudaStreamCreate(&recvs));
+    const size_t count = 50000, bytes = count * sizeof(float);
+    const int next = (rank + 1) % n, prev = (rank + n - 1) % n;
+    auto mine = pattern(rank, count), fromPrev = pattern(prev, count);
+    float *dIn, *dRing, *dSelf, *dSum;
+    CUDA_OK(cudaMalloc(&dIn, bytes));
+    CUDA_OK(cudaMalloc(&dRing, bytes));
+    CUDA_OK(cudaMalloc(&dSelf, bytes));
+    CUDA_OK(cudaMalloc(&dSum, bytes));
+    CUDA_OK(cudaMemcpy(dIn, mine.data(), bytes, cudaMemcpyHostToDevice));
+    std::vector<float> sum(count);
+    RANK_OK(ecclAllReduce(mine.data(), sum.data(), count, ecclFloat32, ecclSum, comm, nullptr), comm);
+
+    RANK_OK(ecclGroupStart(), nullptr);
+    RANK_OK(ecclRecv(dRing, count, ecclFloat32, prev, comm, recvs), comm);
+    RANK_OK(ecclSend(dIn, count, ecclFloat32, next, comm, sends), comm);
+    RANK_OK(ecclSend(dIn, count, ecclFloat32, rank, comm, sends), comm);
+    RANK_OK(ecclRecv(dSelf, count, ecclFloat32, rank, comm, recvs), comm);
+    RANK_OK(ecclAllReduce(dIn, dSum, count, ecclFloat32, ecclSum, comm, sends), comm);
+    float x = 1, y = 0;
+    RANK_CHECK(ecclAllReduce(&x, &y, 1, ecclFloat32, ecclSum, comm, nullptr) == ecclInvalidUsage,
+               "a host buffer in a group of device calls is refused");
+    RANK_OK(ecclGroupEnd(), nullptr);
+
+    // Both streams were joined to the group's work.
+    CUDA_OK(cudaStreamSynchronize(sends));
+    CUDA_OK(cudaStreamSynchronize(recvs));
+    std::vector<float> got(count);
+    auto same = [&](float* d, const std::vector<float>& want, const char* what) {
+      CUDA_OK(cudaMemcpy(got.data(), d, bytes, cudaMemcpyDeviceToHost));
+      RANK_CHECK(std::memcmp(got.data(), want.data(), bytes) == 0, what);
+    };
+    same(dRing, fromPrev, "grouped ring receive");
+    same(dSelf, mine, "grouped send to self");
+    same(dSum, sum, "grouped allreduce");
+    ecclResult_t async = ecclSuccess;
+    RANK_OK(ecclCommGetAsyncError(comm, &async), comm);
+    RANK_CHECK(async == ecclSuccess, std::string("async error ") + ecclGetLastError(comm));
+    for (float* d : {dIn, dRing, dSelf, dSum}) CUDA_OK(cudaFree(d));
+    CUDA_OK(cudaStreamDestroy(sends));
+    CUDA_OK(cudaStreamDestroy(recvs));
+    RANK_OK(ecclCommDestroy(comm), nullptr);
+  });
+  auto outcomes = group.wait(std::chrono::seconds(60));
+  EXPECT_TRUE(allSucceeded(outcomes)) << describe(outcomes);
+}
+
+// The MoE dispatch and combine on device buffers give bit for bit what
+// they give on host buffers: the rows each expert receives (and their
+// layout), and the combined output. The placement table is read from the
+// device in one run and from the host in the other.
+TEST_P(DeviceCollectives, MoeDispatchAndCombineMatchTheHostPath) {
+  ProcessGroup group(GetParam(), [](int rank, int n, const ecclUniqueId& id) {
+    ecclComm_t comm = openOnGpu(rank, n, id);
+    cudaStream_t stream;
+    CUDA_OK(cudaStreamCreate(&stream));
+    const int experts = 5, topk = 2, hidden = 24;
+    const int64_t tokens = 300 + 17 * rank;
+    std::vector<int32_t> replicas(experts * n, 0);
+    for (int j = 0; j < n; ++j) replicas[0 * n + j] = 1;  // everywhere
+    for (int e = 1; e < experts; ++e) replicas[e * n + e % n] += 1 + (e == 3);
+    std::vector<int32_t> route(tokens * topk);
+    for (int64_t t = 0; t < tokens; ++t) {
+      route[t * topk] = static_cast<int32_t>((t * 7 + rank) % experts);
+      route[t * topk + 1] = t % 5 == 0 ? -1 : static_cast<int32_t>((t * 3 + 1) % experts);
+    }
+    std::vector<float> x = pattern(rank, tokens * hidden), weights(tokens * topk);
+    for (size_t i = 0; i < weights.size(); ++i) weights[i] = 0.25f + 0.125f * float(i % 5);
+
+    ecclMoePlan_t hostPlan;
+    RANK_OK(ecclMoeDispatch(x.data(), route.data(), tokens, topk, hidden, ecclFloat32, replicas.data(), experts,
+                            &hostPlan, comm, nullptr), comm);
+    void* hostRows;
+    int hostQ;
+    const int32_t* hostLocal;
+    const int64_t *hostCount, *hostOffset;
+    RANK_OK(ecclMoeExpertInput(hostPlan, &hostRows, &hostQ, &hostLocal, &hostCount, &hostOffset), comm);
+    const int64_t rows = hostQ ? hostOffset[hostQ - 1] + hostCount[hostQ - 1] : 0;
+    std::vector<float> hostOut(tokens * hidden);
+    RANK_OK(ecclMoeCombine(hostPlan, hostRows, weights.data(), hostOut.data(), comm, nullptr), comm);
+
+    float *dX, *dWeights, *dOut;
+    int32_t *dRoute, *dReplicas;
+    CUDA_OK(cudaMalloc(&dX, x.size() * sizeof(float)));
+    CUDA_OK(cudaMalloc(&dWeights, weights.size() * sizeof(float)));
+    CUDA_OK(cudaMalloc(&dOut, hostOut.size() * sizeof(float)));
+    CUDA_OK(cudaMalloc(&dRoute, route.size() * sizeof(int32_t)));
+    CUDA_OK(cudaMalloc(&dReplicas, replicas.size() * sizeof(int32_t)));
+    CUDA_OK(cudaMemcpyAsync(dX, x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice, stream));
+    CUDA_OK(cudaMemcpyAsync(dRoute, route.data(), route.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
+    CUDA_OK(cudaMemcpyAsync(dWeights, weights.data(), weights.size() * sizeof(float), cudaMemcpyHostToDevice, stream));
+    CUDA_OK(cudaMemcpyAsync(dReplicas, replicas.data(), replicas.size() * sizeof(int32_t), cudaMemcpyHostToDevice,
+                            stream));
+    for (bool tableOnDevice : {true, false}) {
+      ecclMoePlan_t plan;
+      RANK_OK(ecclMoeDispatch(dX, dRoute, tokens, topk, hidden, ecclFloat32,
+                              tableOnDevice ? dReplicas : replicas.data(), experts, &plan, comm, stream), comm);
+      void* dRows;
+      int q;
+      const int32_t* local;
+      const int64_t *count, *offset;
+      RANK_OK(ecclMoeExpertInput(plan, &dRows, &q, &local, &count, &offset), comm);
+      RANK_CHECK(q == hostQ && std::equal(local, local + q, hostLocal) && std::equal(count, count + q, hostCount) &&
+                     std::equal(offset, offset + q, hostOffset),
+                 "the device dispatch's layout differs from the host dispatch's");
+      std::vector<float> got(rows * hidden);
+      CUDA_OK(cudaMemcpyAsync(got.data(), dRows, got.size() * sizeof(float), cudaMemcpyDeviceToHost, stream));
+      CUDA_OK(cudaStreamSynchronize(stream));
+      RANK_CHECK(std::memcmp(got.data(), hostRows, got.size() * sizeof(float)) == 0,
+                 "the rows received on the device differ from the host dispatch's");
+      // The host plan's rows hold the host dispatch's input to the combine, which these rows equal.
+      RANK_OK(ecclMoeCombine(plan, dRows, dWeights, dOut, comm, stream), comm);
+      std::vector<float> out(hostOut.size());
+      CUDA_OK(cudaMemcpyAsync(out.data(), dOut, out.size() * sizeof(float), cudaMemcpyDeviceToHost, stream));
+      CUDA_OK(cudaStreamSynchronize(stream));
+      RANK_CHECK(std::memcmp(out.data(), hostOut.data(), out.size() * sizeof(float)) == 0,
+                 "the device combine differs from the host combine");
+      RANK_CHECK(ecclMoeCombine(plan, hostRows, weights.data(), out.data(), comm, nullptr) == ecclInvalidArgument,
+                 "a device plan refuses a combine on host buffers");
+      RANK_OK(ecclMoePlanDestroy(plan), comm);
+    }
+    ecclResult_t async = ecclSuccess;
+    RANK_OK(ecclCommGetAsyncError(comm, &async), comm);
+    RANK_CHECK(async == ecclSuccess, std::string("async error ") + ecclGetLastError(comm));
+    RANK_OK(ecclMoePlanDestroy(hostPlan), comm);
+    CUDA_OK(cudaStreamSynchronize(stream));
+    for (void* d : {static_cast<void*>(dX), static_cast<void*>(dWeights), static_cast<void*>(dOut),
+                    static_cast<void*>(dRoute), static_cast<void*>(dReplicas)})
+      CUDA_OK(cudaFree(d));
+    CUDA_OK(cudaStreamDestroy(stream));
+    RANK_OK(ecclCommDestroy(comm), nullptr);
+  });
+  auto outcomes = group.wait(std::chrono::seconds(60));
+  EXPECT_TRUE(allSucceeded(outcomes)) << describe(outcomes);
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, DeviceCollectives, ::testing::Values(2, 3, 4));
 
 }  // namespace
