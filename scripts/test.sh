@@ -32,9 +32,10 @@ stage "ASan+UBSan: every test (multi-process suites over shared memory)"
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
    ctest -j"$jobs" --output-on-failure --timeout 900 -LE mpi -E '@tcp$|EveryCollectiveEveryCount/[45]@')
 
-stage "TSan: build"
-scripts/build.sh build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DECCL_SANITIZE=thread -DECCL_WITH_FUZZ=OFF \
-  -DECCL_WITH_CUDA=OFF
+stage "TSan: build (what its tests need: target eccl_tsan_suite)"
+cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DECCL_SANITIZE=thread -DECCL_WITH_FUZZ=OFF \
+  -DECCL_WITH_CUDA=OFF >build-tsan.configure.log 2>&1 || { cat build-tsan.configure.log; exit 1; }
+ninja -C build-tsan -j"$jobs" eccl_tsan_suite
 stage "TSan: threaded core"
 (cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest -j"$jobs" --output-on-failure --timeout 900 -L 'threads|unit')
 stage "TSan: multi-process reconfiguration (one at a time: TSan's slowdown on two cores)"
