@@ -89,6 +89,9 @@ ecclResult_t ecclCommDestroy(ecclComm_t comm);
 ecclResult_t ecclCommAbort(ecclComm_t comm);
 ecclResult_t ecclCommCount(const ecclComm_t comm, int* count);
 ecclResult_t ecclCommUserRank(const ecclComm_t comm, int* rank);
+/* The first error of work that failed outside a call (a peer's failure, a
+ * stream-ordered op); when it is not ecclSuccess, ecclGetLastError(comm)
+ * then says why. */
 ecclResult_t ecclCommGetAsyncError(ecclComm_t comm, ecclResult_t* asyncError);
 
 /* Elastic membership (docs/elastic.md). */

@@ -393,6 +393,8 @@ ecclResult_t ecclCommGetAsyncError(ecclComm_t comm, ecclResult_t* asyncError) {
     Communicator& c = impl(comm, "ecclCommGetAsyncError");
     if (!asyncError) fail(ecclInvalidArgument, "ecclCommGetAsyncError: asyncError is NULL");
     *asyncError = c.asyncError();
+    // The reason is the communicator's last error, for ecclGetLastError.
+    if (*asyncError != ecclSuccess) c.setLastError(c.asyncErrorMessage());
   });
 }
 
@@ -514,10 +516,19 @@ ecclResult_t ecclAllToAllv(const void* in, const size_t sendcounts[], const size
       counts->insert(counts->end(), sdispls, sdispls + n);
       counts->insert(counts->end(), recvcounts, recvcounts + n);
       counts->insert(counts->end(), rdispls, rdispls + n);
-      submit(comm, *s, {{in, inElems * ts}}, {{out, outElems * ts}},
-             [&c, counts, n, type](const Ins& i, const Outs& o) {
-               const size_t* k = counts->data();
-               runOrEnqueue(c, [=, &c] { c.allToAllv(i[0], k, k + n, o[0], k + 2 * n, k + 3 * n, type); });
+      // Each received segment is its own output: only what the op writes
+      // goes back, so gaps between segments keep what the device had.
+      std::vector<eccl::gpu::StreamProxy::Output> segments;
+      for (size_t r = 0; r < n; ++r) segments.push_back({static_cast<uint8_t*>(out) + rdispls[r] * ts, recvcounts[r] * ts});
+      submit(comm, *s, {{in, inElems * ts}}, std::move(segments),
+             [&c, counts, n, ts, type](const Ins& i, const Outs& o) {
+               // Displacements within the staged segments, which start at o[0].
+               auto staged = std::make_shared<std::vector<size_t>>(counts->begin(), counts->end());
+               for (size_t r = 0; r < n; ++r) (*staged)[3 * n + r] = static_cast<size_t>(o[r] - o[0]) / ts;
+               runOrEnqueue(c, [&c, staged, in = i[0], out = o[0], n, type] {
+                 const size_t* k = staged->data();
+                 c.allToAllv(in, k, k + n, out, k + 2 * n, k + 3 * n, type);
+               });
              },
              "ecclAllToAllv");
       return;

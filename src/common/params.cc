@@ -45,6 +45,9 @@ const std::vector<Param>& all() {
       {"ECCL_GPU_CHUNK_BYTES", "int", "4194304",
        "Device-buffer collectives that split (allreduce, broadcast, reduce) run in chunks of this many bytes, so "
        "the device-host copies of one chunk overlap the network transfer of another. Must match on every rank."},
+      {"ECCL_CUDA_DRIVER", "string", "libcuda.so.1",
+       "The CUDA driver library device buffers are run with. The suite points it at its host emulation "
+       "(tests/support/host_cuda) so the stream path runs where there is no GPU."},
       {"ECCL_HANDSHAKE_TIMEOUT_MS", "int", "5000",
        "Deadline for an incoming connection to complete authentication."},
       {"ECCL_PIN_PROGRESS_THREAD", "int", "1",
@@ -128,6 +131,7 @@ std::string transport() {
   return v;
 }
 int64_t gpuChunkBytes() { return getInt("ECCL_GPU_CHUNK_BYTES"); }
+std::string cudaDriverLibrary() { return getString("ECCL_CUDA_DRIVER"); }
 int64_t shmRingBytes() {
   int64_t v = getInt("ECCL_SHM_RING_BYTES");
   ECCL_CHECK_ARG(v >= 4096 && v <= (int64_t{1} << 30) && (v & (v - 1)) == 0,

@@ -39,6 +39,7 @@ int64_t spinUs();
 std::string transport();  // "auto", "tcp" or "shm"
 int64_t shmRingBytes();
 int64_t gpuChunkBytes();
+std::string cudaDriverLibrary();
 bool checkCalls();
 
 // Launcher-provided identity (eccl-run); empty/negative when unset.

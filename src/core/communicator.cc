@@ -331,6 +331,11 @@ ecclResult_t Communicator::asyncError() const {
   return asyncError_;
 }
 
+std::string Communicator::asyncErrorMessage() const {
+  MutexLock lock(errorMu_);
+  return asyncMessage_;
+}
+
 void Communicator::checkUsable() const {
   if (standby_)
     fail(ecclInvalidUsage, "this standby (member {:016x}) has no rank yet: it is waiting to be promoted", self_);

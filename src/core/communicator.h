@@ -71,6 +71,8 @@ class Communicator {
   // Throws the stored failure if the communicator is revoked.
   void checkUsable() const;
   ecclResult_t asyncError() const;
+  // Why asyncError() is not ecclSuccess (empty when it is).
+  std::string asyncErrorMessage() const;
   // An error of work the caller no longer waits for (a stream-ordered op):
   // reported by asyncError() and by the next call, like a peer failure.
   void recordAsyncError(ecclResult_t code, const std::string& message);

@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "common/error.h"
+#include "common/params.h"
 
 namespace eccl::gpu {
 namespace {
@@ -28,9 +29,10 @@ bool resolve(void* lib, F*& slot, std::initializer_list<const char*> names, std:
 
 Loaded load() {
   Loaded l;
-  void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  const std::string path = params::cudaDriverLibrary();
+  void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!lib) {
-    l.why = "no CUDA driver (libcuda.so.1 cannot be loaded)";
+    l.why = fmt::format("no CUDA driver ({} cannot be loaded)", path);
     return l;
   }
   CudaDriver& d = l.driver;
