@@ -71,13 +71,6 @@ void runAsGroup(const std::vector<DeviceBatch::Call>& calls, const std::vector<s
   if (first) std::rethrow_exception(first);
 }
 
-template <typename T>
-std::vector<size_t> sizesOf(const std::vector<T>& buffers) {
-  std::vector<size_t> sizes;
-  for (const T& b : buffers) sizes.push_back(b.bytes);
-  return sizes;
-}
-
 }  // namespace
 
 std::optional<gpu::CUstream> deviceStream(ecclComm_t comm, ecclStream_t stream,
@@ -124,7 +117,8 @@ void submit(ecclComm_t comm, gpu::CUstream stream, std::vector<gpu::StreamProxy:
     batch.names += (batch.names.empty() ? "" : ", ") + std::string(fn);
     return;
   }
-  const auto inAt = gpu::StreamProxy::packedOffsets(sizesOf(in)), outAt = gpu::StreamProxy::packedOffsets(sizesOf(out));
+  const auto inAt = gpu::StreamProxy::packedOffsets(gpu::StreamProxy::sizesOf(in));
+  const auto outAt = gpu::StreamProxy::packedOffsets(gpu::StreamProxy::sizesOf(out));
   gpu::StreamProxy::Op op;
   op.inputs = std::move(in);
   op.outputs = std::move(out);
@@ -181,8 +175,8 @@ void flushDeviceGroup() {
   std::optional<Error> first;
   for (auto& [comm, batch] : calls.device) {
     try {
-      const auto inAt = gpu::StreamProxy::packedOffsets(sizesOf(batch.in));
-      const auto outAt = gpu::StreamProxy::packedOffsets(sizesOf(batch.out));
+      const auto inAt = gpu::StreamProxy::packedOffsets(gpu::StreamProxy::sizesOf(batch.in));
+      const auto outAt = gpu::StreamProxy::packedOffsets(gpu::StreamProxy::sizesOf(batch.out));
       gpu::StreamProxy::Op op;
       op.inputs = std::move(batch.in);
       op.outputs = std::move(batch.out);

@@ -141,13 +141,6 @@ void forEachOverlap(const std::vector<size_t>& at, const std::vector<size_t>& si
   }
 }
 
-template <typename T>
-std::vector<size_t> sizesOf(const std::vector<T>& buffers) {
-  std::vector<size_t> sizes;
-  for (const T& b : buffers) sizes.push_back(b.bytes);
-  return sizes;
-}
-
 }  // namespace
 
 uint32_t StreamProxy::enqueue(CUstream stream, Op op) {

@@ -73,6 +73,12 @@ class StreamProxy {
   // Where each buffer of `bytes` starts when they are packed one after the
   // other, each aligned for any element type; the last entry is the total.
   static std::vector<size_t> packedOffsets(const std::vector<size_t>& bytes);
+  template <typename Buffer>
+  static std::vector<size_t> sizesOf(const std::vector<Buffer>& buffers) {
+    std::vector<size_t> sizes;
+    for (const Buffer& b : buffers) sizes.push_back(b.bytes);
+    return sizes;
+  }
 
   // Enqueues `op` on `stream` (and orders it on op.alsoOn: it starts after
   // their earlier work, their later work waits for it). Returns the ticket

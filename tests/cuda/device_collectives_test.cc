@@ -12,6 +12,7 @@
 #include <numeric>
 #include <vector>
 
+#include "tests/support/device_cases.h"
 #include "tests/support/multiproc.h"
 
 namespace eccl::test {
@@ -34,11 +35,6 @@ bool gpuPresent(std::string* why) {
 
 #define CUDA_OK(call) RANK_CHECK((call) == cudaSuccess, #call)
 
-std::vector<float> pattern(int rank, size_t n) {
-  std::vector<float> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = static_cast<float>((i * 7 + rank * 13) % 251) - 125.0f;
-  return v;
-}
 
 // Ranks take the GPUs in turn (several share one where there are fewer).
 ecclComm_t openOnGpu(int rank, int n, const ecclUniqueId& id) {
@@ -216,75 +212,53 @@ TEST_P(DeviceCollectives, MoeDispatchAndCombineMatchTheHostPath) {
     ecclComm_t comm = openOnGpu(rank, n, id);
     cudaStream_t stream;
     CUDA_OK(cudaStreamCreate(&stream));
-    const int experts = 5, topk = 2, hidden = 24;
-    const int64_t tokens = 300 + 17 * rank;
-    std::vector<int32_t> replicas(experts * n, 0);
-    for (int j = 0; j < n; ++j) replicas[0 * n + j] = 1;  // everywhere
-    for (int e = 1; e < experts; ++e) replicas[e * n + e % n] += 1 + (e == 3);
-    std::vector<int32_t> route(tokens * topk);
-    for (int64_t t = 0; t < tokens; ++t) {
-      route[t * topk] = static_cast<int32_t>((t * 7 + rank) % experts);
-      route[t * topk + 1] = t % 5 == 0 ? -1 : static_cast<int32_t>((t * 3 + 1) % experts);
-    }
-    std::vector<float> x = pattern(rank, tokens * hidden), weights(tokens * topk);
-    for (size_t i = 0; i < weights.size(); ++i) weights[i] = 0.25f + 0.125f * float(i % 5);
-
-    ecclMoePlan_t hostPlan;
-    RANK_OK(ecclMoeDispatch(x.data(), route.data(), tokens, topk, hidden, ecclFloat32, replicas.data(), experts,
-                            &hostPlan, comm, nullptr), comm);
-    void* hostRows;
-    int hostQ;
-    const int32_t* hostLocal;
-    const int64_t *hostCount, *hostOffset;
-    RANK_OK(ecclMoeExpertInput(hostPlan, &hostRows, &hostQ, &hostLocal, &hostCount, &hostOffset), comm);
-    const int64_t rows = hostQ ? hostOffset[hostQ - 1] + hostCount[hostQ - 1] : 0;
-    std::vector<float> hostOut(tokens * hidden);
-    RANK_OK(ecclMoeCombine(hostPlan, hostRows, weights.data(), hostOut.data(), comm, nullptr), comm);
+    MoeCase c = moeCase(rank, n);
+    MoeOnHost host = moeOnHost(c, comm);
 
     float *dX, *dWeights, *dOut;
     int32_t *dRoute, *dReplicas;
-    CUDA_OK(cudaMalloc(&dX, x.size() * sizeof(float)));
-    CUDA_OK(cudaMalloc(&dWeights, weights.size() * sizeof(float)));
-    CUDA_OK(cudaMalloc(&dOut, hostOut.size() * sizeof(float)));
-    CUDA_OK(cudaMalloc(&dRoute, route.size() * sizeof(int32_t)));
-    CUDA_OK(cudaMalloc(&dReplicas, replicas.size() * sizeof(int32_t)));
-    CUDA_OK(cudaMemcpyAsync(dX, x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice, stream));
-    CUDA_OK(cudaMemcpyAsync(dRoute, route.data(), route.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
-    CUDA_OK(cudaMemcpyAsync(dWeights, weights.data(), weights.size() * sizeof(float), cudaMemcpyHostToDevice, stream));
-    CUDA_OK(cudaMemcpyAsync(dReplicas, replicas.data(), replicas.size() * sizeof(int32_t), cudaMemcpyHostToDevice,
+    CUDA_OK(cudaMalloc(&dX, c.x.size() * sizeof(float)));
+    CUDA_OK(cudaMalloc(&dWeights, c.weights.size() * sizeof(float)));
+    CUDA_OK(cudaMalloc(&dOut, host.out.size() * sizeof(float)));
+    CUDA_OK(cudaMalloc(&dRoute, c.route.size() * sizeof(int32_t)));
+    CUDA_OK(cudaMalloc(&dReplicas, c.replicas.size() * sizeof(int32_t)));
+    CUDA_OK(cudaMemcpyAsync(dX, c.x.data(), c.x.size() * sizeof(float), cudaMemcpyHostToDevice, stream));
+    CUDA_OK(cudaMemcpyAsync(dRoute, c.route.data(), c.route.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
+    CUDA_OK(cudaMemcpyAsync(dWeights, c.weights.data(), c.weights.size() * sizeof(float), cudaMemcpyHostToDevice, stream));
+    CUDA_OK(cudaMemcpyAsync(dReplicas, c.replicas.data(), c.replicas.size() * sizeof(int32_t), cudaMemcpyHostToDevice,
                             stream));
     for (bool tableOnDevice : {true, false}) {
       ecclMoePlan_t plan;
-      RANK_OK(ecclMoeDispatch(dX, dRoute, tokens, topk, hidden, ecclFloat32,
-                              tableOnDevice ? dReplicas : replicas.data(), experts, &plan, comm, stream), comm);
+      RANK_OK(ecclMoeDispatch(dX, dRoute, c.tokens, c.topk, c.hidden, ecclFloat32,
+                              tableOnDevice ? dReplicas : c.replicas.data(), c.experts, &plan, comm, stream), comm);
       void* dRows;
       int q;
       const int32_t* local;
       const int64_t *count, *offset;
       RANK_OK(ecclMoeExpertInput(plan, &dRows, &q, &local, &count, &offset), comm);
-      RANK_CHECK(q == hostQ && std::equal(local, local + q, hostLocal) && std::equal(count, count + q, hostCount) &&
-                     std::equal(offset, offset + q, hostOffset),
+      RANK_CHECK(q == host.q && std::equal(local, local + q, host.local) && std::equal(count, count + q, host.count) &&
+                     std::equal(offset, offset + q, host.offset),
                  "the device dispatch's layout differs from the host dispatch's");
-      std::vector<float> got(rows * hidden);
+      std::vector<float> got(host.rowCount * c.hidden);
       CUDA_OK(cudaMemcpyAsync(got.data(), dRows, got.size() * sizeof(float), cudaMemcpyDeviceToHost, stream));
       CUDA_OK(cudaStreamSynchronize(stream));
-      RANK_CHECK(std::memcmp(got.data(), hostRows, got.size() * sizeof(float)) == 0,
+      RANK_CHECK(std::memcmp(got.data(), host.rows, got.size() * sizeof(float)) == 0,
                  "the rows received on the device differ from the host dispatch's");
       // The host plan's rows hold the host dispatch's input to the combine, which these rows equal.
       RANK_OK(ecclMoeCombine(plan, dRows, dWeights, dOut, comm, stream), comm);
-      std::vector<float> out(hostOut.size());
+      std::vector<float> out(host.out.size());
       CUDA_OK(cudaMemcpyAsync(out.data(), dOut, out.size() * sizeof(float), cudaMemcpyDeviceToHost, stream));
       CUDA_OK(cudaStreamSynchronize(stream));
-      RANK_CHECK(std::memcmp(out.data(), hostOut.data(), out.size() * sizeof(float)) == 0,
+      RANK_CHECK(std::memcmp(out.data(), host.out.data(), out.size() * sizeof(float)) == 0,
                  "the device combine differs from the host combine");
-      RANK_CHECK(ecclMoeCombine(plan, hostRows, weights.data(), out.data(), comm, nullptr) == ecclInvalidArgument,
+      RANK_CHECK(ecclMoeCombine(plan, host.rows, c.weights.data(), out.data(), comm, nullptr) == ecclInvalidArgument,
                  "a device plan refuses a combine on host buffers");
       RANK_OK(ecclMoePlanDestroy(plan), comm);
     }
     ecclResult_t async = ecclSuccess;
     RANK_OK(ecclCommGetAsyncError(comm, &async), comm);
     RANK_CHECK(async == ecclSuccess, std::string("async error ") + ecclGetLastError(comm));
-    RANK_OK(ecclMoePlanDestroy(hostPlan), comm);
+    RANK_OK(ecclMoePlanDestroy(host.plan), comm);
     CUDA_OK(cudaStreamSynchronize(stream));
     for (void* d : {static_cast<void*>(dX), static_cast<void*>(dWeights), static_cast<void*>(dOut),
                     static_cast<void*>(dRoute), static_cast<void*>(dReplicas)})

@@ -13,16 +13,11 @@
 #include <vector>
 
 #include "tests/support/host_cuda/host_cuda.h"
+#include "tests/support/device_cases.h"
 #include "tests/support/multiproc.h"
 
 namespace eccl::test {
 namespace {
-
-std::vector<float> pattern(int rank, size_t n) {
-  std::vector<float> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = static_cast<float>((i * 7 + rank * 13) % 251) - 125.0f;
-  return v;
-}
 
 // Device memory of the emulation, freed with the test.
 struct DeviceBuffer {
@@ -210,65 +205,42 @@ TEST_P(StreamPath, MoeDispatchAndCombineMatchTheHostPath) {
     RANK_OK(ecclCommInitRank(&comm, n, id, rank), nullptr);
     void* stream = hostCudaStreamCreate();
     void* combineStream = hostCudaStreamCreate();
-    const int experts = 5, topk = 2, hidden = 24;
-    const int64_t tokens = 300 + 17 * rank;
-    std::vector<int32_t> replicas(experts * n, 0);
-    for (int j = 0; j < n; ++j) replicas[j] = 1;
-    for (int e = 1; e < experts; ++e) replicas[e * n + e % n] += 1 + (e == 3);
-    std::vector<int32_t> route(tokens * topk);
-    for (int64_t t = 0; t < tokens; ++t) {
-      route[t * topk] = static_cast<int32_t>((t * 7 + rank) % experts);
-      route[t * topk + 1] = t % 5 == 0 ? -1 : static_cast<int32_t>((t * 3 + 1) % experts);
-    }
-    auto x = pattern(rank, tokens * hidden);
-    std::vector<float> weights(tokens * topk);
-    for (size_t i = 0; i < weights.size(); ++i) weights[i] = 0.25f + 0.125f * float(i % 5);
+    MoeCase c = moeCase(rank, n);
+    MoeOnHost host = moeOnHost(c, comm);
 
-    ecclMoePlan_t hostPlan;
-    RANK_OK(ecclMoeDispatch(x.data(), route.data(), tokens, topk, hidden, ecclFloat32, replicas.data(), experts,
-                            &hostPlan, comm, nullptr), comm);
-    void* hostRows;
-    int hostQ;
-    const int32_t* hostLocal;
-    const int64_t *hostCount, *hostOffset;
-    RANK_OK(ecclMoeExpertInput(hostPlan, &hostRows, &hostQ, &hostLocal, &hostCount, &hostOffset), comm);
-    const int64_t rows = hostQ ? hostOffset[hostQ - 1] + hostCount[hostQ - 1] : 0;
-    std::vector<float> hostOut(tokens * hidden);
-    RANK_OK(ecclMoeCombine(hostPlan, hostRows, weights.data(), hostOut.data(), comm, nullptr), comm);
-
-    DeviceBuffer dX(x.size() * 4), dWeights(weights.size() * 4), dOut(hostOut.size() * 4),
-        dRoute(route.size() * 4), dReplicas(replicas.size() * 4);
-    std::memcpy(dX.p, x.data(), dX.bytes);
-    std::memcpy(dWeights.p, weights.data(), dWeights.bytes);
-    std::memcpy(dRoute.p, route.data(), dRoute.bytes);
-    std::memcpy(dReplicas.p, replicas.data(), dReplicas.bytes);
+    DeviceBuffer dX(c.x.size() * 4), dWeights(c.weights.size() * 4), dOut(host.out.size() * 4),
+        dRoute(c.route.size() * 4), dReplicas(c.replicas.size() * 4);
+    std::memcpy(dX.p, c.x.data(), dX.bytes);
+    std::memcpy(dWeights.p, c.weights.data(), dWeights.bytes);
+    std::memcpy(dRoute.p, c.route.data(), dRoute.bytes);
+    std::memcpy(dReplicas.p, c.replicas.data(), dReplicas.bytes);
     for (bool tableOnDevice : {true, false}) {
       ecclMoePlan_t plan;
-      RANK_OK(ecclMoeDispatch(dX.p, static_cast<int32_t*>(dRoute.p), tokens, topk, hidden, ecclFloat32,
-                              tableOnDevice ? static_cast<int32_t*>(dReplicas.p) : replicas.data(), experts, &plan,
+      RANK_OK(ecclMoeDispatch(dX.p, static_cast<int32_t*>(dRoute.p), c.tokens, c.topk, c.hidden, ecclFloat32,
+                              tableOnDevice ? static_cast<int32_t*>(dReplicas.p) : c.replicas.data(), c.experts, &plan,
                               comm, stream), comm);
       void* dRows;
       int q;
       const int32_t* local;
       const int64_t *count, *offset;
       RANK_OK(ecclMoeExpertInput(plan, &dRows, &q, &local, &count, &offset), comm);
-      RANK_CHECK(q == hostQ && std::equal(local, local + q, hostLocal) && std::equal(count, count + q, hostCount) &&
-                     std::equal(offset, offset + q, hostOffset),
+      RANK_CHECK(q == host.q && std::equal(local, local + q, host.local) && std::equal(count, count + q, host.count) &&
+                     std::equal(offset, offset + q, host.offset),
                  "the device dispatch's layout differs from the host dispatch's");
       hostCudaStreamSynchronize(stream);
-      RANK_CHECK(std::memcmp(dRows, hostRows, rows * hidden * sizeof(float)) == 0,
+      RANK_CHECK(std::memcmp(dRows, host.rows, host.rowCount * c.hidden * sizeof(float)) == 0,
                  "the rows received on the device differ from the host dispatch's");
       // Combined on another stream, which the plan's rows are then freed after.
       std::memset(dOut.p, 0, dOut.bytes);
       RANK_OK(ecclMoeCombine(plan, dRows, dWeights.f(), dOut.p, comm, combineStream), comm);
-      RANK_CHECK(ecclMoeCombine(plan, hostRows, weights.data(), hostOut.data(), comm, nullptr) == ecclInvalidArgument,
+      RANK_CHECK(ecclMoeCombine(plan, host.rows, c.weights.data(), host.out.data(), comm, nullptr) == ecclInvalidArgument,
                  "a device plan refuses a combine on host buffers");
-      SAME(read(combineStream, dOut, hostOut.size()), hostOut, "the device combine differs from the host combine");
+      SAME(read(combineStream, dOut, host.out.size()), host.out, "the device combine differs from the host combine");
       RANK_OK(ecclMoePlanDestroy(plan), comm);
     }
     hostCudaStreamSynchronize(stream);
     checkNoAsyncError(comm, "moe");
-    RANK_OK(ecclMoePlanDestroy(hostPlan), comm);
+    RANK_OK(ecclMoePlanDestroy(host.plan), comm);
     hostCudaStreamDestroy(stream);
     hostCudaStreamDestroy(combineStream);
     RANK_OK(ecclCommDestroy(comm), nullptr);
