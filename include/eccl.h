@@ -202,8 +202,9 @@ ecclResult_t ecclCommGetStats(ecclComm_t comm, ecclCommStats_t* stats);
  * the op on `stream` and returns; it runs after the stream's earlier work,
  * and the stream's later work waits for it. Errors of enqueued work arrive
  * through ecclCommGetAsyncError. Every rank must issue stream ops and host
- * ops on a communicator in the same order (a host call first lets the
- * communicator's pending stream ops run). Inside ecclGroupStart/End a
+ * ops on a communicator in the same order (a call that is not
+ * stream-ordered, on host buffers or changing membership or the logs,
+ * first lets the communicator's pending stream ops run). Inside ecclGroupStart/End a
  * communicator's device calls run together at GroupEnd, ordered on every
  * stream they named; one group takes host or device buffers per
  * communicator, not both. Needs a CUDA driver at run time, not at build
@@ -241,7 +242,8 @@ ecclResult_t ecclBarrier(ecclComm_t comm);
 /* Non-blocking point-to-point on host buffers: post and return at once;
  * sends and receives between two ranks are matched in issue order, like
  * ecclSend/ecclRecv (and with them). The buffer belongs to the request
- * until it completes. Not inside a group. */
+ * until it completes. Not inside a group. Device memory is refused (use
+ * ecclSend/ecclRecv with a stream). */
 typedef struct ecclRequest* ecclRequest_t;
 ecclResult_t ecclIsend(const void* sendbuff, size_t count, ecclDataType_t datatype, int peer, ecclComm_t comm,
                        ecclRequest_t* request);

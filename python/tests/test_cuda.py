@@ -78,6 +78,14 @@ def _ops(rank, n, port):
         dist.scatter(sc_gpu, [(base + r).to(dev) for r in range(n)] if rank == 0 else None, src=0)
         if not torch.equal(sc_gpu.cpu(), sc_cpu):
             failures.append(f"scatter numel {numel}")
+    # send and recv of CUDA tensors, around the ring
+    ring = torch.arange(64, dtype=torch.float32, device=dev) + rank
+    got = torch.empty(64, device=dev)
+    ops = [dist.P2POp(dist.isend, ring, (rank + 1) % n), dist.P2POp(dist.irecv, got, (rank - 1) % n)]
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+    if not torch.equal(got.cpu(), torch.arange(64, dtype=torch.float32) + (rank - 1) % n):
+        failures.append("isend/irecv ring of CUDA tensors")
     dist.destroy_process_group()
     return failures
 

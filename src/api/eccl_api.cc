@@ -32,6 +32,7 @@ namespace {
 
 using eccl::api::impl;
 
+using eccl::api::afterStreamWork;
 using eccl::api::deviceStream;
 using eccl::api::submit;
 using eccl::api::submitElementwise;
@@ -183,7 +184,11 @@ ecclResult_t ecclCommInitStandby(ecclComm_t* comm, ecclUniqueId id, const ecclCo
 }
 
 ecclResult_t ecclCommRecover(ecclComm_t comm, ecclRecoverPolicy_t policy) {
-  return guarded(comm, "ecclCommRecover", [&] { impl(comm, "ecclCommRecover").recover(policy); });
+  return guarded(comm, "ecclCommRecover", [&] {
+    Communicator& c = impl(comm, "ecclCommRecover");
+    afterStreamWork(comm);
+    c.recover(policy);
+  });
 }
 
 ecclResult_t ecclCommPrepare(ecclComm_t comm, int rank) {
@@ -203,7 +208,11 @@ ecclResult_t ecclCommPrepareStatus(ecclComm_t comm, ecclPrepareState_t* state, i
 }
 
 ecclResult_t ecclCommSwitchover(ecclComm_t comm) {
-  return guarded(comm, "ecclCommSwitchover", [&] { impl(comm, "ecclCommSwitchover").switchover(); });
+  return guarded(comm, "ecclCommSwitchover", [&] {
+    Communicator& c = impl(comm, "ecclCommSwitchover");
+    afterStreamWork(comm);
+    c.switchover();
+  });
 }
 
 ecclResult_t ecclCommMemberId(ecclComm_t comm, uint64_t* memberId) {
@@ -237,6 +246,7 @@ ecclResult_t ecclCommReconfigure(ecclComm_t comm, const uint64_t* members, int c
   return guarded(comm, "ecclCommReconfigure", [&] {
     Communicator& c = impl(comm, "ecclCommReconfigure");
     if (!members || count < 1) fail(ecclInvalidArgument, "ecclCommReconfigure: members is NULL or count {} < 1", count);
+    afterStreamWork(comm);
     c.reconfigure(std::vector<uint64_t>(members, members + count), uuid, timeoutMs);
   });
 }
@@ -246,7 +256,11 @@ ecclResult_t ecclCommRevoke(ecclComm_t comm) {
 }
 
 ecclResult_t ecclCommGrow(ecclComm_t comm, int count) {
-  return guarded(comm, "ecclCommGrow", [&] { impl(comm, "ecclCommGrow").grow(count); });
+  return guarded(comm, "ecclCommGrow", [&] {
+    Communicator& c = impl(comm, "ecclCommGrow");
+    afterStreamWork(comm);
+    c.grow(count);
+  });
 }
 
 ecclResult_t ecclMigrationSend(const void* sendbuff, size_t count, ecclDataType_t datatype, ecclComm_t comm,
@@ -254,6 +268,7 @@ ecclResult_t ecclMigrationSend(const void* sendbuff, size_t count, ecclDataType_
   return guarded(comm, "ecclMigrationSend", [&] {
     Communicator& c = impl(comm, "ecclMigrationSend");
     checkStream(stream, "ecclMigrationSend");
+    afterStreamWork(comm);
     size_t bytes = Communicator::checkedBytes(count, datatype, 1, "ecclMigrationSend");
     Communicator::checkBuffer(sendbuff, count, "ecclMigrationSend sendbuff");
     c.migrationSend(sendbuff, bytes);
@@ -265,6 +280,7 @@ ecclResult_t ecclMigrationRecv(void* recvbuff, size_t count, ecclDataType_t data
   return guarded(comm, "ecclMigrationRecv", [&] {
     Communicator& c = impl(comm, "ecclMigrationRecv");
     checkStream(stream, "ecclMigrationRecv");
+    afterStreamWork(comm);
     size_t bytes = Communicator::checkedBytes(count, datatype, 1, "ecclMigrationRecv");
     Communicator::checkBuffer(recvbuff, count, "ecclMigrationRecv recvbuff");
     c.migrationRecv(recvbuff, bytes);
@@ -274,6 +290,7 @@ ecclResult_t ecclMigrationRecv(void* recvbuff, size_t count, ecclDataType_t data
 ecclResult_t ecclLogConfigure(ecclComm_t comm, const ecclLogConfig_t* config) {
   return guarded(comm, "ecclLogConfigure", [&] {
     Communicator& c = impl(comm, "ecclLogConfigure");
+    afterStreamWork(comm);
     ecclLogConfig_t off{};
     off.size = sizeof(off);
     if (config && (config->size < sizeof(size_t) || config->size > (1u << 16)))
@@ -285,11 +302,20 @@ ecclResult_t ecclLogConfigure(ecclComm_t comm, const ecclLogConfig_t* config) {
 }
 
 ecclResult_t ecclLogSetTag(ecclComm_t comm, int64_t iteration, int32_t microbatch) {
-  return guarded(comm, "ecclLogSetTag", [&] { impl(comm, "ecclLogSetTag").setLogTag(iteration, microbatch); });
+  // Sends already on a stream are logged under the tag they were issued with.
+  return guarded(comm, "ecclLogSetTag", [&] {
+    Communicator& c = impl(comm, "ecclLogSetTag");
+    afterStreamWork(comm);
+    c.setLogTag(iteration, microbatch);
+  });
 }
 
 ecclResult_t ecclLogTruncate(ecclComm_t comm, int64_t iteration) {
-  return guarded(comm, "ecclLogTruncate", [&] { impl(comm, "ecclLogTruncate").truncateLog(iteration); });
+  return guarded(comm, "ecclLogTruncate", [&] {
+    Communicator& c = impl(comm, "ecclLogTruncate");
+    afterStreamWork(comm);
+    c.truncateLog(iteration);
+  });
 }
 
 ecclResult_t ecclLogStats(ecclComm_t comm, ecclLogStats_t* stats) {
@@ -302,8 +328,11 @@ ecclResult_t ecclLogStats(ecclComm_t comm, ecclLogStats_t* stats) {
 }
 
 ecclResult_t ecclLogReplay(ecclComm_t comm, int peer, int64_t fromIteration, int64_t toIteration) {
-  return guarded(comm, "ecclLogReplay",
-                 [&] { impl(comm, "ecclLogReplay").replayLog(peer, fromIteration, toIteration); });
+  return guarded(comm, "ecclLogReplay", [&] {
+    Communicator& c = impl(comm, "ecclLogReplay");
+    afterStreamWork(comm);
+    c.replayLog(peer, fromIteration, toIteration);
+  });
 }
 
 ecclResult_t ecclLogRead(ecclComm_t comm, int peer, size_t index, ecclLogRecord_t* record, void* buffer,
@@ -540,6 +569,7 @@ ecclResult_t ecclAllToAllv(const void* in, const size_t sendcounts[], const size
 ecclResult_t ecclBarrier(ecclComm_t comm) {
   return guarded(comm, "ecclBarrier", [&] {
     Communicator& c = impl(comm, "ecclBarrier");
+    afterStreamWork(comm);
     runOrEnqueue(c, [&c] { c.barrier(); });
   });
 }

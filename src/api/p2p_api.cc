@@ -2,6 +2,7 @@
 // runs several kinds of work on one thread (the PyTorch backend) keeps a
 // receive pending without blocking the collectives it issues after it.
 #include "api/guard.h"
+#include "api/stream_calls.h"
 #include "core/group.h"
 
 using eccl::Communicator;
@@ -19,9 +20,13 @@ void post(ecclComm_t comm, const char* fn, const void* buf, size_t count, ecclDa
   *request = nullptr;
   size_t bytes = Communicator::checkedBytes(count, type, 1, fn);
   Communicator::checkBuffer(buf, count, isSend ? "sendbuff" : "recvbuff");
+  if (eccl::gpu::isDeviceMemory(buf))
+    fail(ecclInvalidArgument, "{}: the buffer is device memory; {} takes host buffers (ecclSend/ecclRecv take device "
+                              "buffers with a stream)", fn, fn);
   c.checkRank(peer, fn);
   if (peer == c.rank()) fail(ecclInvalidUsage, "{}: rank {} cannot post to itself", fn, peer);
   if (eccl::group::active()) fail(ecclInvalidUsage, "{}: not inside ecclGroupStart/ecclGroupEnd (use ecclSend/ecclRecv)", fn);
+  eccl::api::afterStreamWork(comm);
   auto r = std::make_unique<ecclRequest>();
   r->comm = comm;
   r->peer = peer;

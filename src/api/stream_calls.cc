@@ -88,7 +88,7 @@ std::optional<gpu::CUstream> deviceStream(ecclComm_t comm, ecclStream_t stream,
            "take a stream, or NULL for the default stream)",
            fn);
     noteGroupKind(comm, false, fn);
-    if (comm && comm->streams) comm->streams->drain(deadlineAfterMs(params::timeoutMs()));
+    afterStreamWork(comm);
     return std::nullopt;
   }
   if (device != given)
@@ -96,6 +96,10 @@ std::optional<gpu::CUstream> deviceStream(ecclComm_t comm, ecclStream_t stream,
   noteGroupKind(comm, true, fn);
   // CU_STREAM_LEGACY: NCCL's stream 0 is the legacy default stream.
   return stream ? static_cast<gpu::CUstream>(stream) : reinterpret_cast<gpu::CUstream>(uintptr_t{1});
+}
+
+void afterStreamWork(ecclComm_t comm) {
+  if (comm && comm->streams) comm->streams->drain(deadlineAfterMs(params::timeoutMs()));
 }
 
 gpu::StreamProxy& streams(ecclComm_t comm) {

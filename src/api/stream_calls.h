@@ -22,6 +22,11 @@ namespace eccl::api {
 std::optional<gpu::CUstream> deviceStream(ecclComm_t comm, ecclStream_t stream,
                                           std::initializer_list<const void*> buffers, const char* fn);
 gpu::StreamProxy& streams(ecclComm_t comm);
+// A call on the communicator that is not stream-ordered (host buffers,
+// membership, logs) first lets its stream work run: the proxy thread and
+// the caller must not use the communicator at once, and every rank must
+// see one order of calls.
+void afterStreamWork(ecclComm_t comm);
 
 // The entry point's host path, run on pinned copies of its buffers: in[i]
 // is input i, out[j] output j, in the order the call listed them.

@@ -153,6 +153,47 @@ TEST_P(StreamPath, StreamOrderIsKept) {
   EXPECT_TRUE(allSucceeded(outcomes)) << describe(outcomes);
 }
 
+extern "C" int cuLaunchHostFunc(void* stream, void (*fn)(void*), void* data);
+
+// Calls that are not stream-ordered (a barrier, non-blocking point to
+// point, the boundary log's tag) run after the communicator's stream work,
+// even where one rank's stream is late: its proxy thread and its caller
+// never use the communicator at once, and both ranks see one order.
+TEST_P(StreamPath, HostCallsRunAfterTheStreamWorkBeforeThem) {
+  ProcessGroup group(GetParam(), [](int rank, int n, const ecclUniqueId& id) {
+    ecclComm_t comm;
+    RANK_OK(ecclCommInitRank(&comm, n, id, rank), nullptr);
+    void* stream = hostCudaStreamCreate();
+    const size_t count = 10000;
+    DeviceBuffer d(count * sizeof(float));
+    for (int round = 0; round < 3; ++round) {
+      std::fill(d.f(), d.f() + count, 1.0f);
+      if (rank == round % n)  // this rank's stream gets to the op late
+        RANK_CHECK(cuLaunchHostFunc(stream, [](void*) { usleep(200 * 1000); }, nullptr) == 0, "delaying the stream");
+      RANK_OK(ecclAllReduce(d.p, d.p, count, ecclFloat32, ecclSum, comm, stream), comm);
+      RANK_OK(ecclBarrier(comm), comm);
+      int mine = rank, theirs = -1;
+      ecclRequest_t send, recv;
+      RANK_OK(ecclIrecv(&theirs, 1, ecclInt32, (rank + n - 1) % n, comm, &recv), comm);
+      RANK_OK(ecclIsend(&mine, 1, ecclInt32, (rank + 1) % n, comm, &send), comm);
+      RANK_OK(ecclWait(send), comm);
+      RANK_OK(ecclWait(recv), comm);
+      RANK_OK(ecclRequestFree(send), comm);
+      RANK_OK(ecclRequestFree(recv), comm);
+      RANK_CHECK(theirs == (rank + n - 1) % n, "non-blocking receive after stream work");
+      RANK_CHECK(read(stream, d, count)[count - 1] == static_cast<float>(n), "the stream allreduce");
+    }
+    ecclRequest_t refused = nullptr;
+    RANK_CHECK(ecclIsend(d.p, 1, ecclFloat32, (rank + 1) % n, comm, &refused) == ecclInvalidArgument,
+               "ecclIsend refuses device memory");
+    checkNoAsyncError(comm, "host calls after stream work");
+    hostCudaStreamDestroy(stream);
+    RANK_OK(ecclCommDestroy(comm), nullptr);
+  });
+  auto outcomes = group.wait(std::chrono::seconds(60));
+  EXPECT_TRUE(allSucceeded(outcomes)) << describe(outcomes);
+}
+
 TEST_P(StreamPath, GroupedCallsRunTogetherOnEveryStreamTheyName) {
   ProcessGroup group(GetParam(), [](int rank, int n, const ecclUniqueId& id) {
     ecclComm_t comm;

@@ -465,6 +465,18 @@ intrusive_ptr<c10d::Work> ProcessGroupEccl::recv(std::vector<at::Tensor>& tensor
 intrusive_ptr<c10d::Work> ProcessGroupEccl::enqueueP2p(OpType type, const char* name, const at::Tensor& t, int peer,
                                                        bool isSend) {
   requireRank(name);
+  // CUDA tensors: stream-ordered like the collectives (the GPU waits, not
+  // this process); host tensors: posted and polled, so a pending receive
+  // does not hold up the ops issued after it.
+  if (t.is_cuda())
+    return enqueue(type, name, isSend ? std::vector<at::Tensor>{} : std::vector<at::Tensor>{t},
+                   std::vector<at::Tensor>{t}, [this, t, peer, isSend, name] {
+                     Flat flat(t, isSend);
+                     check(isSend ? ecclSend(flat.data(), flat.bytes(), ecclUint8, peer, comm_, opStream())
+                                  : ecclRecv(flat.data(), flat.bytes(), ecclUint8, peer, comm_, opStream()),
+                           name);
+                     if (!isSend) flat.writeBack();
+                   }, true);
   auto work = c10::make_intrusive<EcclWork>(rank_, type, name, isSend ? std::vector<at::Tensor>{}
                                                                       : std::vector<at::Tensor>{t},
                                             std::vector<at::Tensor>{t});
