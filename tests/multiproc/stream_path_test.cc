@@ -260,14 +260,7 @@ TEST_P(StreamPath, MoeDispatchAndCombineMatchTheHostPath) {
       RANK_OK(ecclMoeDispatch(dX.p, static_cast<int32_t*>(dRoute.p), c.tokens, c.topk, c.hidden, ecclFloat32,
                               tableOnDevice ? static_cast<int32_t*>(dReplicas.p) : c.replicas.data(), c.experts, &plan,
                               comm, stream), comm);
-      void* dRows;
-      int q;
-      const int32_t* local;
-      const int64_t *count, *offset;
-      RANK_OK(ecclMoeExpertInput(plan, &dRows, &q, &local, &count, &offset), comm);
-      RANK_CHECK(q == host.q && std::equal(local, local + q, host.local) && std::equal(count, count + q, host.count) &&
-                     std::equal(offset, offset + q, host.offset),
-                 "the device dispatch's layout differs from the host dispatch's");
+      void* dRows = expertRowsLikeTheHost(plan, host, comm);
       hostCudaStreamSynchronize(stream);
       RANK_CHECK(std::memcmp(dRows, host.rows, host.rowCount * c.hidden * sizeof(float)) == 0,
                  "the rows received on the device differ from the host dispatch's");

@@ -3,6 +3,7 @@
 // runs their results are compared with.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -62,6 +63,19 @@ inline MoeOnHost moeOnHost(MoeCase& c, ecclComm_t comm) {
   h.out.resize(c.tokens * c.hidden);
   RANK_OK(ecclMoeCombine(h.plan, h.rows, c.weights.data(), h.out.data(), comm, nullptr), comm);
   return h;
+}
+
+// A device plan's expert input, checked to have the host plan's layout.
+inline void* expertRowsLikeTheHost(ecclMoePlan_t plan, const MoeOnHost& host, ecclComm_t comm) {
+  void* rows = nullptr;
+  int q = 0;
+  const int32_t* local = nullptr;
+  const int64_t *count = nullptr, *offset = nullptr;
+  RANK_OK(ecclMoeExpertInput(plan, &rows, &q, &local, &count, &offset), comm);
+  RANK_CHECK(q == host.q && std::equal(local, local + q, host.local) && std::equal(count, count + q, host.count) &&
+                 std::equal(offset, offset + q, host.offset),
+             "the device dispatch's layout differs from the host dispatch's");
+  return rows;
 }
 
 }  // namespace eccl::test
