@@ -114,6 +114,9 @@ void dispatchOnDevice(ecclComm_t comm, Communicator& c, eccl::gpu::CUstream stre
         } catch (const eccl::Error& e) {
           state->finish(nullptr, e);
           throw;
+        } catch (const std::exception& e) {  // whatever it was, the caller waiting for the plan must hear of it
+          state->finish(nullptr, eccl::Error(ecclInternalError, e.what()));
+          throw;
         }
       },
       "ecclMoeDispatch");
