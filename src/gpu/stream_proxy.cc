@@ -143,7 +143,7 @@ void forEachOverlap(const std::vector<size_t>& at, const std::vector<size_t>& si
 
 }  // namespace
 
-uint32_t StreamProxy::enqueue(CUstream stream, Op op) {
+void StreamProxy::enqueue(CUstream stream, Op op) {
   StreamContext context(cuda_, stream);
   allocateFlag();
   const auto inSizes = sizesOf(op.inputs), outSizes = sizesOf(op.outputs);
@@ -195,7 +195,6 @@ uint32_t StreamProxy::enqueue(CUstream stream, Op op) {
   }
   cuda_.check(cuda_.launchHostFunc(stream, &StreamProxy::onReleased, staging.get()), "enqueueing the release");
   for (CUstream other : op.alsoOn) cuda_.streamAfter(other, stream);
-  return tickets.back();
 }
 
 void StreamProxy::stageChunk(CUstream stream, const Op& op, const std::vector<size_t>& inAt, uint8_t* host, size_t i,
@@ -271,16 +270,8 @@ void StreamProxy::run() {
 }
 
 void StreamProxy::drain(Deadline deadline) {
-  uint32_t target = 0;
-  {
-    MutexLock lock(shared_->mu);
-    target = shared_->nextTicket;
-  }
-  waitFor(target, deadline);
-}
-
-void StreamProxy::waitFor(uint32_t target, Deadline deadline) {
   MutexLock lock(shared_->mu);
+  const uint32_t target = shared_->nextTicket;
   while (static_cast<int32_t>(shared_->doneTicket - target) < 0)
     if (!shared_->cv.waitUntil(shared_->mu, deadline) && Clock::now() >= deadline)
       fail(ecclTimeout, "stream-ordered ops up to {} not run before the deadline (done: {}): is the GPU stream stuck?",

@@ -81,11 +81,8 @@ class StreamProxy {
   }
 
   // Enqueues `op` on `stream` (and orders it on op.alsoOn: it starts after
-  // their earlier work, their later work waits for it). Returns the ticket
-  // of its last chunk (see waitFor).
-  uint32_t enqueue(CUstream stream, Op op);
-  // Waits until every op up to `ticket` has run on the host; throws at the deadline.
-  void waitFor(uint32_t ticket, Deadline deadline);
+  // their earlier work, their later work waits for it).
+  void enqueue(CUstream stream, Op op);
   // Waits until every op enqueued so far has run on the host (a host-buffer
   // call on the same communicator comes after them); throws at the deadline.
   void drain(Deadline deadline);
