@@ -1,7 +1,10 @@
 """torchft training on CPU under a real torchft_lighthouse, with the
 replica groups' process group on eccl (or torchft's ProcessGroupGloo, to
 compare): one replica group is killed mid-run, the others keep training,
-it restarts, heals from a peer and rejoins.
+it restarts, heals from a peer and rejoins. The run ends only after every
+replica group has committed --settle-steps steps together past --steps,
+so however long the restart takes on a given machine, the restarted
+replica is back before the others stop.
 
     python torchft_train.py --pg eccl --replicas 3 --steps 60 --kill 1:20 --out DIR
 
@@ -96,7 +99,25 @@ def replica_main(a) -> int:
     ddp = DistributedDataParallel(manager, model)
     opt = OptimizerWrapper(manager, optimizer)
     loss_fn = nn.MSELoss()
-    while manager.current_step() < a.steps:
+    # Steps reached by a commit in which every replica group took part. A
+    # replica stops once it is past --steps and the last --settle-steps
+    # steps were all such: every participant of a quorum sees the same
+    # commits, so all stop at the same step, and a restarted replica (as
+    # slow to start as the machine makes it) is always back before the
+    # others run out of work.
+    together: set[int] = set()
+    give_up = time.time() + a.rejoin_deadline
+
+    def finished() -> bool:
+        step = manager.current_step()
+        return step >= a.steps and all(s in together for s in range(step - a.settle_steps + 1, step + 1))
+
+    while not finished():
+        if time.time() > give_up:
+            log(f"replica {a.replica}: giving up at step {manager.current_step()}: the last {a.settle_steps} steps "
+                f"did not all have every replica group within {a.rejoin_deadline:.0f} s")
+            manager.shutdown(wait=False)
+            return 3
         time.sleep(a.step_ms / 1000)  # the step's compute (a real step takes longer still)
         step = manager.current_step()
         x, y = batch(step, a.replica)
@@ -109,6 +130,8 @@ def replica_main(a) -> int:
         loss.backward()
         opt.step()  # torchft commits the step only if every participant's allreduce succeeded
         committed = manager.current_step() > step
+        if committed and manager.num_participants() == a.replicas:
+            together.add(manager.current_step())
         log(f"replica {a.replica}: step {manager.current_step()} committed={committed} "
             f"participants={manager.num_participants()} t={time.time():.6f}")
     torch.save({"state": state_dict(), "step": manager.current_step()}, os.path.join(a.out, f"replica{a.replica}.pt"))
@@ -195,6 +218,7 @@ def driver_main(a) -> int:
         argv = [sys.executable, HERE, "--replica", str(i), "--pg", a.pg, "--steps", str(a.steps), "--step-ms", str(a.step_ms),
                 "--lighthouse", f"http://localhost:{port}", "--out", a.out, "--timeout", str(a.timeout),
                 "--min-replicas", str(a.min_replicas), "--attempt", str(attempt),
+                "--settle-steps", str(a.settle_steps), "--rejoin-deadline", str(a.rejoin_deadline),
                 *(["--async-quorum"] if a.async_quorum else []),
                 f"--kill={kill_replica}:{kill_step}"]
         return Proc(f"replica{i}.{attempt}", argv, env, on_line)
@@ -225,7 +249,9 @@ def driver_main(a) -> int:
     lighthouse_log.close()
     bad = {i: p.p.returncode for i, p in procs.items() if p.p.returncode != 0}
     if bad:
-        raise RuntimeError(f"torchft_train: replica(s) failed: {bad}")
+        tails = "".join(f"\n  replica {i} (exit {code}), its last lines:\n    " + "\n    ".join(procs[i].lines[-6:])
+                        for i, code in bad.items())
+        raise RuntimeError(f"torchft_train: replica(s) failed: {bad}{tails}")
     results = [torch.load(os.path.join(a.out, f"replica{i}.pt")) for i in range(a.replicas)]
     for i, r in enumerate(results[1:], 1):
         if r["step"] != results[0]["step"]:
@@ -280,7 +306,12 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=10.0, help="collective and quorum timeout, seconds")
     ap.add_argument("--heartbeat-timeout-ms", type=int, default=1000)
     ap.add_argument("--join-timeout-ms", type=int, default=500)
-    ap.add_argument("--deadline", type=float, default=240.0, help="the whole run, seconds")
+    ap.add_argument("--settle-steps", type=int, default=10,
+                    help="after --steps, train on until the last this many steps were committed by every replica group "
+                         "(with --kill: the restarted one is back)")
+    ap.add_argument("--rejoin-deadline", type=float, default=300.0,
+                    help="a replica gives up (exit 3) if every replica group has not trained together by then, seconds")
+    ap.add_argument("--deadline", type=float, default=420.0, help="the whole run, seconds")
     ap.add_argument("--replica", type=int, default=-1, help=argparse.SUPPRESS)
     ap.add_argument("--attempt", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--lighthouse", default="", help=argparse.SUPPRESS)

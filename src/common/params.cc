@@ -49,7 +49,11 @@ const std::vector<Param>& all() {
        "The CUDA driver library device buffers are run with. The suite points it at its host emulation "
        "(tests/support/host_cuda) so the stream path runs where there is no GPU."},
       {"ECCL_HANDSHAKE_TIMEOUT_MS", "int", "5000",
-       "Deadline for an incoming connection to complete authentication."},
+       "Deadline for an incoming connection to complete authentication (and, at the coordinator, to send its "
+       "first message after it)."},
+      {"ECCL_MAX_UNAUTHENTICATED", "int", "128",
+       "Connections each listener (the coordinator's, each member's) holds at once before they prove the job "
+       "secret; past it the oldest is dropped. Handshakes run side by side, so none of them delays another."},
       {"ECCL_PIN_PROGRESS_THREAD", "int", "1",
        "Bind the progress thread to the NUMA node of the chosen NIC (when hwloc knows it)."},
       {"ECCL_HEARTBEAT_MS", "int", "500",
@@ -123,6 +127,7 @@ bool smallAllreduceDoubling() {
 }
 int64_t ringSegmentBytes() { return getInt("ECCL_RING_SEGMENT_BYTES"); }
 int64_t handshakeTimeoutMs() { return getInt("ECCL_HANDSHAKE_TIMEOUT_MS"); }
+int64_t maxUnauthenticated() { return getInt("ECCL_MAX_UNAUTHENTICATED"); }
 int64_t spinUs() { return getInt("ECCL_SPIN_US"); }
 std::string transport() {
   std::string v = getString("ECCL_TRANSPORT");

@@ -34,6 +34,7 @@ int64_t smallAllreduceBytes();
 bool smallAllreduceDoubling();
 int64_t ringSegmentBytes();
 int64_t handshakeTimeoutMs();
+int64_t maxUnauthenticated();
 int pinProgressThread();
 int64_t spinUs();
 std::string transport();  // "auto", "tcp" or "shm"

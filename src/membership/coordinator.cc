@@ -10,6 +10,7 @@
 
 #include "membership/coord_channel.h"
 #include "membership/handshake.h"
+#include "membership/handshake_gate.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "common/mutex.h"
@@ -870,18 +871,83 @@ Coordinator::~Coordinator() {
   if (thread_.joinable()) thread_.join();
 }
 
+namespace {
+
+// An authenticated connection whose first message (join, status query or
+// migration request) has not arrived yet: read as it comes, like a
+// member's, so even a slow member holds up nobody.
+struct Unjoined {
+  std::unique_ptr<SealedChannel> channel;
+  Deadline deadline;
+  std::string what;
+};
+
+}  // namespace
+
 void Coordinator::run() {
   State& s = *state_;
+  // Connections are admitted beside the members' service, never inline:
+  // a silent or hostile one occupies a gate slot, not this loop.
+  GateOptions gateOptions;
+  gateOptions.handshakeTimeoutMs = s.opt.handshakeTimeoutMs;
+  gateOptions.maxPending = s.opt.maxUnauthenticated;
+  HandshakeGate gate(s.id.secret, s.id.jobId, gateOptions, "coordinator");
+  gate.addListener(s.listenFd.get(), [&s](std::string* from) {
+    SockAddr peer;
+    Fd fd = acceptUntil(s.listenFd.get(), Clock::now(), &peer);
+    if (fd) *from = peer.str();
+    return fd;
+  });
+  std::vector<Unjoined> unjoined;
+  std::vector<Admitted> admitted;
+  // Each authenticated connection's first message decides what it is; the
+  // rest (a heartbeat that followed its join) are the new member's.
+  auto serveUnjoined = [&s](std::vector<Unjoined>& unjoined, const pollfd* fds, size_t count) {
+    std::vector<Unjoined> waiting;
+    for (size_t i = 0; i < unjoined.size(); ++i) {
+      Unjoined& u = unjoined[i];
+      try {
+        std::vector<CoordMessage> got;
+        bool open = true;
+        if (i < count && fds[i].revents) open = u.channel->drain(&got);
+        if (got.empty()) {
+          if (!open) fail(ecclRemoteError, "{}: closed before its first message", u.what);
+          if (Clock::now() >= u.deadline)
+            fail(ecclTimeout, "{}: no first message within {} ms of the handshake", u.what, s.opt.handshakeTimeoutMs);
+          waiting.push_back(std::move(u));
+          continue;
+        }
+        CoordMessage join = std::move(got.front());
+        if (join.kind != CoordKind::kJoin && join.kind != CoordKind::kStatusQuery && join.kind != CoordKind::kMigrate)
+          fail(ecclRemoteError, "{}: first message is {}, expected join", u.what, coordKindName(join.kind));
+        if (join.kind != CoordKind::kJoin) join.role = Role::kTool;
+        SealedChannel* channel = u.channel.get();
+        s.onJoin(std::move(u.channel), join);
+        for (auto& [mid, m] : s.members)
+          if (m.channel.get() == channel)
+            for (size_t k = 1; k < got.size(); ++k) s.onMessage(mid, got[k]);
+      } catch (const Error& e) {
+        log::warn("coordinator rejected {}", e.what());
+      }
+    }
+    unjoined = std::move(waiting);
+  };
   auto nextBeat = Clock::now();
   while (!stopping_) {
-    std::vector<pollfd> fds{{s.listenFd.get(), POLLIN, 0}};
-    std::vector<uint64_t> owners{0};
+    std::vector<pollfd> fds;
+    std::vector<uint64_t> owners;
     for (auto& [mid, m] : s.members)
       if (m.channel) fds.push_back({m.channel->fd(), POLLIN, 0}), owners.push_back(mid);
-    int wait = static_cast<int>(std::clamp<int64_t>(msUntil(nextBeat), 0, 100));
+    size_t unjoinedAt = fds.size();
+    for (auto& u : unjoined) fds.push_back({u.channel->fd(), POLLIN, 0});
+    size_t gateAt = fds.size();
+    gate.pollSet(&fds);
+    int wait = gate.msUntilNextDeadline(static_cast<int>(std::clamp<int64_t>(msUntil(nextBeat), 0, 100)));
     int n = ::poll(fds.data(), fds.size(), wait);
     if (n < 0 && errno != EINTR) fail(ecclSystemError, "coordinator poll(): {}", strerror(errno));
-    for (size_t i = 1; n > 0 && i < fds.size(); ++i) {
+    if (n < 0)
+      for (auto& f : fds) f.revents = 0;
+    for (size_t i = 0; n > 0 && i < unjoinedAt; ++i) {
       if (!fds[i].revents) continue;
       auto it = s.members.find(owners[i]);
       if (it == s.members.end() || !it->second.channel) continue;
@@ -939,27 +1005,14 @@ void Coordinator::run() {
         }
       }
     }
-    if (fds[0].revents & POLLIN) {
-      SockAddr from;
-      Fd fd = acceptUntil(s.listenFd.get(), Clock::now(), &from);
-      if (fd) {
-        std::string what = fmt::format("coordinator, connection from {}", from.str());
-        try {
-          Deadline hs = deadlineAfterMs(s.opt.handshakeTimeoutMs);
-          Secret key;
-          authenticateAsServer(fd.get(), s.id.secret, s.id.jobId, hs, what, &key);
-          auto ch = std::make_unique<SealedChannel>(std::move(fd), key, true, from.str());
-          CoordMessage join = ch->receive(hs);
-          if (join.kind != CoordKind::kJoin && join.kind != CoordKind::kStatusQuery && join.kind != CoordKind::kMigrate)
-            fail(ecclRemoteError, "{}: first message is {}, expected join", what, coordKindName(join.kind));
-          if (join.kind != CoordKind::kJoin) join.role = Role::kTool;
-          s.onJoin(std::move(ch), join);
-        } catch (const Error& e) {
-          log::warn("coordinator rejected {}", e.what());
-        }
-
-      }
+    gate.service(fds.data() + gateAt, fds.size() - gateAt, &admitted);
+    for (Admitted& a : admitted) {
+      std::string what = fmt::format("coordinator, connection from {}", a.from);
+      unjoined.push_back({std::make_unique<SealedChannel>(std::move(a.fd), a.sessionKey, true, a.from),
+                          deadlineAfterMs(s.opt.handshakeTimeoutMs), std::move(what)});
     }
+    admitted.clear();
+    serveUnjoined(unjoined, fds.data() + unjoinedAt, gateAt - unjoinedAt);
     // This thread may live until the process exits (ecclGetUniqueId): keep
     // no OpenSSL per-thread state between rounds, so nothing is left behind.
     releaseThreadCryptoState();
@@ -1019,6 +1072,7 @@ CoordinatorOptions coordinatorOptionsFromEnv() {
   o.heartbeatMs = params::heartbeatMs();
   o.heartbeatTimeoutMs = params::heartbeatTimeoutMs();
   o.handshakeTimeoutMs = params::handshakeTimeoutMs();
+  o.maxUnauthenticated = static_cast<size_t>(params::maxUnauthenticated());
   o.replaceWaitMs = params::replaceWaitMs();
   return o;
 }

@@ -26,6 +26,7 @@ struct CoordinatorOptions {
   int64_t heartbeatMs = 500;
   int64_t heartbeatTimeoutMs = 3000;
   int64_t handshakeTimeoutMs = 5000;
+  size_t maxUnauthenticated = 128;  // connections held before they prove the job secret
   // A REPLACE short of standbys is held this long, the idle ones reserved,
   // while more register (a launcher refilling its pool); 0 refuses at once.
   int64_t replaceWaitMs = 0;

@@ -109,34 +109,61 @@ void authenticateAsClient(int fd, const Secret& secret, const Hello& hello, Dead
   if (sessionKey) *sessionKey = sessionKeyOf(secret, helloBytes, serverNonce);
 }
 
+ServerHandshake::ServerHandshake(const Secret& secret, uint64_t jobId, std::string what)
+    : secret_(secret), jobId_(jobId), what_(std::move(what)) {}
+
+size_t ServerHandshake::needs() const {
+  switch (stage_) {
+    case Stage::kHello: return kHelloBytes;
+    case Stage::kProof: return sizeof(Mac);
+    default: return 0;
+  }
+}
+
+std::vector<uint8_t> ServerHandshake::take(const uint8_t* bytes) {
+  if (stage_ == Stage::kHello) {
+    std::memcpy(helloBytes_, bytes, kHelloBytes);
+    std::string why;
+    if (!decodeHello(helloBytes_, &hello_, &why)) fail(ecclAuthError, "{}: {}", what_, why);
+    if (hello_.jobId != jobId_)
+      fail(ecclAuthError, "{}: hello for job {:016x}, this is job {:016x}", what_, hello_.jobId, jobId_);
+    randomBytes(serverNonce_.data(), serverNonce_.size());
+    // Bind the server's proof to the client's nonce (inside helloBytes).
+    Mac serverMac = proof(secret_, 'S', helloBytes_, serverNonce_);
+    std::vector<uint8_t> reply(serverNonce_.begin(), serverNonce_.end());
+    reply.insert(reply.end(), serverMac.begin(), serverMac.end());
+    stage_ = Stage::kProof;
+    return reply;
+  }
+  if (stage_ != Stage::kProof) fail(ecclInternalError, "{}: handshake has nothing more to take", what_);
+  Mac clientMac;
+  std::memcpy(clientMac.data(), bytes, clientMac.size());
+  if (!macEqual(clientMac, proof(secret_, 'C', helloBytes_, serverNonce_))) {
+    stage_ = Stage::kRefused;
+    failed_ = fmt::format("{}: member {} failed to prove the job secret", what_, hello_.fromMember);
+    return {0};
+  }
+  stage_ = Stage::kDone;
+  return {1};
+}
+
+Secret ServerHandshake::sessionKey() const { return sessionKeyOf(secret_, helloBytes_, serverNonce_); }
+
 Hello authenticateAsServer(int fd, const Secret& secret, uint64_t jobId, Deadline deadline,
                            const std::string& what, Secret* sessionKey) {
-  uint8_t helloBytes[kHelloBytes];
-  recvAll(fd, helloBytes, kHelloBytes, deadline, what);
-  Hello hello;
-  std::string why;
-  if (!decodeHello(helloBytes, &hello, &why)) fail(ecclAuthError, "{}: {}", what, why);
-  if (hello.jobId != jobId)
-    fail(ecclAuthError, "{}: hello for job {:016x}, this is job {:016x}", what, hello.jobId, jobId);
-  Nonce serverNonce;
-  randomBytes(serverNonce.data(), serverNonce.size());
-  // Bind the server's proof to the client's nonce (inside helloBytes).
-  Mac serverMac = proof(secret, 'S', helloBytes, serverNonce);
-  uint8_t reply[sizeof(Nonce) + sizeof(Mac)];
-  std::memcpy(reply, serverNonce.data(), serverNonce.size());
-  std::memcpy(reply + serverNonce.size(), serverMac.data(), serverMac.size());
-  sendAll(fd, reply, sizeof(reply), deadline, what);
-  Mac clientMac;
-  recvAll(fd, clientMac.data(), clientMac.size(), deadline, what);
-  if (!macEqual(clientMac, proof(secret, 'C', helloBytes, serverNonce))) {
-    uint8_t no = 0;
-    ::send(fd, &no, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
-    fail(ecclAuthError, "{}: member {} failed to prove the job secret", what, hello.fromMember);
+  ServerHandshake hs(secret, jobId, what);
+  uint8_t in[kHelloBytes];
+  while (size_t n = hs.needs()) {
+    recvAll(fd, in, n, deadline, what);
+    std::vector<uint8_t> out = hs.take(in);
+    if (!hs.failed().empty()) {
+      ::send(fd, out.data(), out.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+      fail(ecclAuthError, "{}", hs.failed());
+    }
+    sendAll(fd, out.data(), out.size(), deadline, what);
   }
-  uint8_t yes = 1;
-  sendAll(fd, &yes, 1, deadline, what);
-  if (sessionKey) *sessionKey = sessionKeyOf(secret, helloBytes, serverNonce);
-  return hello;
+  if (sessionKey) *sessionKey = hs.sessionKey();
+  return hs.hello();
 }
 
 }  // namespace eccl::membership

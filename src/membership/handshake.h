@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/clock.h"
 #include "common/crypto.h"
@@ -21,6 +22,8 @@ struct Hello {
   uint32_t lane = 0;
 };
 
+constexpr size_t kHelloBytes = 56;
+
 // Connector side: throws ecclAuthError if the acceptor cannot prove the
 // secret or rejects ours; ecclRemoteError or ecclTimeout if it closes or
 // goes silent mid-handshake (a dead peer is no impostor).
@@ -29,12 +32,38 @@ struct Hello {
 void authenticateAsClient(int fd, const Secret& secret, const Hello& hello, Deadline deadline,
                           const std::string& what, Secret* sessionKey = nullptr);
 
-// Acceptor side: returns the verified hello, or throws ecclAuthError with the reason.
+// The acceptor's side as a state machine over bytes, with no I/O of its
+// own, so one thread can run many handshakes at once and a peer that stays
+// silent or trickles bytes holds up nobody (HandshakeGate drives it).
+// needs() is how many bytes to read next; take() consumes exactly that many
+// and returns what to send back. After a wrong proof it returns the refusal
+// byte and failed() holds the reason; a malformed hello throws ecclAuthError.
+class ServerHandshake {
+ public:
+  ServerHandshake(const Secret& secret, uint64_t jobId, std::string what);
+  size_t needs() const;
+  std::vector<uint8_t> take(const uint8_t* bytes);
+  bool done() const { return stage_ == Stage::kDone; }
+  const std::string& failed() const { return failed_; }
+  const Hello& hello() const { return hello_; }
+  Secret sessionKey() const;  // once done()
+
+ private:
+  enum class Stage { kHello, kProof, kDone, kRefused };
+  const Secret& secret_;
+  uint64_t jobId_;
+  std::string what_, failed_;
+  Stage stage_ = Stage::kHello;
+  uint8_t helloBytes_[kHelloBytes];
+  Hello hello_;
+  Nonce serverNonce_;
+};
+
+// Acceptor side, blocking: returns the verified hello, or throws ecclAuthError with the reason.
 Hello authenticateAsServer(int fd, const Secret& secret, uint64_t jobId, Deadline deadline,
                            const std::string& what, Secret* sessionKey = nullptr);
 
 // Wire codec of the hello message, exposed for tests and the fuzzer.
-constexpr size_t kHelloBytes = 56;
 void encodeHello(const Hello& h, const Nonce& nonce, uint8_t out[kHelloBytes]);
 bool decodeHello(const uint8_t in[kHelloBytes], Hello* h, std::string* why);
 

@@ -313,43 +313,52 @@ void LaneDevice::close(Deadline deadline) {
   }
 }
 
-// Accepts and authenticates lanes on every back end's listener. One that
-// comes from a member this device does not know yet (it read the address
-// table before we did) is parked rather than waited for here, so the lanes
-// behind it are accepted meanwhile; addPeer installs it, or it is dropped
-// at its deadline.
+// Accepts and authenticates lanes on every back end's listener through one
+// gate, so handshakes run side by side and a silent or hostile connection
+// delays no member's. One that comes from a member this device does not
+// know yet (it read the address table before we did) is parked rather than
+// waited for here, so the lanes behind it are accepted meanwhile; addPeer
+// installs it, or it is dropped at its deadline.
 void LaneDevice::acceptLoop() {
+  membership::GateOptions gateOptions;
+  gateOptions.handshakeTimeoutMs = opt_.handshakeTimeoutMs;
+  gateOptions.maxPending = static_cast<size_t>(params::maxUnauthenticated());
+  membership::HandshakeGate gate(opt_.secret, opt_.jobId, gateOptions, fmt::format("member {}", opt_.self));
   std::vector<Backend*> listening{tcp_.get()};
   if (shm_) listening.push_back(shm_.get());
+  for (Backend* b : listening) gate.addListener(b->listenFd(), [b](std::string* from) { return b->accept(from); });
+  uint64_t countedAtGate = 0;
   while (!stopping_) {
-    pollfd fds[2];
-    for (size_t i = 0; i < listening.size(); ++i) fds[i] = {listening[i]->listenFd(), POLLIN, 0};
-    int ready = ::poll(fds, static_cast<nfds_t>(listening.size()), 100);
+    std::vector<membership::Admitted> admitted;
+    try {
+      admitted = gate.runOnce(100);
+    } catch (const std::exception& e) {
+      log::warn("member {}: accepting connections: {}", opt_.self, e.what());
+    }
     {
       MutexLock lock(mu_);
       dropExpiredParkedLocked();
+      membership::GateStats g = gate.stats();
+      uint64_t refusedAtGate = g.refused + g.timedOut + g.evicted;
+      stats_.connectionsRejected += refusedAtGate - countedAtGate;
+      countedAtGate = refusedAtGate;
     }
-    for (size_t i = 0; ready > 0 && i < listening.size(); ++i)
-      if (fds[i].revents & POLLIN) acceptOne(*listening[i]);
+    for (auto& a : admitted) acceptOne(*listening[a.listener], std::move(a));
   }
 }
 
-void LaneDevice::acceptOne(Backend& backend) {
-  std::string from;
-  Fd stream = backend.accept(&from);
-  if (!stream) return;
-  std::string what = fmt::format("member {}: incoming {} connection from {}", opt_.self, backend.name(), from);
+void LaneDevice::acceptOne(Backend& backend, membership::Admitted admitted) {
+  const membership::Hello& hello = admitted.hello;
+  std::string what = fmt::format("member {}: incoming {} connection from {}", opt_.self, backend.name(), admitted.from);
   try {
     Deadline deadline = deadlineAfterMs(opt_.handshakeTimeoutMs);
-    membership::Hello hello =
-        membership::authenticateAsServer(stream.get(), opt_.secret, opt_.jobId, deadline, what);
     if (hello.purpose != membership::Purpose::kData || hello.toMember != opt_.self)
       fail(ecclAuthError, "{}: hello is for member {}, purpose {}", what, hello.toMember,
            static_cast<int>(hello.purpose));
     if (opt_.transport == TransportChoice::kShm && &backend != shm_.get())
       fail(ecclInvalidUsage, "{}: ECCL_TRANSPORT=shm here, but member {} dialed over {}", what, hello.fromMember,
            backend.name());
-    auto conduit = backend.openAccepted(std::move(stream), deadline, what);
+    auto conduit = backend.openAccepted(std::move(admitted.fd), deadline, what);
     MutexLock lock(mu_);
     if (!peers_.count(hello.fromMember)) {
       parked_.push_back({hello.fromMember, hello.lane, &backend, std::move(conduit), deadline, what});

@@ -23,6 +23,8 @@
 #include <thread>
 #include <vector>
 #include "membership/handshake.h"
+#include "membership/handshake_gate.h"
+#include "common/params.h"
 #include "common/crypto.h"
 #include "common/error.h"
 #include "common/log.h"
@@ -243,7 +245,7 @@ class LaneDevice final : public Device {
   void markLeftLocked(Peer& peer) ECCL_REQUIRES(mu_);
   void acceptLaneLocked(MemberId from, uint32_t lane, Backend* backend, std::unique_ptr<Conduit> conduit,
                         const std::string& what) ECCL_REQUIRES(mu_);
-  void acceptOne(Backend& backend);
+  void acceptOne(Backend& backend, membership::Admitted admitted);
   void installParkedLocked(MemberId member) ECCL_REQUIRES(mu_);
   void dropExpiredParkedLocked() ECCL_REQUIRES(mu_);
   void leftPeerNeededLocked(Peer& peer) ECCL_REQUIRES(mu_);
