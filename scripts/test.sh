@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole suite: install, build, and run every test three ways:
 #   1. Release build, every test (unit, threads, processes, launcher and
-#      chaos, mpirun, fuzz; CUDA tests skip without a GPU);
+#      chaos, mpirun, fuzz; CUDA tests skip without a GPU), then the main
+#      job (scripts/main.sh) while the next build loads both cores;
 #   2. ASan+UBSan build, every test but the fuzzers (they carry ASan
 #      already) and mpirun (Open MPI's own allocations are not ours);
 #   3. TSan build, the threaded core (transport, coordinator client and
@@ -21,9 +22,24 @@ scripts/build.sh build
 stage "Release: every test"
 (cd build && ctest -j"$jobs" --output-on-failure --timeout 600)
 
+# The README's main job, exactly as a new user runs it, while the
+# sanitizer build keeps both cores busy: a demo that passes only on an idle
+# machine is broken.
+stage "The main job (scripts/main.sh), beside the ASan+UBSan build"
+scripts/main.sh >build/main-job.log 2>&1 &
+main_job=$!
+trap 'kill $main_job 2>/dev/null || true' EXIT
 stage "ASan+UBSan: build"
 scripts/build.sh build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DECCL_SANITIZE=address -DECCL_WITH_FUZZ=OFF \
   -DECCL_WITH_CUDA=OFF
+if wait $main_job; then
+  stage "The main job passed"
+  grep -E "^=== |^main:" build/main-job.log
+else
+  echo "=== The main job (scripts/main.sh) failed; its output:"
+  cat build/main-job.log
+  exit 1
+fi
 # The multi-process suites run over each back end in Release; under the
 # sanitizers once, over shared memory (the TCP lanes are the same device
 # code behind a socket), and every collective at 2 and 3 ranks rather than

@@ -8,7 +8,7 @@ replica is back before the others stop.
 
     python torchft_train.py --pg eccl --replicas 3 --steps 60 --kill 1:20 --out DIR
 
-runs the lighthouse, `ecclcoord serve` (for eccl) and one process per
+runs the lighthouse, `ecclcoord serve` (for --pg eccl) and one process per
 replica group, SIGKILLs replica 1 once it prints "step 20", restarts it,
 and checks torchft's semantics at the end: every replica group stops at
 the same step with bit-identical parameters and optimizer state.
@@ -41,7 +41,7 @@ def log(msg: str) -> None:
 
 
 def make_pg(kind: str, timeout: timedelta):
-    if kind == "eccl":
+    if kind in ("eccl", "eccl-store"):
         from torch_eccl.torchft import ProcessGroupEccl
 
         return ProcessGroupEccl(timeout=timeout)
@@ -80,8 +80,9 @@ def replica_main(a) -> int:
         optimizer.load_state_dict(sd["optim"])
 
     store = torch.distributed.TCPStore("localhost", 0, is_master=True, wait_for_workers=False)
+    pg = make_pg(a.pg, timeout)
     manager = Manager(
-        pg=make_pg(a.pg, timeout),
+        pg=pg,
         load_state_dict=load_state_dict,
         state_dict=state_dict,
         min_replica_size=a.min_replicas,
@@ -136,6 +137,10 @@ def replica_main(a) -> int:
             f"participants={manager.num_participants()} t={time.time():.6f}")
     torch.save({"state": state_dict(), "step": manager.current_step()}, os.path.join(a.out, f"replica{a.replica}.pt"))
     log(f"replica {a.replica}: done at step {manager.current_step()}")
+    # Leave in order: the last step's allreduce may still need bytes this
+    # replica has queued for a slower one (exiting would abort them, and
+    # that one would fail the step the others committed).
+    pg.shutdown()
     manager.shutdown(wait=False)
     return 0
 
@@ -201,6 +206,7 @@ def driver_main(a) -> int:
          "--heartbeat_timeout_ms", str(a.heartbeat_timeout_ms)],
         stdout=lighthouse_log, stderr=subprocess.STDOUT, env=dict(env, RUST_LOG=env.get("RUST_LOG", "info")))
     coord = None
+    env.pop("ECCL_UNIQUE_ID", None)
     if a.pg == "eccl":
         coord, env["ECCL_UNIQUE_ID"] = start_coordinator(env)
     kill_replica, kill_step = a.die
@@ -219,6 +225,7 @@ def driver_main(a) -> int:
                 "--lighthouse", f"http://localhost:{port}", "--out", a.out, "--timeout", str(a.timeout),
                 "--min-replicas", str(a.min_replicas), "--attempt", str(attempt),
                 "--settle-steps", str(a.settle_steps), "--rejoin-deadline", str(a.rejoin_deadline),
+                "--replicas", str(a.replicas),
                 *(["--async-quorum"] if a.async_quorum else []),
                 f"--kill={kill_replica}:{kill_step}"]
         return Proc(f"replica{i}.{attempt}", argv, env, on_line)
@@ -291,7 +298,10 @@ def driver_main(a) -> int:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--pg", choices=["eccl", "gloo"], default="eccl")
+    ap.add_argument("--pg", choices=["eccl", "eccl-store", "gloo"], default="eccl",
+                    help="eccl: one eccl job (`ecclcoord serve`) across quorums, each change a delta; eccl-store: "
+                         "ProcessGroupEccl as a drop-in for ProcessGroupGloo, no job, each quorum's group made "
+                         "through torchft's store; gloo: torchft's ProcessGroupGloo")
     ap.add_argument("--replicas", type=int, default=3)
     ap.add_argument("--min-replicas", type=int, default=2)
     ap.add_argument("--steps", type=int, default=60)

@@ -123,10 +123,47 @@ def test_handles_are_torchft_json_with_the_eccl_member():
     pg.shutdown()
 
 
-def test_without_a_job_the_error_says_what_to_run(monkeypatch):
+# ------------------- the drop-in for ProcessGroupGloo: no job, torchft's store
+
+
+def test_without_a_job_it_bootstraps_through_the_store_and_says_once_what_a_job_adds(monkeypatch, caplog):
+    """Code written for ProcessGroupGloo with the class name changed: no
+    ECCL_UNIQUE_ID, no ecclcoord; reconfigure_with_store builds the group
+    through the store, twice (a new quorum), and the log says once what
+    `ecclcoord serve` would add."""
     monkeypatch.delenv("ECCL_UNIQUE_ID")
-    with pytest.raises(RuntimeError, match="ecclcoord serve"):
-        ProcessGroupEccl().get_reconfigure_handle()
+    store = dist.TCPStore("localhost", 0, is_master=True, wait_for_workers=False)
+    pg = ProcessGroupEccl(timeout=timedelta(seconds=10))
+    handle = json.loads(pg.get_reconfigure_handle())
+    assert "eccl_member" not in handle and {"id", "store", "global_rank"} <= set(handle)
+    with caplog.at_level("WARNING", logger="torch_eccl.torchft"):
+        for quorum in ("q1", "q2"):
+            reconfigure_with_store(pg, f"localhost:{store.port}/{quorum}", 0, 1)
+            assert pg.size() == 1
+            works = process_group_test._test_pg(pg, torch.tensor([2]))
+            assert set(works) >= {"allreduce", "allgather", "alltoall_base", "barrier", "broadcast"}
+    notes = [r.getMessage() for r in caplog.records if "ecclcoord serve" in r.getMessage()]
+    assert len(notes) == 1 and "delta" in notes[0] and "standbys" in notes[0], notes
+    m = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(3, 4), process_group=pg)
+    m(torch.rand(2, 3))
+    pg.shutdown()
+
+
+class TestEcclMultiPgThroughTheStore(TestEcclMultiPg):
+    """torchft's multi-PG suite again, with no eccl job: every group (and
+    every re-formed group of the resiliency test) is bootstrapped through
+    torchft's store, as ProcessGroupGloo's are."""
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls._saved_job = os.environ.pop("ECCL_UNIQUE_ID", None)
+        process_group_test.MultiPgBaseTest.setUpClass.__func__(cls)
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        super().tearDownClass()
+        if cls._saved_job is not None:
+            os.environ["ECCL_UNIQUE_ID"] = cls._saved_job
 
 
 # ------------------------------------- reconfigure_with_store, processes
@@ -204,6 +241,17 @@ def test_manager_under_lighthouse_a_killed_replica_group_rejoins(tmp_path):
     assert re.search(r"peer rank \d \(127\.0\.0\.1:\d+\)|rank \d \(member [0-9a-f]+", summary), summary
     m = re.search(r"(\d+) survivor step\(s\) not committed, restarted replica committed (\d+) steps", summary)
     assert m and int(m.group(1)) >= 1 and int(m.group(2)) >= 1, summary
+
+
+def test_manager_drop_in_without_a_job_a_killed_replica_group_rejoins(tmp_path):
+    """ProcessGroupEccl where ProcessGroupGloo was, nothing else: no
+    ecclcoord, no ECCL_UNIQUE_ID; torchft's Manager under its lighthouse,
+    a replica group killed mid-allreduce, restarted, healed."""
+    summary = _example("eccl-store", str(tmp_path / "store"), "--replicas", "3", "--steps", "60", "--step-ms", "50",
+                       "--kill", "1:20")
+    assert "parameters identical" in summary, summary
+    m = re.search(r"restarted replica committed (\d+) steps", summary)
+    assert m and int(m.group(1)) >= 1, summary
 
 
 def test_manager_training_matches_torchft_gloo_without_failures(tmp_path):

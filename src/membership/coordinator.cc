@@ -902,14 +902,13 @@ void Coordinator::run() {
   std::vector<Admitted> admitted;
   // Each authenticated connection's first message decides what it is; the
   // rest (a heartbeat that followed its join) are the new member's.
-  auto serveUnjoined = [&s](std::vector<Unjoined>& unjoined, const pollfd* fds, size_t count) {
+  auto serveUnjoined = [&s](std::vector<Unjoined>& unjoined) {
     std::vector<Unjoined> waiting;
     for (size_t i = 0; i < unjoined.size(); ++i) {
       Unjoined& u = unjoined[i];
       try {
         std::vector<CoordMessage> got;
-        bool open = true;
-        if (i < count && fds[i].revents) open = u.channel->drain(&got);
+        bool open = u.channel->drain(&got);  // never blocks; the join may have come with the handshake's end
         if (got.empty()) {
           if (!open) fail(ecclRemoteError, "{}: closed before its first message", u.what);
           if (Clock::now() >= u.deadline)
@@ -947,6 +946,17 @@ void Coordinator::run() {
     if (n < 0 && errno != EINTR) fail(ecclSystemError, "coordinator poll(): {}", strerror(errno));
     if (n < 0)
       for (auto& f : fds) f.revents = 0;
+    // Joins first: a member's join was sent before anyone could learn of
+    // it, so it must be handled before the messages of members that name
+    // it (a reconfiguration that lists a new standby).
+    gate.service(fds.data() + gateAt, fds.size() - gateAt, &admitted);
+    for (Admitted& a : admitted) {
+      std::string what = fmt::format("coordinator, connection from {}", a.from);
+      unjoined.push_back({std::make_unique<SealedChannel>(std::move(a.fd), a.sessionKey, true, a.from),
+                          deadlineAfterMs(s.opt.handshakeTimeoutMs), std::move(what)});
+    }
+    admitted.clear();
+    serveUnjoined(unjoined);
     for (size_t i = 0; n > 0 && i < unjoinedAt; ++i) {
       if (!fds[i].revents) continue;
       auto it = s.members.find(owners[i]);
@@ -1005,14 +1015,6 @@ void Coordinator::run() {
         }
       }
     }
-    gate.service(fds.data() + gateAt, fds.size() - gateAt, &admitted);
-    for (Admitted& a : admitted) {
-      std::string what = fmt::format("coordinator, connection from {}", a.from);
-      unjoined.push_back({std::make_unique<SealedChannel>(std::move(a.fd), a.sessionKey, true, a.from),
-                          deadlineAfterMs(s.opt.handshakeTimeoutMs), std::move(what)});
-    }
-    admitted.clear();
-    serveUnjoined(unjoined, fds.data() + unjoinedAt, gateAt - unjoinedAt);
     // This thread may live until the process exits (ecclGetUniqueId): keep
     // no OpenSSL per-thread state between rounds, so nothing is left behind.
     releaseThreadCryptoState();
