@@ -49,6 +49,8 @@ POLICIES = {"replace": 0, "shrink": 1, "replace_or_shrink": 2}
 # group this process makes with eccl-run's world size takes it; later groups
 # (new_group) rendezvous through their store and make jobs of their own.
 _env_job_taken = False
+# A standby promoted by wait_for_promotion: the next group adopts it.
+_promotion_pending = False
 
 
 def _job_for(size: int) -> str:
@@ -62,6 +64,20 @@ def _job_for(size: int) -> str:
     return job
 
 
+def _job_through_store(store, group_rank: int, global_ranks, timeout: timedelta) -> str:
+    """The group's job through its store: group rank 0 makes it, the others
+    read it. The key names the group's global ranks: c10d gives disjoint
+    subgroups (new_subgroups) the same store prefix, and each must get a
+    job of its own."""
+    key = "eccl/unique_id/" + ",".join(str(r) for r in (global_ranks or []))
+    if group_rank == 0 and not store.check([key]):
+        job = _C.make_job()
+        store.set(key, job)
+        return job
+    store.wait([key], timeout)
+    return store.get(key).decode()
+
+
 def _create(dist_opts, backend_opts):
     reconfigure_regime = bool(getattr(dist_opts, "enable_reconfigure", False)) or bool(
         getattr(backend_opts, "enable_reconfigure", False)
@@ -69,12 +85,19 @@ def _create(dist_opts, backend_opts):
     timeout = dist_opts.timeout
     if not isinstance(timeout, timedelta):
         timeout = timedelta(seconds=float(timeout))
+    global _promotion_pending
+    job = _job_for(dist_opts.group_size)
+    if _promotion_pending:
+        _promotion_pending = False  # the promoted communicator is adopted: it knows its job
+    elif not job and dist_opts.store is not None:
+        job = _job_through_store(dist_opts.store, dist_opts.group_rank,
+                                 list(getattr(dist_opts, "global_ranks_in_group", []) or []), timeout)
     return _C.create_backend(
         dist_opts.store,
         dist_opts.group_rank,
         dist_opts.group_size,
         timeout,
-        _job_for(dist_opts.group_size),
+        job,
         reconfigure_regime,
         True,
     )
@@ -107,9 +130,11 @@ def wait_for_promotion(job: str | None = None, timeout: timedelta | None = None)
     if not job:
         raise ValueError("torch_eccl.wait_for_promotion: no job (pass one or set ECCL_UNIQUE_ID)")
     op_timeout = int(os.environ.get("ECCL_TIMEOUT_MS", "0") or 0)
-    global _env_job_taken
+    global _env_job_taken, _promotion_pending
     _env_job_taken = True
-    return _C.await_standby(job, _ms(timeout, 0), op_timeout)
+    promoted = _C.await_standby(job, _ms(timeout, 0), op_timeout)
+    _promotion_pending = True
+    return promoted
 
 
 def init_process_group(timeout: timedelta | None = None, **kwargs) -> None:

@@ -477,6 +477,7 @@ intrusive_ptr<c10d::Work> ProcessGroupEccl::enqueueP2p(OpType type, const char* 
                            name);
                      if (!isSend) flat.writeBack();
                    }, true);
+  seq_++;
   auto work = c10::make_intrusive<EcclWork>(rank_, type, name, isSend ? std::vector<at::Tensor>{}
                                                                       : std::vector<at::Tensor>{t},
                                             std::vector<at::Tensor>{t});

@@ -171,6 +171,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupEccl::enqueue(c10d::OpType type, cons
                                                          std::vector<at::Tensor> inputs, std::function<void()> run,
                                                          bool async) {
   requireRank(name);
+  seq_++;
   std::vector<at::Tensor> all = outputs;
   all.insert(all.end(), inputs.begin(), inputs.end());
   run = onCallerStream(all, std::move(run));

@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <map>
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -38,6 +39,10 @@ class ProcessGroupEccl : public c10d::Backend {
   bool supportsReconfigure() const override { return true; }
   bool supportsSplitting() const override { return false; }
   void setTimeout(std::chrono::milliseconds timeout) override;
+  // Ops issued by this process group, counted as Gloo counts its: c10d's
+  // debug wrapper (TORCH_DISTRIBUTED_DEBUG=DETAIL) compares them across ranks.
+  void setSequenceNumberForGroup() override {}
+  uint64_t getSequenceNumberForGroup() override { return seq_.load(); }
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts = {}) override;
@@ -141,6 +146,7 @@ class ProcessGroupEccl : public c10d::Backend {
   const bool reconfigurable_;  // made in the reconfigure regime: abort() is followed by a new member
   std::mutex endMu_;
   std::unique_ptr<Driver> driver_;
+  std::atomic<uint64_t> seq_{0};
 };
 
 }  // namespace torch_eccl
