@@ -19,7 +19,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
-python_pins=(torch==2.15.0 torchft-nightly==2026.10.26 pytest==9.2.0 numpy==2.4.6 parameterized==0.9.0)
+python_pins=(torch==2.15.0 torchft-nightly==2026.10.26 pytest==9.2.0 numpy==2.4.6 parameterized==0.9.0 expecttest==0.3.0)
 venv_ok() {
   [ -x .venv/bin/python ] && .venv/bin/python - "${python_pins[@]}" <<'PY' 2>/dev/null
 import sys

@@ -14,11 +14,11 @@ out=$(ECCL_TRANSPORT=auto ECCL_SOCKET_IFNAME=eccl ECCL_DEBUG=INFO "$launcher" -n
 rc=$?
 echo "$out" | grep -E "is up over|Out of bounds" | tail -20
 [ $rc -eq 0 ] || { echo "FAIL: eccl-run exited $rc"; echo "$out" | tail -40; exit 1; }
-echo "$out" | grep -q "Out of bounds values : 0 OK" || { echo "FAIL: wrong results"; exit 1; }
+grep -q "Out of bounds values : 0 OK" <<<"$out" || { echo "FAIL: wrong results"; exit 1; }
 # Ranks 0 and 2 share the first namespace, 1 and 3 the second. The lower
 # member of each pair dials and logs the lane; either side's line counts.
 expect() {  # expect RANK_A RANK_B KIND
-  echo "$out" | grep -qE "^\[$1\] .*lane 0 to peer rank $2 .*is up over $3|^\[$2\] .*lane 0 to peer rank $1 .*is up over $3" ||
+  grep -qE "^\[$1\] .*lane 0 to peer rank $2 .*is up over $3|^\[$2\] .*lane 0 to peer rank $1 .*is up over $3" <<<"$out" ||
     { echo "FAIL: ranks $1 and $2 are not connected over $3"; exit 1; }
 }
 expect 0 2 shm

@@ -13,12 +13,12 @@ out=$(ECCL_SOCKET_IFNAME=eccl ECCL_DEBUG=INFO "$launcher" -np 4 --host-list "$ns
 rc=$?
 echo "$out" | grep -v "^\[.\] .*INFO" | tail -20
 [ $rc -eq 0 ] || { echo "FAIL: eccl-run exited $rc"; echo "$out" | tail -40; exit 1; }
-echo "$out" | grep -q "Out of bounds values : 0 OK" || { echo "FAIL: wrong results"; exit 1; }
+grep -q "Out of bounds values : 0 OK" <<<"$out" || { echo "FAIL: wrong results"; exit 1; }
 # Ranks 0 and 2 on the first host, 1 and 3 on the second, each on its veth.
 for r in 0 2; do
-  echo "$out" | grep -qE "^\[$r\] .*listening on $net\.11:" || { echo "FAIL: rank $r is not on host 1"; exit 1; }
+  grep -qE "^\[$r\] .*listening on $net\.11:" <<<"$out" || { echo "FAIL: rank $r is not on host 1"; exit 1; }
 done
 for r in 1 3; do
-  echo "$out" | grep -qE "^\[$r\] .*listening on $net\.12:" || { echo "FAIL: rank $r is not on host 2"; exit 1; }
+  grep -qE "^\[$r\] .*listening on $net\.12:" <<<"$out" || { echo "FAIL: rank $r is not on host 2"; exit 1; }
 done
 echo "multihost: ok"

@@ -10,10 +10,10 @@ for key in n full_init_ms migrate_downtime_ms failure_detect_ms failure_recover_
            conns_inherited prepare_interference_pct gloo_init_ms; do
   [ "$(echo "$out" | grep -c "\"$key\":")" -eq 2 ] || { echo "FAIL: key $key missing"; exit 1; }
 done
-echo "$out" | grep -q '"n":5' || { echo "FAIL: no N=5 object"; exit 1; }
+grep -q '"n":5' <<<"$out" || { echo "FAIL: no N=5 object"; exit 1; }
 # A replaced rank's delta is a few connections, never zero (the joiner must be reachable).
-echo "$out" | grep -q '"conns_opened":0,' && { echo "FAIL: a migration opened no connection"; exit 1; }
+grep -q '"conns_opened":0,' <<<"$out" && { echo "FAIL: a migration opened no connection"; exit 1; }
 table=$("$perf" --sizes 4 --iterations 5 --launcher "$launcher") || { echo "FAIL: table run failed"; exit 1; }
 echo "$table"
-echo "$table" | grep -qE '^ +4 ' || { echo "FAIL: no N=4 row in the table"; exit 1; }
+grep -qE '^ +4 ' <<<"$table" || { echo "FAIL: no N=4 row in the table"; exit 1; }
 echo "reconfig_perf: ok"

@@ -68,8 +68,9 @@ void unpackBytes(const at::Tensor& bytes, std::vector<at::Tensor>& ts) {
 
 intrusive_ptr<c10d::Work> ProcessGroupEccl::allreduce(std::vector<at::Tensor>& tensors,
                                                       const c10d::AllreduceOptions& opts) {
+  if (tensors.size() == 1 && tensors[0].is_sparse()) return allreduceSparse(tensors[0], opts);
   checkSingle(tensors, "allreduce");
-  TORCH_CHECK_VALUE(!opts.sparseIndices, "eccl allreduce: sparse tensors are not supported");
+  TORCH_CHECK_VALUE(!opts.sparseIndices, "eccl allreduce: sparse indices are not supported");
   at::Tensor t = tensors[0];
   ecclDataType_t type = reductionType(t.scalar_type(), "allreduce");
   Reduction red = reduction(opts.reduceOp, t.scalar_type(), "allreduce");

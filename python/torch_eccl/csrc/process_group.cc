@@ -73,7 +73,8 @@ std::chrono::milliseconds effectiveTimeout(std::chrono::milliseconds pgTimeout) 
 }  // namespace
 
 ProcessGroupEccl::ProcessGroupEccl(const Setup& s)
-    : c10d::Backend(s.rank, s.size), timeout_(effectiveTimeout(s.timeout)), reconfigurable_(s.standby) {
+    : c10d::Backend(s.rank, s.size), timeout_(effectiveTimeout(s.timeout)), reconfigurable_(s.standby),
+      store_(s.store) {
   ecclConfig_t config = configFor(timeout_);
   if (s.adopt) {
     comm_ = s.adopt;
@@ -137,6 +138,10 @@ void ProcessGroupEccl::check(ecclResult_t r, const char* what) const {
   std::string message = ecclGetLastError(comm_);
   if (r == ecclInvalidArgument) TORCH_CHECK_VALUE(false, "eccl ", what, ": ", message);
   if (r == ecclInvalidUsage) TORCH_CHECK(false, "eccl ", what, ": ", message);
+  // "Timed out" as Gloo and NCCL say it: code that handles timeouts matches on it.
+  if (r == ecclTimeout)
+    TORCH_CHECK_WITH(DistBackendError, false, "eccl ", what, " (", ecclGetErrorString(r), "): Timed out waiting ",
+                     timeout_.count(), "ms for ", what, ": ", message);
   TORCH_CHECK_WITH(DistBackendError, false, "eccl ", what, " (", ecclGetErrorString(r), "): ", message);
 }
 

@@ -83,6 +83,8 @@ class ProcessGroupEccl : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) override;
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts = {}) override;
+  // The barrier that names the ranks that did not arrive (monitored.cc).
+  void monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks = false) override;
 
   // Fault tolerance (c10d's reconfigure API, done as eccl's delta).
   c10d::ReconfigureHandle get_reconfigure_handle() const override;
@@ -131,6 +133,7 @@ class ProcessGroupEccl : public c10d::Backend {
   void check(ecclResult_t r, const char* what) const;
   void refreshRankAndSize();
   void requireRank(const char* what) const;
+  c10::intrusive_ptr<c10d::Work> allreduceSparse(const at::Tensor& t, const c10d::AllreduceOptions& opts);
   int checkedPeer(int64_t peer, const char* what) const;
   std::map<std::string, double> statsLocked();
   std::vector<uint64_t> membersNamed(const c10d::ReconfigureOptions& opts) const;
@@ -147,6 +150,8 @@ class ProcessGroupEccl : public c10d::Backend {
   std::mutex endMu_;
   std::unique_ptr<Driver> driver_;
   std::atomic<uint64_t> seq_{0};
+  c10::intrusive_ptr<c10d::Store> store_;  // the group's rendezvous store (monitored barriers), may be null
+  uint64_t monitoredRounds_ = 0;
 };
 
 }  // namespace torch_eccl

@@ -1,0 +1,161 @@
+"""PyTorch's own distributed test suite, run on "eccl" and on Gloo side by
+side.
+
+The wheel ships the suite (torch/testing/_internal/distributed/
+distributed_test.py; upstream runs it as test/distributed/
+test_distributed_spawn.py). Here "eccl" takes Gloo's branch of every
+backend-name condition in it (``BACKEND != "gloo"`` and the like, the
+feature sets of DistTestCases, ``require_backend_is_available({"gloo"})``)
+and nothing else changes. Each test runs alone, in fresh processes, once per
+backend:
+
+    torch_suite.py [--world-sizes 2,3,4] [--tests NAME,...] [--backends gloo,eccl]
+
+It prints one line per test and backend, then the tests Gloo passes that
+eccl does not. Those listed in torch_suite_known.txt (each with the reason
+docs/pytorch.md gives) are reported but allowed; any other makes the exit
+status 1. Needs torch_eccl on PYTHONPATH (or installed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+DRIVER = '''\
+import os
+import torch_eccl  # noqa: F401  (registers "eccl" in every spawned rank too)
+from torch.testing._internal.common_distributed import DistTestCases
+for table in (DistTestCases.backend_feature, DistTestCases.skip_collective):
+    for names in table.values():
+        if "gloo" in names:
+            names.add("eccl")
+DistTestCases.backend_feature["plugin"].add("eccl")  # the suite's own place for an out-of-tree backend
+from eccl_distributed_test import DistributedTest, TestDistBackend
+
+
+class TestDistBackendWithSpawn(TestDistBackend, DistributedTest._DistTestBase):
+    def setUp(self):
+        super().setUp()
+        self._spawn_processes()
+'''
+
+
+def rewrite(source: str) -> str:
+    """Gloo's branch of each backend-name condition, for eccl too."""
+    out = source.replace('BACKEND != "gloo"', 'BACKEND not in ("gloo", "eccl")')
+    out = out.replace('BACKEND == "gloo"', 'BACKEND in ("gloo", "eccl")')
+    out = out.replace('require_backend_is_available({"gloo"})', 'require_backend_is_available({"gloo", "eccl"})')
+    return out
+
+
+def prepare(workdir: str) -> None:
+    import importlib.util
+
+    spec = importlib.util.find_spec("torch.testing._internal.distributed.distributed_test")
+    with open(spec.origin) as f:
+        source = f.read()
+    with open(os.path.join(workdir, "eccl_distributed_test.py"), "w") as f:
+        f.write(rewrite(source))
+    with open(os.path.join(workdir, "eccl_spawn_suite.py"), "w") as f:
+        f.write(DRIVER)
+
+
+def env_for(backend: str, world: int, workdir: str, tmp: str) -> dict:
+    env = dict(os.environ)
+    env.update(BACKEND=backend, WORLD_SIZE=str(world), TEMP_DIR=tmp, ECCL_SOCKET_IFNAME=env.get("ECCL_SOCKET_IFNAME", "lo"))
+    env["PYTHONPATH"] = os.pathsep.join([workdir, env.get("PYTHONPATH", "")])
+    return env
+
+
+def list_tests(workdir: str) -> list[str]:
+    code = ("import unittest, eccl_spawn_suite as m; "
+            "print('\\n'.join(unittest.TestLoader().getTestCaseNames(m.TestDistBackendWithSpawn)))")
+    with tempfile.TemporaryDirectory() as tmp:
+        r = subprocess.run([sys.executable, "-c", code], env=env_for("eccl", 2, workdir, tmp), capture_output=True,
+                           text=True, timeout=300, cwd=workdir)
+    if r.returncode:
+        sys.exit(f"torch_suite: cannot list the suite's tests:\n{r.stderr[-3000:]}")
+    return r.stdout.split()
+
+
+def run_one(name: str, backend: str, world: int, workdir: str, timeout: float) -> tuple[str, float, str]:
+    """('pass' | 'skip' | 'fail' | 'hang', seconds, the output's end)."""
+    t0 = time.time()
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            r = subprocess.run([sys.executable, "-m", "unittest", f"eccl_spawn_suite.TestDistBackendWithSpawn.{name}"],
+                               env=env_for(backend, world, workdir, tmp), capture_output=True, text=True,
+                               timeout=timeout, cwd=workdir)
+        except subprocess.TimeoutExpired as e:
+            out = (e.stderr or b"").decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+            return "hang", time.time() - t0, out[-2000:]
+    took = time.time() - t0
+    tail = r.stderr[-4000:]
+    if r.returncode == 0:
+        return ("skip" if re.search(r"OK \(skipped=\d+\)", r.stderr) else "pass"), took, tail
+    return "fail", took, tail
+
+
+def load_known() -> dict[str, str]:
+    known = {}
+    path = os.path.join(HERE, "torch_suite_known.txt")
+    if os.path.exists(path):
+        for line in open(path):
+            line = line.strip()
+            if line and not line.startswith("#"):
+                name, _, why = line.partition(" ")
+                known[name] = why.strip()
+    return known
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--world-sizes", default="2")
+    ap.add_argument("--backends", default="gloo,eccl")
+    ap.add_argument("--tests", default="", help="comma-separated test names (default: the whole suite)")
+    ap.add_argument("--match", default="", help="only tests whose name matches this regular expression")
+    ap.add_argument("--timeout", type=float, default=300, help="seconds per test and backend")
+    ap.add_argument("--show-failures", action="store_true", help="print the end of each failing test's output")
+    a = ap.parse_args()
+    backends = a.backends.split(",")
+    known = load_known()
+    with tempfile.TemporaryDirectory() as workdir:
+        prepare(workdir)
+        names = a.tests.split(",") if a.tests else list_tests(workdir)
+        if a.match:
+            names = [n for n in names if re.search(a.match, n)]
+        regressions, allowed = [], []
+        for world in [int(w) for w in a.world_sizes.split(",")]:
+            counts = {b: {"pass": 0, "skip": 0, "fail": 0, "hang": 0} for b in backends}
+            for name in names:
+                got = {}
+                for b in backends:
+                    status, took, tail = run_one(name, b, world, workdir, a.timeout)
+                    got[b] = status
+                    counts[b][status] += 1
+                    print(f"{world} ranks  {b:5s} {status:4s} {took:6.1f} s  {name}", flush=True)
+                    if status in ("fail", "hang") and a.show_failures:
+                        print("    | " + "\n    | ".join(tail.splitlines()[-25:]), flush=True)
+                if got.get("gloo") == "pass" and "eccl" in got and got["eccl"] != "pass":
+                    (allowed if name in known else regressions).append((world, name, got["eccl"]))
+            for b in backends:
+                c = counts[b]
+                print(f"torch_suite: {world} ranks, {b}: {c['pass']} passed, {c['fail'] + c['hang']} failed "
+                      f"({c['hang']} hung), {c['skip']} skipped", flush=True)
+        for world, name, status in allowed:
+            print(f"torch_suite: known, {world} ranks: {name} ({status} on eccl; passes on Gloo): {known[name]}")
+        for world, name, status in regressions:
+            print(f"torch_suite: REGRESSION, {world} ranks: {name} passes on Gloo, {status} on eccl")
+        return 1 if regressions else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

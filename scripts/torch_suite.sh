@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# PyTorch's own distributed test suite (the one shipped in the torch wheel)
+# on eccl and on Gloo side by side, every test alone, at 2, 3 and 4 ranks:
+# every test Gloo passes must pass on eccl, or be listed with its reason in
+# python/tests/torch_suite_known.txt (docs/pytorch.md). About an hour on two
+# cores; CI runs a slice (ctest -R torch_suite).
+#   scripts/torch_suite.sh [torch_suite.py arguments, e.g. --match monitored]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+scripts/build.sh build >/dev/null
+export PYTHONPATH=$PWD/build/python ECCL_SOCKET_IFNAME=${ECCL_SOCKET_IFNAME:-lo}
+exec .venv/bin/python python/tests/torch_suite.py --world-sizes 2,3,4 "$@"
