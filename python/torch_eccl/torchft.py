@@ -46,7 +46,7 @@ from torch._C._distributed_c10d import ErrorType
 from torchft.process_group import ProcessGroup, ProcessGroupWrapper, _rendezvous, create_store_client
 from torchft.work import _DummyWork
 
-from . import _C
+from . import _C, _job_through_store
 
 __all__ = ["ProcessGroupEccl"]
 
@@ -121,7 +121,8 @@ class ProcessGroupEccl(ProcessGroupWrapper):
         self.abort(errored=False)
         timeout = opts.timeout if opts.timeout is not None else self._timeout
         store = create_store_client(rendezvous.store_addr, timeout=timeout)
-        backend = _C.create_backend(store, rendezvous.rank, rendezvous.world_size, self._timeout, "", False, False)
+        job = _job_through_store(store, rendezvous.rank, rendezvous.global_ranks, timeout)
+        backend = _C.create_backend(store, rendezvous.rank, rendezvous.world_size, self._timeout, job, False, False)
         with self._lock:
             self._backend = backend
         self._rank = rendezvous.rank

@@ -899,7 +899,6 @@ void Coordinator::run() {
     return fd;
   });
   std::vector<Unjoined> unjoined;
-  std::vector<Admitted> admitted;
   // Each authenticated connection's first message decides what it is; the
   // rest (a heartbeat that followed its join) are the new member's.
   auto serveUnjoined = [&s](std::vector<Unjoined>& unjoined) {
@@ -949,13 +948,12 @@ void Coordinator::run() {
     // Joins first: a member's join was sent before anyone could learn of
     // it, so it must be handled before the messages of members that name
     // it (a reconfiguration that lists a new standby).
+    std::vector<Admitted> admitted;
     gate.service(fds.data() + gateAt, fds.size() - gateAt, &admitted);
-    for (Admitted& a : admitted) {
-      std::string what = fmt::format("coordinator, connection from {}", a.from);
+    for (Admitted& a : admitted)
       unjoined.push_back({std::make_unique<SealedChannel>(std::move(a.fd), a.sessionKey, true, a.from),
-                          deadlineAfterMs(s.opt.handshakeTimeoutMs), std::move(what)});
-    }
-    admitted.clear();
+                          deadlineAfterMs(s.opt.handshakeTimeoutMs),
+                          fmt::format("coordinator, connection from {}", a.from)});
     serveUnjoined(unjoined);
     for (size_t i = 0; n > 0 && i < unjoinedAt; ++i) {
       if (!fds[i].revents) continue;

@@ -66,13 +66,11 @@ void HandshakeGate::service(const pollfd* fds, size_t count, std::vector<Admitte
   // The entries follow pollSet()'s order; connections accepted below are
   // appended after the ones polled, so indices stay valid.
   size_t polled = std::min(pending_.size(), count - std::min(count, listeners_.size()));
-  std::vector<short> revents(polled);
-  for (size_t i = 0; i < polled; ++i) revents[i] = fds[listeners_.size() + i].revents;
   std::deque<std::unique_ptr<Pending>> before;
   before.swap(pending_);
   for (size_t i = 0; i < before.size(); ++i) {
     Pending& p = *before[i];
-    short ev = i < polled ? revents[i] : 0;
+    short ev = i < polled ? fds[listeners_.size() + i].revents : 0;
     bool keep = advance(p, ev, admitted);
     if (keep && Clock::now() >= p.deadline) {
       drop(p, fmt::format("no proof of the job secret within {} ms", opt_.handshakeTimeoutMs), timedOut_);

@@ -43,6 +43,7 @@ struct Admitted {
 
 struct GateStats {
   uint64_t accepted = 0, admitted = 0, refused = 0, timedOut = 0, evicted = 0;
+  uint64_t rejected() const { return refused + timedOut + evicted; }
 };
 
 class HandshakeGate {

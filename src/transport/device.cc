@@ -338,10 +338,9 @@ void LaneDevice::acceptLoop() {
     {
       MutexLock lock(mu_);
       dropExpiredParkedLocked();
-      membership::GateStats g = gate.stats();
-      uint64_t refusedAtGate = g.refused + g.timedOut + g.evicted;
-      stats_.connectionsRejected += refusedAtGate - countedAtGate;
-      countedAtGate = refusedAtGate;
+      uint64_t rejectedAtGate = gate.stats().rejected();
+      stats_.connectionsRejected += rejectedAtGate - countedAtGate;
+      countedAtGate = rejectedAtGate;
     }
     for (auto& a : admitted) acceptOne(*listening[a.listener], std::move(a));
   }

@@ -18,42 +18,15 @@ namespace torch_eccl {
 
 namespace {
 
-const char* kJobKey = "eccl/unique_id";
 
 std::mutex liveMu;
 std::set<ProcessGroupEccl*> live;
-
-std::string idToText(const ecclUniqueId& id) {
-  char text[512];
-  ecclResult_t r = ecclUniqueIdToString(&id, text, sizeof(text));
-  TORCH_CHECK(r == ecclSuccess, "eccl: cannot print a unique id: ", ecclGetLastError(nullptr));
-  return text;
-}
 
 ecclUniqueId idFromText(const std::string& text) {
   ecclUniqueId id;
   ecclResult_t r = ecclUniqueIdFromString(text.c_str(), &id);
   TORCH_CHECK_VALUE(r == ecclSuccess, "eccl: malformed job id: ", ecclGetLastError(nullptr));
   return id;
-}
-
-// The job this group belongs to: given, found in the store, or (group rank
-// 0, nothing in the store yet) made here and published.
-std::string resolveJob(const Setup& s) {
-  if (!s.jobId.empty()) return s.jobId;
-  TORCH_CHECK_VALUE(s.store, "eccl: no job to join: give the process group a store, or set ECCL_UNIQUE_ID "
-                             "(eccl-run does)");
-  if (s.rank == 0 && !s.store->check({kJobKey})) {
-    ecclUniqueId id;
-    TORCH_CHECK_WITH(DistBackendError, ecclGetUniqueId(&id) == ecclSuccess, "eccl: cannot make a job: ",
-                     ecclGetLastError(nullptr));
-    std::string text = idToText(id);
-    s.store->set(kJobKey, std::vector<uint8_t>(text.begin(), text.end()));
-    return text;
-  }
-  s.store->wait({kJobKey}, s.timeout);
-  auto bytes = s.store->get(kJobKey);
-  return std::string(bytes.begin(), bytes.end());
 }
 
 ecclConfig_t configFor(std::chrono::milliseconds timeout) {
@@ -80,7 +53,10 @@ ProcessGroupEccl::ProcessGroupEccl(const Setup& s)
     comm_ = s.adopt;
     jobText_ = s.jobId;
   } else {
-    jobText_ = resolveJob(s);
+    // torch_eccl (Python) finds the job: given, eccl-run's, or through the group's store.
+    TORCH_CHECK_VALUE(!s.jobId.empty(), "eccl: no job to join: give the process group a store, or set "
+                                        "ECCL_UNIQUE_ID (eccl-run does)");
+    jobText_ = s.jobId;
     ecclUniqueId id = idFromText(jobText_);
     ecclResult_t r = s.standby ? ecclCommRegisterStandby(&comm_, id, &config)
                                : ecclCommInitRankConfig(&comm_, s.size, id, s.rank, &config);
