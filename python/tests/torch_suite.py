@@ -6,10 +6,12 @@ distributed_test.py; upstream runs it as test/distributed/
 test_distributed_spawn.py). Here "eccl" takes Gloo's branch of every
 backend-name condition in it (``BACKEND != "gloo"`` and the like, the
 feature sets of DistTestCases, ``require_backend_is_available({"gloo"})``)
-and nothing else changes. Each test runs alone, in fresh processes, once per
-backend:
+and nothing else changes. By default each test runs alone, in fresh
+processes with spawned ranks, once per backend; with --batch each backend's
+tests share one parent process (--start fork: its ranks are forked, many
+times faster on few cores):
 
-    torch_suite.py [--world-sizes 2,3,4] [--tests NAME,...] [--backends gloo,eccl]
+    torch_suite.py [--world-sizes 2,3,4] [--tests NAME,...] [--backends gloo,eccl] [--batch [--start fork]]
 
 It prints one line per test and backend, then the tests Gloo passes that
 eccl does not. Those listed in torch_suite_known.txt (each with the reason
@@ -22,6 +24,8 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import json
+import signal
 import subprocess
 import sys
 import tempfile
@@ -45,6 +49,47 @@ class TestDistBackendWithSpawn(TestDistBackend, DistributedTest._DistTestBase):
     def setUp(self):
         super().setUp()
         self._spawn_processes()
+
+
+class TestDistBackendWithFork(TestDistBackend, DistributedTest._DistTestBase):
+    def setUp(self):
+        super().setUp()
+        import torch.multiprocessing
+        self._start_processes(torch.multiprocessing.get_context("fork").Process)
+'''
+
+# Runs many tests in one parent process and writes one JSON line per finished
+# test, so the caller can tell which test a hang is in and go on after it.
+BATCH = '''\
+import json, sys, unittest
+import eccl_spawn_suite as suite
+
+cls = getattr(suite, sys.argv[1])
+out = open(sys.argv[2], "a", buffering=1)
+
+
+class Result(unittest.TestResult):
+    def startTest(self, test):
+        super().startTest(test)
+        self._status, self._detail = "pass", ""
+
+    def addSkip(self, test, reason):
+        self._status, self._detail = "skip", reason
+
+    def addFailure(self, test, err):
+        self._status, self._detail = "fail", self._exc_info_to_string(err, test)
+
+    addError = addFailure
+
+    def stopTest(self, test):
+        super().stopTest(test)
+        out.write(json.dumps({"name": test._testMethodName, "status": self._status,
+                              "detail": self._detail[-4000:]}) + "\\n")
+
+
+for name in sys.argv[3:]:
+    out.write(json.dumps({"start": name}) + "\\n")
+    cls(name).run(Result())
 '''
 
 
@@ -66,6 +111,8 @@ def prepare(workdir: str) -> None:
         f.write(rewrite(source))
     with open(os.path.join(workdir, "eccl_spawn_suite.py"), "w") as f:
         f.write(DRIVER)
+    with open(os.path.join(workdir, "eccl_batch.py"), "w") as f:
+        f.write(BATCH)
 
 
 def env_for(backend: str, world: int, workdir: str, tmp: str) -> dict:
@@ -104,6 +151,47 @@ def run_one(name: str, backend: str, world: int, workdir: str, timeout: float) -
     return "fail", took, tail
 
 
+def run_batch(names: list[str], backend: str, world: int, workdir: str, timeout: float, start: str):
+    """Yields (name, status, seconds, detail) for each test, running them in as
+    few parent processes as hangs and crashes allow."""
+    cls = "TestDistBackendWithFork" if start == "fork" else "TestDistBackendWithSpawn"
+    todo = list(names)
+    while todo:
+        with tempfile.TemporaryDirectory() as tmp:
+            results, log = os.path.join(tmp, "results.jsonl"), open(os.path.join(tmp, "output.log"), "w+")
+            proc = subprocess.Popen([sys.executable, "eccl_batch.py", cls, results, *todo], cwd=workdir,
+                                    env=env_for(backend, world, workdir, tmp), stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+            seen, current, since = 0, None, time.time()
+            while True:
+                exited = proc.poll() is not None
+                lines = open(results).read().splitlines() if os.path.exists(results) else []
+                for line in lines[seen:]:
+                    record = json.loads(line)
+                    if "start" in record:
+                        current, since = record["start"], time.time()
+                    else:
+                        todo.remove(record["name"])
+                        current = None
+                        yield record["name"], record["status"], time.time() - since, record["detail"]
+                seen = len(lines)
+                if exited:
+                    break
+                if current and time.time() - since > timeout:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+                    break
+                time.sleep(0.2)
+            if proc.returncode not in (0, None) or current:
+                log.seek(0)
+                tail = log.read()[-2000:]
+                if current:  # the test that hung or took its parent down
+                    todo.remove(current)
+                    yield current, "hang" if time.time() - since > timeout else "fail", time.time() - since, tail
+                elif todo:
+                    sys.exit(f"torch_suite: the batch runner failed before any test:\n{tail}")
+
+
 def load_known() -> dict[str, str]:
     known = {}
     path = os.path.join(HERE, "torch_suite_known.txt")
@@ -124,6 +212,10 @@ def main() -> int:
     ap.add_argument("--match", default="", help="only tests whose name matches this regular expression")
     ap.add_argument("--timeout", type=float, default=300, help="seconds per test and backend")
     ap.add_argument("--show-failures", action="store_true", help="print the end of each failing test's output")
+    ap.add_argument("--batch", action="store_true",
+                    help="run each backend's tests in one parent process (resumed after a hang) instead of one each")
+    ap.add_argument("--start", choices=("spawn", "fork"), default="spawn",
+                    help="how ranks start (with --batch): spawn as upstream, or fork, many times faster on few cores")
     a = ap.parse_args()
     backends = a.backends.split(",")
     known = load_known()
@@ -135,17 +227,26 @@ def main() -> int:
         regressions, allowed = [], []
         for world in [int(w) for w in a.world_sizes.split(",")]:
             counts = {b: {"pass": 0, "skip": 0, "fail": 0, "hang": 0} for b in backends}
-            for name in names:
-                got = {}
+            got = {name: {} for name in names}
+
+            def record(b, name, status, took, tail):
+                got[name][b] = status
+                counts[b][status] += 1
+                print(f"{world} ranks  {b:5s} {status:4s} {took:6.1f} s  {name}", flush=True)
+                if status in ("fail", "hang") and a.show_failures:
+                    print("    | " + "\n    | ".join(tail.splitlines()[-25:]), flush=True)
+
+            if a.batch:
                 for b in backends:
-                    status, took, tail = run_one(name, b, world, workdir, a.timeout)
-                    got[b] = status
-                    counts[b][status] += 1
-                    print(f"{world} ranks  {b:5s} {status:4s} {took:6.1f} s  {name}", flush=True)
-                    if status in ("fail", "hang") and a.show_failures:
-                        print("    | " + "\n    | ".join(tail.splitlines()[-25:]), flush=True)
-                if got.get("gloo") == "pass" and "eccl" in got and got["eccl"] != "pass":
-                    (allowed if name in known else regressions).append((world, name, got["eccl"]))
+                    for name, status, took, tail in run_batch(names, b, world, workdir, a.timeout, a.start):
+                        record(b, name, status, took, tail)
+            else:
+                for name in names:
+                    for b in backends:
+                        record(b, name, *run_one(name, b, world, workdir, a.timeout))
+            for name in names:
+                if got[name].get("gloo") == "pass" and got[name].get("eccl", "pass") != "pass":
+                    (allowed if name in known else regressions).append((world, name, got[name]["eccl"]))
             for b in backends:
                 c = counts[b]
                 print(f"torch_suite: {world} ranks, {b}: {c['pass']} passed, {c['fail'] + c['hang']} failed "
