@@ -37,8 +37,9 @@ const std::vector<Param>& all() {
        "Every message carries its call's signature (collective, type, op, root, count; send/recv: type "
        "and count) and ranks that disagree get ecclInvalidUsage naming both calls. 0 turns the check off."},
       {"ECCL_TRANSPORT", "string", "auto",
-       "Back end of each peer's lanes: auto (shared memory to members on this host in this network namespace, "
-       "TCP to the rest), tcp, or shm (a member not reachable over shared memory fails to connect)."},
+       "Back ends of the lanes, in the order a dial tries them: auto (every back end this build has: shared "
+       "memory to members on this host in this network namespace, TCP to the rest), or a comma-separated list "
+       "of names (tcp; shm: a member not reachable over shared memory fails to connect; shm,tcp is auto)."},
       {"ECCL_SHM_RING_BYTES", "int", "1048576",
        "Shared-memory ring per lane and direction, a power of two from 4096 to 1 GiB: a pair of members "
        "holds 2 x this x ECCL_NSOCKS_PERPEER (2 MiB by default; 8 ranks on a host: 56 MiB in all)."},
@@ -129,12 +130,7 @@ int64_t ringSegmentBytes() { return getInt("ECCL_RING_SEGMENT_BYTES"); }
 int64_t handshakeTimeoutMs() { return getInt("ECCL_HANDSHAKE_TIMEOUT_MS"); }
 int64_t maxUnauthenticated() { return getInt("ECCL_MAX_UNAUTHENTICATED"); }
 int64_t spinUs() { return getInt("ECCL_SPIN_US"); }
-std::string transport() {
-  std::string v = getString("ECCL_TRANSPORT");
-  if (v != "auto" && v != "tcp" && v != "shm")
-    fail(ecclInvalidArgument, "ECCL_TRANSPORT='{}' must be auto, tcp or shm", v);
-  return v;
-}
+std::string transport() { return getString("ECCL_TRANSPORT"); }
 int64_t gpuChunkBytes() { return getInt("ECCL_GPU_CHUNK_BYTES"); }
 std::string cudaDriverLibrary() { return getString("ECCL_CUDA_DRIVER"); }
 int64_t shmRingBytes() {

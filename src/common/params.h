@@ -37,7 +37,7 @@ int64_t handshakeTimeoutMs();
 int64_t maxUnauthenticated();
 int pinProgressThread();
 int64_t spinUs();
-std::string transport();  // "auto", "tcp" or "shm"
+std::string transport();  // checked by transport::parseBackendList
 int64_t shmRingBytes();
 int64_t gpuChunkBytes();
 std::string cudaDriverLibrary();

@@ -17,6 +17,7 @@
 #include "common/log.h"
 #include "common/params.h"
 #include "transport/frame.h"
+#include "transport/backend.h"
 #include "transport/device.h"
 
 namespace eccl {
@@ -75,7 +76,8 @@ Communicator::Communicator(int nranks, const ecclUniqueId& id, int rank, const C
     fail(ecclTimeout, "{}{}{}", e.what(), status.empty() ? "" : "; coordinator: ", status.substr(0, status.find('\n')));
   }
   enterViewAtInit(first);
-  log::info("rank {} of {} ready at {} (epoch {})", rank_, size(), device_->address(), view_.epoch);
+  log::info("rank {} of {} ready at {} (epoch {})", rank_, size(), transport::displayAddress(device_->address()),
+            view_.epoch);
 }
 
 Communicator::Communicator(const ecclUniqueId& id, const CommOptions& o, int64_t promotionTimeoutMs, bool wait)
@@ -102,11 +104,8 @@ void Communicator::join(const ecclUniqueId& id, membership::Role role, int rank,
   t.ifname = params::socketIfname();
   t.pinProgressThread = params::pinProgressThread() != 0;
   t.spinUs = std::max<int64_t>(0, params::spinUs());
-  std::string choice = params::transport();
-  t.transport = choice == "tcp"   ? transport::TransportChoice::kTcp
-                : choice == "shm" ? transport::TransportChoice::kShm
-                                  : transport::TransportChoice::kAuto;
-  t.shmRingBytes = static_cast<size_t>(params::shmRingBytes());
+  if (std::string choice = params::transport(); choice != "auto") t.backends = transport::parseBackendList(choice);
+  t.ringBytes = static_cast<size_t>(params::shmRingBytes());
   device_ = transport::createDevice(t);
   device_->onPeerFailure = [this](transport::MemberId m, ecclResult_t code, const std::string& reason) {
     onPeerFailure(m, code, reason);
@@ -184,9 +183,9 @@ void Communicator::applyView(const membership::ViewUpdate& v) {
   for (size_t r = 0; r < v.entries.size(); ++r)
     if (v.entries[r].member != self_)
       device_->addPeer(v.entries[r].member, v.entries[r].address,
-                       fmt::format("rank {} ({})", r, v.entries[r].address));
+                       fmt::format("rank {} ({})", r, transport::displayAddress(v.entries[r].address)));
   device_->beginEpoch(v.epoch);
-  device_->setLabel(fmt::format("rank {} ({})", v.rank, device_->address()));
+  device_->setLabel(fmt::format("rank {} ({})", v.rank, transport::displayAddress(device_->address())));
   sendLog_.renumber(view_.rankToMember, next);
   view_.epoch = v.epoch;
   currentEpoch_ = v.epoch;

@@ -6,6 +6,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "common/params.h"
+#include "transport/backend.h"
 #include "transport/connect.h"
 #include "transport/frame.h"
 
@@ -90,7 +91,7 @@ void Migration::addPreparedPeersLocked() {
   const auto& next = prep_.next;
   for (size_t r = 0; r < next.size(); ++r)
     if (next[r].member != self_ && !device.hasPeer(next[r].member))
-      device.addPeer(next[r].member, next[r].address, fmt::format("rank {} of epoch {} ({})", r, prep_.epoch, next[r].address),
+      device.addPeer(next[r].member, next[r].address, fmt::format("rank {} of epoch {} ({})", r, prep_.epoch, transport::displayAddress(next[r].address)),
                      transport::Device::PeerRole::kCandidate);
   if (prep_.joiner == self_)
     for (transport::MemberId l : prep_.leavers)
@@ -164,7 +165,7 @@ void Migration::connectStandbys(const std::vector<membership::ViewEntry>& peers)
   for (const auto& e : peers) {
     if (e.member == self_) continue;
     if (!device.hasPeer(e.member))
-      device.addPeer(e.member, e.address, fmt::format("member {:016x} ({})", e.member, e.address),
+      device.addPeer(e.member, e.address, fmt::format("member {:016x} ({})", e.member, transport::displayAddress(e.address)),
                      transport::Device::PeerRole::kCandidate);
   }
   for (const auto& e : peers) {

@@ -68,7 +68,7 @@ struct CoordMessage {
 };
 
 constexpr size_t kMaxMessageBytes = 1 << 20;
-constexpr size_t kMaxAddressBytes = 128;
+constexpr size_t kMaxAddressBytes = 512;
 constexpr size_t kMaxCoordText = 4096;
 constexpr size_t kMaxCoordEntries = 1 << 16;
 

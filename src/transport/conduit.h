@@ -1,20 +1,15 @@
-// What a back end provides to the device: a way to reach a member (Backend)
-// and, per lane, a byte stream (Conduit). The device above owns all policy
-// (frames, epochs, revocation, roles, notices, liveness, authentication); a
-// back end only moves bytes, so every back end is this same small set:
-// tcp/backend.{h,cc}, shm/backend.{h,cc}.
+// One lane's byte stream, what a back end (backend.h) hands the device once
+// a connection is authenticated. The device above owns all policy (frames,
+// epochs, revocation, roles, notices, liveness, authentication); a conduit
+// only moves bytes.
 #pragma once
 
 #include <sys/types.h>
 #include <sys/uio.h>
 
 #include <cstdint>
-#include <functional>
 #include <memory>
-#include <string>
 
-#include "common/clock.h"
-#include "common/socket.h"
 #include "transport/transport.h"
 
 namespace eccl::transport {
@@ -52,29 +47,6 @@ class Conduit {
     (void)wantSpace;
     return true;
   }
-};
-
-// How a back end reaches members. The device dials through the first back
-// end that can reach a member and authenticates the stream the back end
-// returns before it becomes a conduit; the accept side mirrors it.
-class Backend {
- public:
-  virtual ~Backend() = default;
-  virtual const char* name() const = 0;
-  // The listening descriptor the device's accept thread polls.
-  virtual int listenFd() const = 0;
-  // A connected, blocking stream to `member` (whose TCP address is
-  // `address`), or an empty Fd when this back end cannot reach it (shared
-  // memory: another host or network namespace). Throws when it can reach
-  // the member but connecting fails.
-  virtual Fd dial(MemberId member, const SockAddr& address, Deadline deadline, const std::string& what,
-                  const std::function<bool()>& giveUp) = 0;
-  // Accepts one pending stream (the listener was readable); empty Fd if none.
-  virtual Fd accept(std::string* from) = 0;
-  // After authentication, each end turns its stream into the lane's conduit
-  // (shared memory: the dialer creates the rings and passes them over).
-  virtual std::unique_ptr<Conduit> openDialed(Fd stream, Deadline deadline, const std::string& what) = 0;
-  virtual std::unique_ptr<Conduit> openAccepted(Fd stream, Deadline deadline, const std::string& what) = 0;
 };
 
 }  // namespace eccl::transport

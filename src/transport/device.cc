@@ -3,19 +3,7 @@
 namespace eccl::transport::lanes {
 
 LaneDevice::LaneDevice(const DeviceOptions& o) : opt_(o) {
-  // TCP always listens: its address is how the membership names a member,
-  // and members on other hosts reach it that way.
-  tcp_ = std::make_unique<TcpBackend>(o.ifname);
-  if (o.transport != TransportChoice::kTcp) {
-    try {
-      shm_ = std::make_unique<shm::ShmBackend>(shm::ShmOptions{o.jobId, o.self, tcp_->address(), o.shmRingBytes});
-      backends_.push_back(shm_.get());
-    } catch (const Error& e) {
-      if (o.transport == TransportChoice::kShm) throw;
-      log::warn("member {}: no shared-memory lanes ({}); using TCP only", o.self, e.what());
-    }
-  }
-  if (o.transport != TransportChoice::kShm) backends_.push_back(tcp_.get());
+  startBackends();
   epollFd_.reset(epoll_create1(EPOLL_CLOEXEC));
   laneEpoll_.reset(epoll_create1(EPOLL_CLOEXEC));
   eventFd_.reset(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
@@ -32,8 +20,39 @@ LaneDevice::LaneDevice(const DeviceOptions& o) : opt_(o) {
     acceptLoop();
     releaseThreadCryptoState();
   });
-  log::info("member {} listening on {} (interface {}){}, {} lanes per peer", o.self, address(),
-            tcp_->interface().name, shm_ ? " and on shared memory" : "", o.lanes);
+}
+
+// Starts the chosen back ends. With the default list (every registered one)
+// a back end that cannot start here is left out with a note, unless it is
+// the only kind that reaches other hosts; one the user named must start.
+void LaneDevice::startBackends() {
+  const bool chosen = !opt_.backends.empty();
+  std::vector<std::string> names = chosen ? opt_.backends : parseBackendList("auto");
+  BackendOptions options{opt_.jobId, opt_.self, opt_.ifname, opt_.ringBytes};
+  std::vector<std::pair<std::string, std::string>> parts;
+  std::string where;
+  for (const std::string& name : names) {
+    auto spec = std::find_if(registeredBackends().begin(), registeredBackends().end(),
+                             [&](const BackendSpec& b) { return name == b.name; });
+    if (spec == registeredBackends().end())
+      fail(ecclInvalidArgument, "member {}: '{}' is not a back end of this build ({})", opt_.self, name,
+           registeredBackendNames());
+    try {
+      backends_.push_back(spec->create(options));
+    } catch (const Error& e) {
+      if (chosen || spec->reachesOtherHosts) throw;
+      log::warn("member {}: no {} lanes ({}); going on without them", opt_.self, name, e.what());
+      continue;
+    }
+    parts.emplace_back(name, backends_.back()->address());
+    // Network listeners first: they are how people find a member in the logs.
+    std::string said = backends_.back()->describe();
+    where = spec->reachesOtherHosts ? said + (where.empty() ? "" : " and " + where)
+                                    : (where.empty() ? "" : where + " and ") + said;
+  }
+  if (backends_.empty()) fail(ecclInvalidArgument, "member {}: no back end to use", opt_.self);
+  address_ = joinAddress(parts);
+  log::info("member {} listening on {}, {} lanes per peer", opt_.self, where, opt_.lanes);
 }
 
 LaneDevice::~LaneDevice() {
@@ -41,6 +60,12 @@ LaneDevice::~LaneDevice() {
   wakeLoop();
   if (progressThread_.joinable()) progressThread_.join();
   if (acceptThread_.joinable()) acceptThread_.join();
+  std::vector<Dial> dials;
+  {
+    MutexLock lock(mu_);
+    dials.swap(dials_);
+  }
+  for (Dial& d : dials) d.thread.join();  // each gives up at stopping_ or its handshake deadline
   MutexLock lock(mu_);
   for (auto& [id, peer] : peers_)
     for (auto& lane : peer.lanes) closeLaneLocked(*lane);
@@ -54,7 +79,7 @@ void LaneDevice::wakeLoop() {
 }
 
 void LaneDevice::addPeer(MemberId member, const std::string& address, const std::string& label, PeerRole role) {
-  SockAddr addr = SockAddr::parse(address);
+  auto addr = splitAddress(address);
   MutexLock lock(mu_);
   Peer& p = peers_[member];
   p.id = member;
@@ -97,18 +122,32 @@ std::string LaneDevice::labelLocked(MemberId member) {
   return it == peers_.end() ? fmt::format("member {}", member) : it->second.label;
 }
 
+// Dialing never blocks the caller: a post to a member not connected yet
+// queues on its lanes, and a thread of its own dials, authenticates and
+// installs the lanes (a silent peer holds only that thread, and a view
+// change dials every new peer at once). A failed dial fails the member.
 void LaneDevice::connectPeer(MemberId member) {
-  SockAddr addr;
-  std::string label;
-  {
-    MutexLock lock(mu_);
-    Peer& p = peerLocked(member);
-    // The lower member id opens the connection; the higher one accepts.
-    if (p.state != Peer::State::kIdle || opt_.self > member) return;
-    p.state = Peer::State::kConnecting;
-    addr = p.address;
-    label = p.label;
-  }
+  MutexLock lock(mu_);
+  Peer& p = peerLocked(member);
+  // The lower member id opens the connection; the higher one accepts.
+  if (p.state != Peer::State::kIdle || opt_.self > member || stopping_) return;
+  p.state = Peer::State::kConnecting;
+  std::erase_if(dials_, [](Dial& d) {
+    if (!*d.finished) return false;
+    d.thread.join();
+    return true;
+  });
+  auto finished = std::make_shared<std::atomic<bool>>(false);
+  dials_.push_back({std::thread([this, member, address = p.address, label = p.label, finished] {
+                      dialPeer(member, address, label);
+                      releaseThreadCryptoState();
+                      *finished = true;
+                    }),
+                    finished});
+}
+
+void LaneDevice::dialPeer(MemberId member, const std::vector<std::pair<std::string, std::string>>& addr,
+                          const std::string& label) {
   std::vector<std::unique_ptr<Conduit>> conduits;
   Backend* backend = nullptr;
   try {
@@ -121,10 +160,12 @@ void LaneDevice::connectPeer(MemberId member) {
     for (int i = 0; i < opt_.lanes; ++i) {
       std::string what = fmt::format("connecting lane {} to peer {}", i, label);
       Fd stream;
-      if (!backend)
+      if (!backend) {
         backend = backendFor(member, addr, deadline, what, giveUp, &stream);
-      else
-        stream = backend->dial(member, addr, deadline, what, giveUp);
+      } else {
+        auto part = std::find_if(addr.begin(), addr.end(), [&](auto& p) { return p.first == backend->name(); });
+        stream = backend->dial(member, part->second, deadline, what, giveUp);
+      }
       if (!stream) fail(ecclRemoteError, "{}: peer no longer reachable over {}", what, backend->name());
       membership::Hello hello{membership::Purpose::kData, opt_.jobId, opt_.self, member, static_cast<uint32_t>(i)};
       membership::authenticateAsClient(stream.get(), opt_.secret, hello, deadline, what);
@@ -143,16 +184,26 @@ void LaneDevice::connectPeer(MemberId member) {
 }
 
 // The first back end that reaches the member carries all its lanes.
-Backend* LaneDevice::backendFor(MemberId member, const SockAddr& address, Deadline deadline, const std::string& what,
-                               const std::function<bool()>& giveUp, Fd* stream) {
-  for (Backend* backend : backends_) {
-    *stream = backend->dial(member, address, deadline, what, giveUp);
-    if (*stream) return backend;
+Backend* LaneDevice::backendFor(MemberId member, const std::vector<std::pair<std::string, std::string>>& address,
+                               Deadline deadline, const std::string& what, const std::function<bool()>& giveUp,
+                               Fd* stream) {
+  std::vector<std::string> tried, mine, localOnly;
+  for (auto& backend : backends_) {
+    mine.push_back(backend->name());
+    auto part = std::find_if(address.begin(), address.end(), [&](auto& p) { return p.first == backend->name(); });
+    if (part == address.end()) continue;  // the peer does not listen on it
+    *stream = backend->dial(member, part->second, deadline, what, giveUp);
+    if (*stream) return backend.get();
+    tried.push_back(backend->name());
   }
+  for (const BackendSpec& spec : registeredBackends())
+    if (!spec.reachesOtherHosts) localOnly.push_back(spec.name);
   fail(ecclInvalidUsage,
-       "{}: ECCL_TRANSPORT=shm, but the peer is not reachable over shared memory (another host or network "
-       "namespace)",
-       what);
+       "{}: no back end used here ({}) reaches the peer{} (its address: {}); ECCL_TRANSPORT must name one that "
+       "works between these two ({} reach only members on this host and in this network namespace)",
+       what, fmt::join(mine, ","),
+       tried.empty() ? ", which listens on none of them" : fmt::format(" (tried {})", fmt::join(tried, ", ")),
+       joinAddress(address), fmt::join(localOnly, ", "));
 }
 
 void LaneDevice::installLaneLocked(Peer& peer, uint32_t index, std::unique_ptr<Conduit> conduit) {
@@ -251,6 +302,8 @@ void LaneDevice::beginEpoch(uint32_t epoch) {
   discardOrphanedPayloadsLocked();
 }
 
+void LaneDevice::startConnect(MemberId member) { connectPeer(member); }
+
 void LaneDevice::connectNow(MemberId member, Deadline deadline) {
   connectPeer(member);
   MutexLock lock(mu_);
@@ -324,9 +377,10 @@ void LaneDevice::acceptLoop() {
   gateOptions.handshakeTimeoutMs = opt_.handshakeTimeoutMs;
   gateOptions.maxPending = static_cast<size_t>(params::maxUnauthenticated());
   membership::HandshakeGate gate(opt_.secret, opt_.jobId, gateOptions, fmt::format("member {}", opt_.self));
-  std::vector<Backend*> listening{tcp_.get()};
-  if (shm_) listening.push_back(shm_.get());
-  for (Backend* b : listening) gate.addListener(b->listenFd(), [b](std::string* from) { return b->accept(from); });
+  for (auto& owned : backends_) {
+    Backend* b = owned.get();
+    gate.addListener(b->listenFd(), [b](std::string* from) { return b->accept(from); });
+  }
   uint64_t countedAtGate = 0;
   while (!stopping_) {
     std::vector<membership::Admitted> admitted;
@@ -342,7 +396,7 @@ void LaneDevice::acceptLoop() {
       stats_.connectionsRejected += rejectedAtGate - countedAtGate;
       countedAtGate = rejectedAtGate;
     }
-    for (auto& a : admitted) acceptOne(*listening[a.listener], std::move(a));
+    for (auto& a : admitted) acceptOne(*backends_[a.listener], std::move(a));
   }
 }
 
@@ -354,9 +408,6 @@ void LaneDevice::acceptOne(Backend& backend, membership::Admitted admitted) {
     if (hello.purpose != membership::Purpose::kData || hello.toMember != opt_.self)
       fail(ecclAuthError, "{}: hello is for member {}, purpose {}", what, hello.toMember,
            static_cast<int>(hello.purpose));
-    if (opt_.transport == TransportChoice::kShm && &backend != shm_.get())
-      fail(ecclInvalidUsage, "{}: ECCL_TRANSPORT=shm here, but member {} dialed over {}", what, hello.fromMember,
-           backend.name());
     auto conduit = backend.openAccepted(std::move(admitted.fd), deadline, what);
     MutexLock lock(mu_);
     if (!peers_.count(hello.fromMember)) {

@@ -1,11 +1,13 @@
-// The device: one endpoint of one communicator over every back end. It
-// owns all policy; back ends (tcp/, shm/) only move bytes (conduit.h).
+// The device: one endpoint of one communicator over the back ends it was
+// given (backend.h). It owns all policy; back ends only move bytes.
 // Threads and ownership:
 //  - the progress thread runs an epoll loop over every lane's descriptor
 //    and an eventfd; it does all reads and the writes a caller could not
 //    finish;
 //  - the accept thread accepts and authenticates incoming lanes on every
 //    back end's listener, then hands each to the loop's table;
+//  - a dial thread per member being connected dials, authenticates and
+//    installs its lanes, so no caller waits for a connection;
 //  - caller threads post sends and receives; a send is written inline when
 //    the lane has room (saving a thread hop for small messages), the rest
 //    is left to the loop;
@@ -24,16 +26,12 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/crypto.h"
 #include "transport/transport.h"
 
 namespace eccl::transport {
-
-// Which back end carries a member's lanes: auto picks shared memory for a
-// member in the same host and network namespace and TCP for the rest;
-// tcp and shm force one (shm fails a member it cannot reach that way).
-enum class TransportChoice { kAuto, kTcp, kShm };
 
 struct DeviceOptions {
   MemberId self = 0;
@@ -43,11 +41,15 @@ struct DeviceOptions {
   int lanes = 2;
   int64_t stripeMinBytes = 256 << 10;
   int64_t handshakeTimeoutMs = 5000;
-  std::string ifname;  // ECCL_SOCKET_IFNAME syntax
   bool pinProgressThread = true;
   int64_t spinUs = 0;  // how long a waiting caller polls before it sleeps
-  TransportChoice transport = TransportChoice::kAuto;
-  size_t shmRingBytes = 1 << 20;  // per direction and lane
+  // The back ends to use (backend.h), in the order a dial tries them; the
+  // first that reaches a member carries all its lanes, and a member none
+  // reaches fails. Empty: every registered one (ECCL_TRANSPORT=auto), where
+  // one that cannot start here is left out unless it is required.
+  std::vector<std::string> backends;
+  std::string ifname;         // ECCL_SOCKET_IFNAME syntax
+  size_t ringBytes = 1 << 20;  // for back ends that buffer in memory, per lane and direction
 };
 
 std::unique_ptr<Device> createDevice(const DeviceOptions& options);

@@ -315,7 +315,9 @@ bool LaneDevice::test(const RequestPtr& r, const std::string& opName) {
 }
 
 void LaneDevice::progressLoop() {
-  if (opt_.pinProgressThread) bindThreadNearNic(tcp_->interface().name);
+  if (opt_.pinProgressThread)
+    for (auto& backend : backends_)
+      if (backend->placeThread()) break;
   epoll_event events[2];
   int timeoutMs = 200;
   while (!stopping_) {

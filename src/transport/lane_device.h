@@ -7,6 +7,7 @@
 
 #include "transport/device.h"
 
+#include <fmt/ranges.h>
 #include <sys/epoll.h>
 #include <poll.h>
 #include <sched.h>
@@ -31,11 +32,8 @@
 #include "common/mutex.h"
 #include "common/netif.h"
 #include "common/socket.h"
-#include "transport/conduit.h"
+#include "transport/backend.h"
 #include "transport/frame.h"
-#include "transport/shm/backend.h"
-#include "transport/tcp/backend.h"
-#include "transport/tcp/nic_affinity.h"
 
 namespace eccl::transport::lanes {
 
@@ -141,7 +139,7 @@ struct Lane {
 struct Peer {
   enum class State { kIdle, kConnecting, kUp, kFailed, kLeft };
   MemberId id = 0;
-  SockAddr address;
+  std::vector<std::pair<std::string, std::string>> address;  // each back end's part
   std::string label;
   Device::PeerRole role = Device::PeerRole::kViewMember;
   State state = State::kIdle;
@@ -160,7 +158,7 @@ class LaneDevice final : public Device {
   ~LaneDevice() override;
 
   MemberId self() const override { return opt_.self; }
-  std::string address() const override { return tcp_->address().str(); }
+  std::string address() const override { return address_; }
   void addPeer(MemberId member, const std::string& address, const std::string& label, PeerRole role) override;
   uint32_t lanesUp(MemberId member) const override {
     MutexLock lock(mu_);
@@ -212,13 +210,15 @@ class LaneDevice final : public Device {
   void close(Deadline deadline) override;
   void removePeer(MemberId member) override;
   void beginEpoch(uint32_t epoch) override;
+  void startConnect(MemberId member) override;
   void connectNow(MemberId member, Deadline deadline) override;
   DeviceStats stats() const override {
     MutexLock lock(mu_);
     DeviceStats s = stats_;
     for (auto& [token, lane] : lanesByToken_) {
-      s.openConnections += lane != nullptr;
-      s.openShmConnections += lane && lane->conduit->pollsMemory();
+      if (!lane) continue;
+      s.openConnections++;
+      s.openByBackEnd[lane->conduit->kind()]++;
     }
     return s;
   }
@@ -227,10 +227,13 @@ class LaneDevice final : public Device {
   Peer& peerLocked(MemberId member) ECCL_REQUIRES(mu_);
   std::string labelLocked(MemberId member) ECCL_REQUIRES(mu_);
   void connectPeer(MemberId member) ECCL_EXCLUDES(mu_);
+  void dialPeer(MemberId member, const std::vector<std::pair<std::string, std::string>>& address,
+                const std::string& label) ECCL_EXCLUDES(mu_);
   void installLaneLocked(Peer& peer, uint32_t lane, std::unique_ptr<Conduit> conduit) ECCL_REQUIRES(mu_);
   bool armLanesLocked() ECCL_REQUIRES(mu_);
-  Backend* backendFor(MemberId member, const SockAddr& address, Deadline deadline, const std::string& what,
-                      const std::function<bool()>& giveUp, Fd* stream);
+  void startBackends();
+  Backend* backendFor(MemberId member, const std::vector<std::pair<std::string, std::string>>& address,
+                      Deadline deadline, const std::string& what, const std::function<bool()>& giveUp, Fd* stream);
   void closeLaneLocked(Lane& lane) ECCL_REQUIRES(mu_);
   void flushLocked(Lane& lane) ECCL_REQUIRES(mu_);
   void setWantOutLocked(Lane& lane, bool on) ECCL_REQUIRES(mu_);
@@ -288,9 +291,8 @@ class LaneDevice final : public Device {
 
   const DeviceOptions opt_;
   // Back ends in the order a dial tries them.
-  std::unique_ptr<TcpBackend> tcp_;
-  std::unique_ptr<shm::ShmBackend> shm_;
-  std::vector<Backend*> backends_;
+  std::vector<std::unique_ptr<Backend>> backends_;
+  std::string address_;
   // The progress thread sleeps on epollFd_, which holds the eventfd and
   // laneEpoll_; laneEpoll_ holds every connection. While callers drive the
   // lanes (and for a short lease after, so back-to-back ops keep them),
@@ -301,6 +303,10 @@ class LaneDevice final : public Device {
   std::atomic<bool> stopping_{false};
   std::thread progressThread_;
   std::thread acceptThread_;
+  struct Dial {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> finished;
+  };
 
   mutable Mutex mu_;
   CondVar cv_;
@@ -328,6 +334,7 @@ class LaneDevice final : public Device {
     std::string what;
   };
   std::vector<Parked> parked_ ECCL_GUARDED_BY(mu_);  // authenticated, from a member not known yet
+  std::vector<Dial> dials_ ECCL_GUARDED_BY(mu_);  // one thread per member being dialed
   std::map<uint64_t, Lane*> lanesByToken_ ECCL_GUARDED_BY(mu_);
   std::vector<Lane*> memoryLanes_ ECCL_GUARDED_BY(mu_);  // lanes that pollsMemory()
   uint64_t nextToken_ ECCL_GUARDED_BY(mu_) = 1;

@@ -1,5 +1,5 @@
-// The transport interface. Collectives and the core see only this; each back
-// end (tcp/, later shm/ and ibverbs/) implements it in its own folder.
+// The transport interface. Collectives and the core see only this; the back
+// ends below it (backend.h) each live in their own folder.
 //
 // A Device is one endpoint of one communicator: it listens, keeps a table of
 // connections keyed by (local member, remote member, lane), and moves
@@ -12,6 +12,7 @@
 #include <compare>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -56,8 +57,8 @@ struct DeviceStats {
   uint64_t connectionsClosed = 0;
   uint64_t bytesSent = 0;
   uint64_t bytesReceived = 0;
-  uint64_t openConnections = 0;     // lanes open now
-  uint64_t openShmConnections = 0;  // of which over shared memory
+  uint64_t openConnections = 0;  // lanes open now
+  std::map<std::string, uint64_t> openByBackEnd;  // the same, by back-end name
 };
 
 class Device {
@@ -65,7 +66,8 @@ class Device {
   virtual ~Device() = default;
 
   virtual MemberId self() const = 0;
-  virtual std::string address() const = 0;  // where peers connect ("ip:port")
+  // Where peers reach it: every back end's part (backend.h), one opaque string.
+  virtual std::string address() const = 0;
   // How this member names itself in errors it sends its peers ("rank 0 (ip:port)").
   virtual void setLabel(const std::string& label) = 0;
 
@@ -122,8 +124,11 @@ class Device {
   // every other connection is inherited untouched.
   virtual void removePeer(MemberId member) = 0;
   virtual void beginEpoch(uint32_t epoch) = 0;
-  // Opens the connections to a member now, or waits for the member to open
-  // them (the lower member id connects); throws at the deadline.
+  // Starts opening the connections to a member (the lower member id dials;
+  // the other waits for it) and returns at once; a post does the same.
+  virtual void startConnect(MemberId member) = 0;
+  // Waits until the connections to a member are open, starting them if
+  // need be; throws at the deadline.
   virtual void connectNow(MemberId member, Deadline deadline) = 0;
 
   virtual DeviceStats stats() const = 0;

@@ -225,7 +225,7 @@ TEST_P(FirstView, ARankGoneBeforeItsPeersConnectIsRecoveredNotAnInitFailure) {
   ProcessGroup group(n + 1, [&](int index, int, const ecclUniqueId& id) {
     ecclComm_t comm;
     if (index == gone) {
-      membership::JoinRequest join{membership::Role::kRank, gone, n, goneMember, "127.0.0.1:1", false};
+      membership::JoinRequest join{membership::Role::kRank, gone, n, goneMember, "tcp:127.0.0.1:1", false};
       membership::CoordClient client(membership::decodeUniqueId(id), join, 100, 3000, deadlineAfterMs(10000));
       client.awaitView(deadlineAfterMs(10000), "the first view");
       raise(SIGKILL);

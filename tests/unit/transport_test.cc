@@ -17,18 +17,27 @@
 #include "common/crypto.h"
 #include "transport/frame.h"
 #include "transport/device.h"
-#include "transport/shm/backend.h"
+#include "transport/backend.h"
 
 namespace eccl::transport {
 namespace {
 
+std::string partOf(const Device& device, const std::string& backend) {
+  for (auto& [name, part] : splitAddress(device.address()))
+    if (name == backend) return part;
+  ADD_FAILURE() << device.address() << " has no " << backend << " part";
+  return "";
+}
+
+SockAddr tcpAddress(const Device& device) { return SockAddr::parse(partOf(device, "tcp")); }
+
 struct Pair {
   std::string failure;  // outlives the devices, whose threads may still report
   std::unique_ptr<Device> a, b;
-  explicit Pair(int lanes = 2, TransportChoice transport = TransportChoice::kTcp) {
+  explicit Pair(int lanes = 2, const std::string& backend = "tcp") {
     DeviceOptions o;
-    o.transport = transport;
-    o.shmRingBytes = 64 << 10;  // small rings: large messages wrap many times
+    o.backends = {backend};
+    o.ringBytes = 64 << 10;  // small rings: large messages wrap many times
     o.jobId = 5;
     o.commId = 5;
     o.secret.fill(1);
@@ -50,10 +59,9 @@ struct Pair {
 };
 
 // Every test of the device's behaviour runs over each back end.
-class DeviceOverEachBackEnd : public ::testing::TestWithParam<TransportChoice> {};
-INSTANTIATE_TEST_SUITE_P(Transport, DeviceOverEachBackEnd,
-                         ::testing::Values(TransportChoice::kTcp, TransportChoice::kShm),
-                         [](const auto& info) { return info.param == TransportChoice::kTcp ? "tcp" : "shm"; });
+class DeviceOverEachBackEnd : public ::testing::TestWithParam<std::string> {};
+INSTANTIATE_TEST_SUITE_P(Transport, DeviceOverEachBackEnd, ::testing::Values("tcp", "shm"),
+                         [](const auto& info) { return info.param; });
 
 TEST_P(DeviceOverEachBackEnd, StripedMessageArrivesIntactInBothOrders) {
   Pair p(3, GetParam());
@@ -65,7 +73,7 @@ TEST_P(DeviceOverEachBackEnd, StripedMessageArrivesIntactInBothOrders) {
   p.a->wait(s, deadlineAfterMs(10000), "send");
   p.b->wait(r, deadlineAfterMs(10000), "recv");
   EXPECT_EQ(got, big);
-  EXPECT_EQ(p.a->stats().openShmConnections, GetParam() == TransportChoice::kShm ? 3u : 0u);
+  EXPECT_EQ(p.a->stats().openByBackEnd, (std::map<std::string, uint64_t>{{GetParam(), 3}}));
   EXPECT_EQ(p.a->stats().openConnections, 3u);
   // Send first: the receiver stages it, then copies on the late post.
   std::fill(got.begin(), got.end(), 0);
@@ -193,7 +201,7 @@ TEST_P(DeviceOverEachBackEnd, IdleMemberKeepsReceivingAfterItsOwnWait) {
 class Intruder {
  public:
   Intruder(Device& target, MemberId claim, uint64_t jobId = 5) {
-    fd_ = connectTo(SockAddr::parse(target.address()), deadlineAfterMs(2000), "intruder");
+    fd_ = connectTo(tcpAddress(target), deadlineAfterMs(2000), "intruder");
     Secret s;
     s.fill(1);
     membership::authenticateAsClient(fd_.get(), s, {membership::Purpose::kData, jobId, claim, target.self(), 0},
@@ -222,7 +230,7 @@ FrameHeader dataFrame(uint32_t epoch, uint64_t seq, uint32_t len) {
 // Member 3 of job 5, one lane, on loopback: the target of the intruder tests.
 std::unique_ptr<Device> memberThreeDevice() {
   DeviceOptions o;
-  o.transport = TransportChoice::kTcp;
+  o.backends = {"tcp"};
   o.jobId = o.commId = 5;
   o.secret.fill(1);
   o.lanes = 1;
@@ -231,10 +239,53 @@ std::unique_ptr<Device> memberThreeDevice() {
   return createDevice(o);
 }
 
+// Posting never waits for a connection: a peer whose listener accepts and
+// then says nothing holds only its own dial, and the other peers' lanes
+// come up meanwhile.
+TEST(TcpDevice, ASilentPeerDelaysNoPostAndNoOtherDial) {
+  auto [silentListener, silentAddress] = listenOn(SockAddr::parse("127.0.0.1:0"));
+  DeviceOptions o;
+  o.backends = {"tcp"};
+  o.jobId = o.commId = 5;
+  o.secret.fill(1);
+  o.lanes = 1;
+  o.ifname = "lo";
+  o.handshakeTimeoutMs = 4000;
+  o.self = 0;
+  auto a = createDevice(o);
+  o.self = 2;
+  auto b = createDevice(o);
+  std::string failure;
+  a->onPeerFailure = [&](MemberId, ecclResult_t, const std::string& why) { failure = why; };
+  b->onPeerFailure = [](MemberId, ecclResult_t, const std::string&) {};
+  a->addPeer(1, "tcp:" + silentAddress.str(), "rank 1 (silent)");
+  a->addPeer(2, b->address(), "rank 2");
+  b->addPeer(0, a->address(), "rank 0");
+  a->setEpoch(1);
+  b->setEpoch(1);
+  int32_t x = 7, y = 0;
+  auto stuck = a->isend(1, 1, 0, &x, 4);  // starts the silent dial first
+  EXPECT_EQ(stuck->state.load(), Request::kPending);
+  auto r = b->irecv(0, 1, 0, &y, 4);
+  auto s = a->isend(2, 1, 0, &x, 4);
+  // Well inside the silent peer's handshake deadline: a dial behind it
+  // would still be waiting.
+  a->wait(s, deadlineAfterMs(2500), "send");
+  b->wait(r, deadlineAfterMs(2500), "recv");
+  EXPECT_EQ(y, 7);
+  EXPECT_EQ(stuck->state.load(), Request::kPending);
+  try {
+    a->wait(stuck, deadlineAfterMs(10000), "send");
+    FAIL() << "a send to a silent peer completed";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 1 (silent)"), std::string::npos) << e.what();
+  }
+}
+
 TEST(TcpDevice, StaleEpochFramesAreDroppedAndCounted) {
   auto dev = memberThreeDevice();
   dev->onPeerFailure = [](MemberId, ecclResult_t, const std::string&) {};
-  dev->addPeer(0, "127.0.0.1:1", "rank 0");
+  dev->addPeer(0, "tcp:127.0.0.1:1", "rank 0");
   dev->setEpoch(4);
   Intruder peer(*dev, 0);
   int32_t v = 0, stale = 111, fresh = 222;
@@ -250,8 +301,8 @@ TEST(TcpDevice, MalformedFrameFailsThatPeerAndRevokesWithItsName) {
   std::string failure;  // declared first: outlives the device's threads
   auto dev = memberThreeDevice();
   dev->onPeerFailure = [&](MemberId, ecclResult_t, const std::string& why) { failure = why; };
-  dev->addPeer(0, "127.0.0.1:1", "rank 0");
-  dev->addPeer(1, "127.0.0.1:1", "rank 1");
+  dev->addPeer(0, "tcp:127.0.0.1:1", "rank 0");
+  dev->addPeer(1, "tcp:127.0.0.1:1", "rank 1");
   dev->setEpoch(1);
   Intruder bad(*dev, 0), good(*dev, 1);
   int32_t v = 0, w = 0, payload = 5;
@@ -286,7 +337,7 @@ TEST(TcpDevice, MalformedFrameFailsThatPeerAndRevokesWithItsName) {
 TEST(TcpDevice, TruncatedFrameIsAClosedConnection) {
   auto dev = memberThreeDevice();
   dev->onPeerFailure = [](MemberId, ecclResult_t, const std::string&) {};
-  dev->addPeer(0, "127.0.0.1:1", "rank 0");
+  dev->addPeer(0, "tcp:127.0.0.1:1", "rank 0");
   int64_t v;
   auto r = dev->irecv(0, 1, 0, &v, 8);
   {
@@ -309,7 +360,7 @@ TEST(TcpDevice, WrongSecretAndNonMembersAreRejected) {
   Pair p;
   // Wrong secret: the handshake fails on both sides.
   {
-    Fd fd = connectTo(SockAddr::parse(p.b->address()), deadlineAfterMs(2000), "stranger");
+    Fd fd = connectTo(tcpAddress(*p.b), deadlineAfterMs(2000), "stranger");
     Secret wrong;
     wrong.fill(9);
     EXPECT_THROW(membership::authenticateAsClient(fd.get(), wrong, {membership::Purpose::kData, 5, 0, 1, 0},
@@ -320,7 +371,7 @@ TEST(TcpDevice, WrongSecretAndNonMembersAreRejected) {
   { Intruder stranger(*p.b, 77); }
   // Garbage instead of a hello.
   {
-    Fd fd = connectTo(SockAddr::parse(p.b->address()), deadlineAfterMs(2000), "garbage");
+    Fd fd = connectTo(tcpAddress(*p.b), deadlineAfterMs(2000), "garbage");
     const char junk[64] = "GET / HTTP/1.1\r\n\r\n";
     sendAll(fd.get(), junk, sizeof(junk), deadlineAfterMs(2000), "garbage");
   }
@@ -339,11 +390,11 @@ TEST(TcpDevice, WrongSecretAndNonMembersAreRejected) {
 // member's shared-memory socket (anyone in the namespace can) but gets no
 // segment and no lane.
 TEST(ShmDevice, WrongSecretOnTheLocalSocketIsRejected) {
-  Pair p(1, TransportChoice::kShm);
+  Pair p(1, "shm");
   Fd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   sockaddr_un a{};
   a.sun_family = AF_UNIX;
-  std::string name = shm::ShmBackend::socketName(5, 1, SockAddr::parse(p.b->address()));
+  std::string name = partOf(*p.b, "shm");
   std::memcpy(a.sun_path + 1, name.data(), name.size());
   auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
   ASSERT_EQ(::connect(fd.get(), reinterpret_cast<sockaddr*>(&a), len), 0) << strerror(errno);
@@ -360,14 +411,14 @@ TEST(ShmDevice, WrongSecretOnTheLocalSocketIsRejected) {
   p.a->wait(p.a->isend(1, 1, 0, &x, 4), deadlineAfterMs(3000), "send");
   p.b->wait(r, deadlineAfterMs(3000), "recv");
   EXPECT_EQ(y, 41);
-  EXPECT_EQ(p.b->stats().openShmConnections, 1u);
+  EXPECT_EQ(p.b->stats().openByBackEnd.at("shm"), 1u);
 }
 
 // Forcing shared memory to a member it cannot reach (here: a member id with
 // no local socket) is a clear error, not a silent TCP fallback.
 TEST(ShmDevice, ForcedSharedMemoryToAnUnreachableMemberFailsClearly) {
   DeviceOptions o;
-  o.transport = TransportChoice::kShm;
+  o.backends = {"shm"};
   o.jobId = o.commId = 6;
   o.secret.fill(1);
   o.lanes = 1;
@@ -377,14 +428,15 @@ TEST(ShmDevice, ForcedSharedMemoryToAnUnreachableMemberFailsClearly) {
   auto dev = createDevice(o);
   std::string failure;
   dev->onPeerFailure = [&](MemberId, ecclResult_t, const std::string& why) { failure = why; };
-  dev->addPeer(1, "127.0.0.1:1", "rank 1");
+  dev->addPeer(1, "tcp:127.0.0.1:1", "rank 1");
   dev->setEpoch(1);
   int x = 0;
   try {
     dev->wait(dev->isend(1, 1, 0, &x, 4), deadlineAfterMs(2000), "send");
     FAIL() << "sent to an unreachable member";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("not reachable over shared memory"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("no back end used here (shm) reaches the peer"), std::string::npos)
+        << e.what();
   }
 }
 

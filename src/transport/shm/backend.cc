@@ -9,6 +9,7 @@
 #include <cstring>
 #include <thread>
 
+#include "common/crypto.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "transport/shm/ring.h"
@@ -107,30 +108,32 @@ class ShmConduit final : public Conduit {
 
 }  // namespace
 
-std::string ShmBackend::socketName(uint64_t jobId, MemberId member, const SockAddr& tcpAddress) {
-  return fmt::format("eccl-{:016x}-{:016x}-{}", jobId, member, tcpAddress.str());
-}
-
 bool ShmBackend::validRingBytes(uint64_t bytes) {
   return bytes >= 4096 && bytes <= (uint64_t{1} << 30) && (bytes & (bytes - 1)) == 0;
 }
 
-ShmBackend::ShmBackend(const ShmOptions& options) : opt_(options) {
+ShmBackend::ShmBackend(const BackendOptions& options) : opt_(options) {
   ECCL_CHECK_ARG(validRingBytes(opt_.ringBytes),
                  "shared-memory ring size {} must be a power of two between 4 KiB and 1 GiB", opt_.ringBytes);
   listenFd_.reset(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!listenFd_) fail(ecclSystemError, "shared memory: socket(AF_UNIX): {}", strerror(errno));
+  // 128 random bits: unique among the namespace's live listeners whatever
+  // ids two jobs chose, and unguessable.
+  uint64_t nonce[2];
+  randomBytes(nonce, sizeof(nonce));
+  socketName_ = fmt::format("eccl-{:016x}{:016x}", nonce[0], nonce[1]);
   socklen_t len;
-  std::string name = socketName(opt_.jobId, opt_.self, opt_.tcpAddress);
-  sockaddr_un a = abstractAddress(name, &len);
+  sockaddr_un a = abstractAddress(socketName_, &len);
   if (::bind(listenFd_.get(), reinterpret_cast<sockaddr*>(&a), len) != 0 || ::listen(listenFd_.get(), 512) != 0)
-    fail(ecclSystemError, "shared memory: listening on @{}: {}", name, strerror(errno));
+    fail(ecclSystemError, "shared memory: listening on @{}: {}", socketName_, strerror(errno));
 }
 
-Fd ShmBackend::dial(MemberId member, const SockAddr& address, Deadline deadline, const std::string& what,
+Fd ShmBackend::dial(MemberId, const std::string& address, Deadline deadline, const std::string& what,
                     const std::function<bool()>& giveUp) {
+  if (address.empty() || address.size() >= sizeof(sockaddr_un::sun_path) - 1)
+    fail(ecclInvalidArgument, "{}: '{}' is not a shared-memory address", what, address);
   socklen_t len;
-  sockaddr_un a = abstractAddress(socketName(opt_.jobId, member, address), &len);
+  sockaddr_un a = abstractAddress(address, &len);
   for (;;) {
     Fd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
     if (!fd) fail(ecclSystemError, "{}: socket(AF_UNIX): {}", what, strerror(errno));
@@ -181,6 +184,11 @@ std::unique_ptr<Conduit> ShmBackend::openAccepted(Fd stream, Deadline deadline, 
   Ring* rx = Ring::attach(base, hello.ringBytes);
   Ring* tx = Ring::attach(base + ring, hello.ringBytes);
   return std::make_unique<ShmConduit>(std::move(stream), std::move(segment), tx, rx);
+}
+
+BackendSpec backendSpec() {
+  return {"shm", /*reachesOtherHosts=*/false,
+          [](const BackendOptions& o) -> std::unique_ptr<Backend> { return std::make_unique<ShmBackend>(o); }};
 }
 
 }  // namespace eccl::transport::shm

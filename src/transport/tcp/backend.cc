@@ -4,7 +4,10 @@
 
 #include <cerrno>
 
-namespace eccl::transport {
+#include "common/error.h"
+#include "transport/tcp/nic_affinity.h"
+
+namespace eccl::transport::tcp {
 namespace {
 
 class TcpConduit final : public Conduit {
@@ -35,17 +38,24 @@ class TcpConduit final : public Conduit {
 
 }  // namespace
 
-TcpBackend::TcpBackend(const std::string& ifnameSpec) {
-  nic_ = pickInterface(ifnameSpec);
+TcpBackend::TcpBackend(const BackendOptions& options) {
+  nic_ = pickInterface(options.ifname);
   auto [fd, bound] = listenOn(nic_.addr);
   listenFd_ = std::move(fd);
   address_ = bound;
   setNonBlocking(listenFd_.get(), true);
 }
 
-Fd TcpBackend::dial(MemberId, const SockAddr& address, Deadline deadline, const std::string& what,
+std::string TcpBackend::describe() const { return fmt::format("{} (interface {})", address_.str(), nic_.name); }
+
+bool TcpBackend::placeThread() {
+  bindThreadNearNic(nic_.name);
+  return true;
+}
+
+Fd TcpBackend::dial(MemberId, const std::string& address, Deadline deadline, const std::string& what,
                     const std::function<bool()>& giveUp) {
-  return connectTo(address, deadline, what, giveUp);
+  return connectTo(SockAddr::parse(address), deadline, what, giveUp);
 }
 
 Fd TcpBackend::accept(std::string* from) {
@@ -66,4 +76,9 @@ std::unique_ptr<Conduit> TcpBackend::openAccepted(Fd stream, Deadline, const std
   return std::make_unique<TcpConduit>(std::move(stream));
 }
 
-}  // namespace eccl::transport
+BackendSpec backendSpec() {
+  return {"tcp", /*reachesOtherHosts=*/true,
+          [](const BackendOptions& o) -> std::unique_ptr<Backend> { return std::make_unique<TcpBackend>(o); }};
+}
+
+}  // namespace eccl::transport::tcp

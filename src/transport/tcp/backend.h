@@ -6,23 +6,23 @@
 #include <string>
 
 #include "common/netif.h"
-#include "transport/conduit.h"
+#include "transport/backend.h"
 
-namespace eccl::transport {
+namespace eccl::transport::tcp {
 
 class TcpBackend final : public Backend {
  public:
-  explicit TcpBackend(const std::string& ifnameSpec);
+  explicit TcpBackend(const BackendOptions& options);
   const char* name() const override { return "tcp"; }
+  std::string address() const override { return address_.str(); }
+  std::string describe() const override;
   int listenFd() const override { return listenFd_.get(); }
-  Fd dial(MemberId member, const SockAddr& address, Deadline deadline, const std::string& what,
+  bool placeThread() override;
+  Fd dial(MemberId member, const std::string& address, Deadline deadline, const std::string& what,
           const std::function<bool()>& giveUp) override;
   Fd accept(std::string* from) override;
   std::unique_ptr<Conduit> openDialed(Fd stream, Deadline deadline, const std::string& what) override;
   std::unique_ptr<Conduit> openAccepted(Fd stream, Deadline deadline, const std::string& what) override;
-
-  const SockAddr& address() const { return address_; }
-  const NetInterface& interface() const { return nic_; }
 
  private:
   NetInterface nic_;
@@ -30,4 +30,6 @@ class TcpBackend final : public Backend {
   Fd listenFd_;
 };
 
-}  // namespace eccl::transport
+BackendSpec backendSpec();
+
+}  // namespace eccl::transport::tcp

@@ -1,0 +1,84 @@
+// How a back end reaches members, and how back ends come to exist. The
+// device is created with a list of back-end names and never names one
+// itself: it asks each for its address, dials through the first that
+// reaches a member, and accepts on every listener. A back end is its own
+// folder (tcp/, shm/) holding a `backendSpec()`; the build's list of
+// back ends (ECCL_TRANSPORT_BACKENDS in src/CMakeLists.txt) registers it.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/socket.h"
+#include "transport/conduit.h"
+
+namespace eccl::transport {
+
+// What every back end is created with; each uses what applies to it.
+struct BackendOptions {
+  uint64_t jobId = 0;
+  MemberId self = 0;
+  std::string ifname;  // network interfaces to use (ECCL_SOCKET_IFNAME syntax)
+  // Bytes per lane and direction for back ends that carry data through a
+  // buffer in memory (a shared-memory ring).
+  size_t ringBytes = 1 << 20;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* name() const = 0;
+  // This back end's part of the member's address: what a peer's back end
+  // of the same name dials. Opaque to everyone else.
+  virtual std::string address() const = 0;
+  // Says where it listens, for the device's start-up log line.
+  virtual std::string describe() const = 0;
+  // The listening descriptor the device's accept thread polls.
+  virtual int listenFd() const = 0;
+  // Moves the calling thread (the device's progress thread) near the
+  // hardware this back end drives; false if it has none to be near.
+  virtual bool placeThread() { return false; }
+  // A connected, blocking stream to `member` at `address` (this back end's
+  // part of the member's address), or an empty Fd when this back end cannot
+  // reach it (shared memory: another host or network namespace). Throws
+  // when it can reach the member but connecting fails.
+  virtual Fd dial(MemberId member, const std::string& address, Deadline deadline, const std::string& what,
+                  const std::function<bool()>& giveUp) = 0;
+  // Accepts one pending stream (the listener was readable); empty Fd if none.
+  virtual Fd accept(std::string* from) = 0;
+  // After authentication, each end turns its stream into the lane's conduit
+  // (shared memory: the dialer creates the rings and passes them over).
+  virtual std::unique_ptr<Conduit> openDialed(Fd stream, Deadline deadline, const std::string& what) = 0;
+  virtual std::unique_ptr<Conduit> openAccepted(Fd stream, Deadline deadline, const std::string& what) = 0;
+};
+
+struct BackendSpec {
+  const char* name;
+  // Whether it can reach a member on another host: the first such entry of
+  // an address is the one people read (displayAddress).
+  bool reachesOtherHosts;
+  std::unique_ptr<Backend> (*create)(const BackendOptions& options);
+};
+
+// Every back end this build has, in the order a dial tries them.
+const std::vector<BackendSpec>& registeredBackends();
+// The registered names, comma-separated ("shm,tcp"): for error messages.
+std::string registeredBackendNames();
+// Parses ECCL_TRANSPORT's syntax: "auto" (every registered back end) or a
+// comma-separated list of registered names; throws ecclInvalidArgument.
+std::vector<std::string> parseBackendList(const std::string& spec);
+
+// A member's address is every back end's part, "name:part" joined by ','
+// ("shm:eccl-1f2e...,tcp:10.0.0.2:4711"), so membership carries it as one
+// opaque string.
+std::string joinAddress(const std::vector<std::pair<std::string, std::string>>& parts);
+std::vector<std::pair<std::string, std::string>> splitAddress(const std::string& address);
+// The part of an address people recognise a member by (its network address
+// where it has one), for labels and logs.
+std::string displayAddress(const std::string& address);
+
+}  // namespace eccl::transport
