@@ -109,8 +109,12 @@ void authenticateAsClient(int fd, const Secret& secret, const Hello& hello, Dead
   if (sessionKey) *sessionKey = sessionKeyOf(secret, helloBytes, serverNonce);
 }
 
-ServerHandshake::ServerHandshake(const Secret& secret, uint64_t jobId, std::string what)
-    : secret_(secret), jobId_(jobId), what_(std::move(what)) {}
+SecretLookup singleJob(const Secret& secret, uint64_t jobId) {
+  return [secret, jobId](uint64_t asked) { return asked == jobId ? std::optional<Secret>(secret) : std::nullopt; };
+}
+
+ServerHandshake::ServerHandshake(SecretLookup lookup, std::string what)
+    : lookup_(std::move(lookup)), what_(std::move(what)) {}
 
 size_t ServerHandshake::needs() const {
   switch (stage_) {
@@ -125,8 +129,9 @@ std::vector<uint8_t> ServerHandshake::take(const uint8_t* bytes) {
     std::memcpy(helloBytes_, bytes, kHelloBytes);
     std::string why;
     if (!decodeHello(helloBytes_, &hello_, &why)) fail(ecclAuthError, "{}: {}", what_, why);
-    if (hello_.jobId != jobId_)
-      fail(ecclAuthError, "{}: hello for job {:016x}, this is job {:016x}", what_, hello_.jobId, jobId_);
+    std::optional<Secret> secret = lookup_(hello_.jobId);
+    if (!secret) fail(ecclAuthError, "{}: hello for job {:016x}, which this listener does not serve", what_, hello_.jobId);
+    secret_ = *secret;
     randomBytes(serverNonce_.data(), serverNonce_.size());
     // Bind the server's proof to the client's nonce (inside helloBytes).
     Mac serverMac = proof(secret_, 'S', helloBytes_, serverNonce_);
@@ -151,7 +156,7 @@ Secret ServerHandshake::sessionKey() const { return sessionKeyOf(secret_, helloB
 
 Hello authenticateAsServer(int fd, const Secret& secret, uint64_t jobId, Deadline deadline,
                            const std::string& what, Secret* sessionKey) {
-  ServerHandshake hs(secret, jobId, what);
+  ServerHandshake hs(singleJob(secret, jobId), what);
   uint8_t in[kHelloBytes];
   while (size_t n = hs.needs()) {
     recvAll(fd, in, n, deadline, what);

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,9 +40,15 @@ void authenticateAsClient(int fd, const Secret& secret, const Hello& hello, Dead
 // needs() is how many bytes to read next; take() consumes exactly that many
 // and returns what to send back. After a wrong proof it returns the refusal
 // byte and failed() holds the reason; a malformed hello throws ecclAuthError.
+// Which secret a hello's job id must prove; nullopt: no such job here.
+// Listeners that serve one job take (secret, jobId); one that serves many
+// keys (the NCCL plugin: a fresh token per listen handle) takes a lookup.
+using SecretLookup = std::function<std::optional<Secret>(uint64_t jobId)>;
+SecretLookup singleJob(const Secret& secret, uint64_t jobId);
+
 class ServerHandshake {
  public:
-  ServerHandshake(const Secret& secret, uint64_t jobId, std::string what);
+  ServerHandshake(SecretLookup lookup, std::string what);
   size_t needs() const;
   std::vector<uint8_t> take(const uint8_t* bytes);
   bool done() const { return stage_ == Stage::kDone; }
@@ -50,8 +58,8 @@ class ServerHandshake {
 
  private:
   enum class Stage { kHello, kProof, kDone, kRefused };
-  const Secret& secret_;
-  uint64_t jobId_;
+  SecretLookup lookup_;
+  Secret secret_{};  // the hello's job's, once the hello is in
   std::string what_, failed_;
   Stage stage_ = Stage::kHello;
   uint8_t helloBytes_[kHelloBytes];

@@ -22,13 +22,16 @@ struct HandshakeGate::Pending {
   std::vector<uint8_t> out;
   size_t sent = 0;
 
-  Pending(Fd f, std::string fromAddr, std::string label, size_t l, Deadline d, const Secret& secret, uint64_t job)
+  Pending(Fd f, std::string fromAddr, std::string label, size_t l, Deadline d, const SecretLookup& lookup)
       : fd(std::move(f)), from(std::move(fromAddr)), what(label), listener(l), deadline(d),
-        handshake(secret, job, std::move(label)) {}
+        handshake(lookup, std::move(label)) {}
 };
 
 HandshakeGate::HandshakeGate(const Secret& secret, uint64_t jobId, GateOptions options, std::string owner)
-    : secret_(secret), jobId_(jobId), opt_(options), owner_(std::move(owner)) {}
+    : HandshakeGate(singleJob(secret, jobId), options, std::move(owner)) {}
+
+HandshakeGate::HandshakeGate(SecretLookup lookup, GateOptions options, std::string owner)
+    : lookup_(std::move(lookup)), opt_(options), owner_(std::move(owner)) {}
 
 HandshakeGate::~HandshakeGate() = default;
 
@@ -96,7 +99,7 @@ void HandshakeGate::acceptAll(size_t listener, std::vector<Admitted>* admitted) 
     }
     std::string what = fmt::format("{}: connection from {}", owner_, from);
     pending_.push_back(std::make_unique<Pending>(std::move(fd), from, std::move(what), listener,
-                                                 deadlineAfterMs(opt_.handshakeTimeoutMs), secret_, jobId_));
+                                                 deadlineAfterMs(opt_.handshakeTimeoutMs), lookup_));
     // A prompt peer's hello is often already here: no need to wait a poll.
     if (!advance(*pending_.back(), POLLIN, admitted)) pending_.pop_back();
   }

@@ -50,6 +50,8 @@ class HandshakeGate {
  public:
   // `owner` names the listener in log lines ("coordinator", "member 3").
   HandshakeGate(const Secret& secret, uint64_t jobId, GateOptions options, std::string owner);
+  // Admits a hello for any job id the lookup knows, proving that job's secret.
+  HandshakeGate(SecretLookup lookup, GateOptions options, std::string owner);
   ~HandshakeGate();
   HandshakeGate(const HandshakeGate&) = delete;
   HandshakeGate& operator=(const HandshakeGate&) = delete;
@@ -84,8 +86,7 @@ class HandshakeGate {
   bool advance(Pending& p, short revents, std::vector<Admitted>* admitted);
   void drop(Pending& p, const std::string& why, std::atomic<uint64_t>& counter);
 
-  const Secret secret_;
-  const uint64_t jobId_;
+  const SecretLookup lookup_;
   const GateOptions opt_;
   const std::string owner_;
   std::vector<Listener> listeners_;

@@ -129,8 +129,10 @@ std::string LaneDevice::labelLocked(MemberId member) {
 void LaneDevice::connectPeer(MemberId member) {
   MutexLock lock(mu_);
   Peer& p = peerLocked(member);
-  // The lower member id opens the connection; the higher one accepts.
-  if (p.state != Peer::State::kIdle || opt_.self > member || stopping_) return;
+  // The lower member id opens the connection and the higher one accepts;
+  // where peers come from connections, whoever has the address dials.
+  const bool dials = opt_.peersFromConnections ? !p.address.empty() : opt_.self < member;
+  if (p.state != Peer::State::kIdle || !dials || stopping_) return;
   p.state = Peer::State::kConnecting;
   std::erase_if(dials_, [](Dial& d) {
     if (!*d.finished) return false;
@@ -138,8 +140,9 @@ void LaneDevice::connectPeer(MemberId member) {
     return true;
   });
   auto finished = std::make_shared<std::atomic<bool>>(false);
-  dials_.push_back({std::thread([this, member, address = p.address, label = p.label, finished] {
-                      dialPeer(member, address, label);
+  auto credentials = p.credentials.value_or(std::make_pair(opt_.jobId, opt_.secret));
+  dials_.push_back({std::thread([this, member, address = p.address, label = p.label, credentials, finished] {
+                      dialPeer(member, address, label, credentials);
                       releaseThreadCryptoState();
                       *finished = true;
                     }),
@@ -147,7 +150,7 @@ void LaneDevice::connectPeer(MemberId member) {
 }
 
 void LaneDevice::dialPeer(MemberId member, const std::vector<std::pair<std::string, std::string>>& addr,
-                          const std::string& label) {
+                          const std::string& label, const std::pair<uint64_t, Secret>& credentials) {
   std::vector<std::unique_ptr<Conduit>> conduits;
   Backend* backend = nullptr;
   try {
@@ -167,8 +170,9 @@ void LaneDevice::dialPeer(MemberId member, const std::vector<std::pair<std::stri
         stream = backend->dial(member, part->second, deadline, what, giveUp);
       }
       if (!stream) fail(ecclRemoteError, "{}: peer no longer reachable over {}", what, backend->name());
-      membership::Hello hello{membership::Purpose::kData, opt_.jobId, opt_.self, member, static_cast<uint32_t>(i)};
-      membership::authenticateAsClient(stream.get(), opt_.secret, hello, deadline, what);
+      membership::Hello hello{membership::Purpose::kData, credentials.first, opt_.self, member,
+                              static_cast<uint32_t>(i)};
+      membership::authenticateAsClient(stream.get(), credentials.second, hello, deadline, what);
       conduits.push_back(backend->openDialed(std::move(stream), deadline, what));
     }
   } catch (const Error& e) {
@@ -376,7 +380,8 @@ void LaneDevice::acceptLoop() {
   membership::GateOptions gateOptions;
   gateOptions.handshakeTimeoutMs = opt_.handshakeTimeoutMs;
   gateOptions.maxPending = static_cast<size_t>(params::maxUnauthenticated());
-  membership::HandshakeGate gate(opt_.secret, opt_.jobId, gateOptions, fmt::format("member {}", opt_.self));
+  membership::HandshakeGate gate(opt_.acceptSecrets ? opt_.acceptSecrets : membership::singleJob(opt_.secret, opt_.jobId),
+                                 gateOptions, fmt::format("member {}", opt_.self));
   for (auto& owned : backends_) {
     Backend* b = owned.get();
     gate.addListener(b->listenFd(), [b](std::string* from) { return b->accept(from); });
@@ -410,6 +415,11 @@ void LaneDevice::acceptOne(Backend& backend, membership::Admitted admitted) {
            static_cast<int>(hello.purpose));
     auto conduit = backend.openAccepted(std::move(admitted.fd), deadline, what);
     MutexLock lock(mu_);
+    if (opt_.peersFromConnections) {
+      Peer& p = arrivedPeerLocked(hello.fromMember, hello.jobId, admitted.from);
+      acceptLaneLocked(p.id, hello.lane, &backend, std::move(conduit), what);
+      return;
+    }
     if (!peers_.count(hello.fromMember)) {
       parked_.push_back({hello.fromMember, hello.lane, &backend, std::move(conduit), deadline, what});
       return;
@@ -426,13 +436,34 @@ void LaneDevice::acceptLaneLocked(MemberId from, uint32_t laneIndex, Backend* ba
                                   std::unique_ptr<Conduit> conduit, const std::string& what) {
   Peer& p = peers_.at(from);
   if (laneIndex >= p.lanes.size() || p.lanes[laneIndex]->opened || p.state == Peer::State::kFailed ||
-      p.state == Peer::State::kLeft || from >= opt_.self)
+      p.state == Peer::State::kLeft || (!opt_.peersFromConnections && from >= opt_.self))
     fail(ecclAuthError, "{}: unexpected lane {} from member {}", what, laneIndex, from);
   if (p.backend && p.backend != backend)
     fail(ecclAuthError, "{}: lane {} from member {} came over {}, its other lanes over {}", what, laneIndex, from,
          backend->name(), p.backend->name());
   p.backend = backend;
   installLaneLocked(p, laneIndex, std::move(conduit));
+}
+
+// A member that dialed in unannounced (peers from connections): its lanes
+// go to a candidate peer of their own, created by its first lane.
+Peer& LaneDevice::arrivedPeerLocked(MemberId member, uint64_t jobId, const std::string& from) {
+  const MemberId id = inboundPeer(member);
+  auto it = peers_.find(id);
+  if (it != peers_.end() && it->second.state != Peer::State::kFailed && it->second.state != Peer::State::kLeft)
+    return it->second;
+  if (it != peers_.end()) peers_.erase(it);  // a new process reusing an id gets a fresh peer
+  Peer& p = peers_[id];
+  p.id = id;
+  p.label = fmt::format("process {:016x} ({})", member, from);
+  p.role = PeerRole::kCandidate;
+  for (int i = 0; i < opt_.lanes; ++i) {
+    auto lane = std::make_unique<Lane>();
+    lane->key = ConnKey{opt_.self, id, static_cast<uint32_t>(i)};
+    p.lanes.push_back(std::move(lane));
+  }
+  if (onPeerArrived) onPeerArrived(id, jobId);
+  return p;
 }
 
 void LaneDevice::installParkedLocked(MemberId member) {

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "common/crypto.h"
+#include "membership/handshake.h"
 #include "transport/transport.h"
 
 namespace eccl::transport {
@@ -50,6 +51,16 @@ struct DeviceOptions {
   std::vector<std::string> backends;
   std::string ifname;         // ECCL_SOCKET_IFNAME syntax
   size_t ringBytes = 1 << 20;  // for back ends that buffer in memory, per lane and direction
+  // The secret an incoming lane must prove, by the job id its hello names;
+  // unset: `secret`, for `jobId` only.
+  membership::SecretLookup acceptSecrets;
+  // Peers come from connections rather than from a membership (a consumer
+  // addressed by handles, the NCCL plugin): whoever holds the other's
+  // address dials it, whatever the ids; a member that dials in unannounced
+  // becomes a candidate peer filed under Device::inboundPeer(member)
+  // (onPeerArrived), so its lanes never mix with the ones dialed to it.
+  // Every peer is a candidate: a failure fails only that peer's requests.
+  bool peersFromConnections = false;
 };
 
 std::unique_ptr<Device> createDevice(const DeviceOptions& options);

@@ -105,6 +105,7 @@ RequestPtr LaneDevice::isend(MemberId member, uint64_t seq, uint32_t tag, const 
                             const uint32_t* payloadCrc, const CallSignature* signature) {
   connectPeer(member);
   RequestPtr r = newRequest(member, seq, /*isSend=*/true);
+  r->bytes = len;
   MutexLock lock(mu_);
   Peer& p = peerLocked(member);
   if (aborted_) {
@@ -160,8 +161,8 @@ RequestPtr LaneDevice::isend(MemberId member, uint64_t seq, uint32_t tag, const 
   return r;
 }
 
-RequestPtr LaneDevice::irecv(MemberId member, uint64_t seq, uint32_t tag, void* buf, size_t len,
-                            const CallSignature* signature) {
+RequestPtr LaneDevice::postRecv(MemberId member, uint64_t seq, uint32_t tag, void* buf, size_t len,
+                               const CallSignature* signature, bool upTo) {
   connectPeer(member);
   RequestPtr r = newRequest(member, seq, /*isSend=*/false);
   MutexLock lock(mu_);
@@ -181,21 +182,22 @@ RequestPtr LaneDevice::irecv(MemberId member, uint64_t seq, uint32_t tag, void* 
   }
   if (it != inbox_.end()) {
     Inbox& box = it->second;
-    if (box.total != len) {
+    if (upTo ? box.total > len : box.total != len) {
       completeLocked(r, ecclInvalidUsage,
-                     fmt::format("peer {} sent {} bytes where {} were expected (mismatched counts or types)",
-                                 p.label, box.total, len));
+                     fmt::format("peer {} sent {} bytes where {}{} were expected (mismatched counts or types)",
+                                 p.label, box.total, upTo ? "at most " : "", len));
       if (box.received == box.total) inbox_.erase(it);
       return r;
     }
     box.request = r;
     box.userBuffer = static_cast<uint8_t*>(buf);
+    r->bytes = box.total;
     if (box.received == box.total) {
       if (!checksumHoldsLocked(box, p.label)) {
         inbox_.erase(it);
         return r;
       }
-      if (len) std::memcpy(buf, box.staged.get(), len);
+      if (box.total) std::memcpy(buf, box.staged.get(), box.total);
       recycleStagingLocked(box);
       completeLocked(r, ecclSuccess, {});
       inbox_.erase(it);
@@ -207,6 +209,9 @@ RequestPtr LaneDevice::irecv(MemberId member, uint64_t seq, uint32_t tag, void* 
   box.request = r;
   box.userBuffer = static_cast<uint8_t*>(buf);
   box.total = len;
+  box.upTo = upTo;
+  box.capacity = len;
+  r->bytes = len;
   if (p2pChecked) box.expected = *signature;
   return r;
 }
@@ -531,15 +536,19 @@ bool LaneDevice::onDataFrameLocked(Lane& lane, const CallSignature* signature) {
       return true;  // the revocation failed and dropped the receive
     }
   }
-  if (box.total != h->total) {
+  if (!fitsLocked(box, h->total)) {
     // The sender's message size disagrees with the posted receive: fail the
     // receive, discard this message, keep the connection.
     if (box.request)
       completeLocked(box.request, ecclInvalidUsage,
-                     fmt::format("peer {} sent {} bytes where {} were expected (mismatched counts or types)",
-                                 labelLocked(remote), h->total, box.total));
+                     fmt::format("peer {} sent {} bytes where {}{} were expected (mismatched counts or types)",
+                                 labelLocked(remote), h->total, box.upTo ? "at most " : "", box.total));
     inbox_.erase(it);
     return true;
+  }
+  if (box.upTo && box.total != h->total) {  // the first frame of a message shorter than the receive
+    box.total = h->total;
+    if (box.request) box.request->bytes = h->total;
   }
   if (h->flags & FrameHeader::kPayloadChecksum) box.checksummed = true, box.crc = h->payloadCrc;
   lane.inboxKey = key;

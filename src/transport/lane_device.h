@@ -100,6 +100,8 @@ struct Inbox {
   uint32_t crc = 0;
   // Point-to-point call signatures: the receiver's and the sender's.
   std::optional<CallSignature> expected, sent;
+  bool upTo = false;    // irecvUpTo: any message of at most `capacity` bytes
+  size_t capacity = 0;
   uint8_t* base() { return unexpected ? staged.get() : userBuffer; }
 };
 
@@ -147,6 +149,7 @@ struct Peer {
   std::string failReason;
   std::vector<std::unique_ptr<Lane>> lanes;
   Backend* backend = nullptr;  // chosen by the lane that connects first
+  std::optional<std::pair<uint64_t, Secret>> credentials;  // job id and secret to dial with
   uint32_t nextLane = 0;
   Clock::time_point lastPong{};  // the peer's progress thread answered a ping
   bool leftReported = false;     // left in order, then an op needed it
@@ -184,7 +187,16 @@ class LaneDevice final : public Device {
   RequestPtr isend(MemberId peer, uint64_t seq, uint32_t tag, const void* buf, size_t len,
                    const uint32_t* payloadCrc, const CallSignature* signature) override;
   RequestPtr irecv(MemberId peer, uint64_t seq, uint32_t tag, void* buf, size_t len,
-                   const CallSignature* signature) override;
+                   const CallSignature* signature) override {
+    return postRecv(peer, seq, tag, buf, len, signature, /*upTo=*/false);
+  }
+  RequestPtr irecvUpTo(MemberId peer, uint64_t seq, uint32_t tag, void* buf, size_t capacity) override {
+    return postRecv(peer, seq, tag, buf, capacity, nullptr, /*upTo=*/true);
+  }
+  void setPeerCredentials(MemberId member, uint64_t jobId, const Secret& secret) override {
+    MutexLock lock(mu_);
+    peerLocked(member).credentials = std::make_pair(jobId, secret);
+  }
   void beginCall(uint64_t seq, const CallSignature& signature) override {
     MutexLock lock(mu_);
     checkLocalSignatureLocked(seq, signature);
@@ -228,7 +240,7 @@ class LaneDevice final : public Device {
   std::string labelLocked(MemberId member) ECCL_REQUIRES(mu_);
   void connectPeer(MemberId member) ECCL_EXCLUDES(mu_);
   void dialPeer(MemberId member, const std::vector<std::pair<std::string, std::string>>& address,
-                const std::string& label) ECCL_EXCLUDES(mu_);
+                const std::string& label, const std::pair<uint64_t, Secret>& credentials) ECCL_EXCLUDES(mu_);
   void installLaneLocked(Peer& peer, uint32_t lane, std::unique_ptr<Conduit> conduit) ECCL_REQUIRES(mu_);
   bool armLanesLocked() ECCL_REQUIRES(mu_);
   void startBackends();
@@ -271,6 +283,13 @@ class LaneDevice final : public Device {
   void answerPingLocked(Lane& lane) ECCL_REQUIRES(mu_);
   void onPongSignatureLocked(Lane& lane) ECCL_REQUIRES(mu_);
 
+  RequestPtr postRecv(MemberId peer, uint64_t seq, uint32_t tag, void* buf, size_t len,
+                      const CallSignature* signature, bool upTo);
+  // Whether the message a sender announced (`total` bytes) fits the posted receive.
+  static bool fitsLocked(const Inbox& box, uint64_t total) {
+    return box.upTo ? total <= box.capacity : total == box.total;
+  }
+  Peer& arrivedPeerLocked(MemberId member, uint64_t jobId, const std::string& from) ECCL_REQUIRES(mu_);
   void progressLoop();
   void acceptLoop();
   static RequestPtr newRequest(MemberId member, uint64_t seq, bool isSend);

@@ -17,6 +17,7 @@
 #include <string>
 
 #include "common/clock.h"
+#include "common/crypto.h"
 #include "eccl.h"
 #include "transport/signature.h"
 
@@ -41,6 +42,7 @@ struct Request {
   MemberId peer = 0;
   uint64_t seq = 0;
   bool isSend = false;
+  size_t bytes = 0;  // a completed receive's length (irecvUpTo: what the sender sent)
   bool survivesRevocation = false;  // agreement traffic (FrameHeader::kAgreementBit)
   int pendingChunks = 0;
   // While a caller drives the I/O for this request itself, the eventfd
@@ -79,6 +81,10 @@ class Device {
   enum class PeerRole { kViewMember, kCandidate };
   virtual void addPeer(MemberId member, const std::string& address, const std::string& label,
                        PeerRole role = PeerRole::kViewMember) = 0;
+  // Dials `member` proving `secret` for job id `jobId` instead of the
+  // device's own (a consumer addressed by handles: each carries its own
+  // token). Set before the first post to it.
+  virtual void setPeerCredentials(MemberId member, uint64_t jobId, const Secret& secret) = 0;
   virtual bool hasPeer(MemberId member) const = 0;
   virtual uint32_t lanesUp(MemberId member) const = 0;  // connections open to it now
   // Frames stamped with an older epoch than this are dropped and counted.
@@ -94,6 +100,10 @@ class Device {
                            const uint32_t* payloadCrc = nullptr, const CallSignature* signature = nullptr) = 0;
   virtual RequestPtr irecv(MemberId peer, uint64_t seq, uint32_t tag, void* buf, size_t len,
                            const CallSignature* signature = nullptr) = 0;
+  // A receive that takes any message of at most `capacity` bytes (NCCL's
+  // net plugins: a receive may be larger than its send); request->bytes
+  // says how many came. A larger message fails it like a size mismatch.
+  virtual RequestPtr irecvUpTo(MemberId peer, uint64_t seq, uint32_t tag, void* buf, size_t capacity) = 0;
   // This member starts collective `seq` with `signature`, before posting
   // anything (an op may post nothing here, e.g. a count of 0): a peer's
   // frames for it are checked against it whenever they arrive.
@@ -140,6 +150,15 @@ class Device {
   // Called, like onPeerFailure, when the communicator is revoked without a
   // member failing (the ranks disagreed about a call).
   std::function<void(ecclResult_t, const std::string&)> onRevoked;
+  // With DeviceOptions::peersFromConnections: a member this device did not
+  // know dialed it, proving the secret of `jobId`; it is now the candidate
+  // peer `peer` (inboundPeer of the member). Called like onPeerFailure.
+  std::function<void(MemberId peer, uint64_t jobId)> onPeerArrived;
+
+  // Where lanes a member dialed to this device are filed when peers come
+  // from connections, apart from the lanes this device dialed to it.
+  static constexpr MemberId kInboundPeerBit = MemberId{1} << 63;
+  static MemberId inboundPeer(MemberId member) { return member ^ kInboundPeerBit; }
 };
 
 }  // namespace eccl::transport
