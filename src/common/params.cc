@@ -40,6 +40,9 @@ const std::vector<Param>& all() {
        "Back ends of the lanes, in the order a dial tries them: auto (every back end this build has: shared "
        "memory to members on this host in this network namespace, TCP to the rest), or a comma-separated list "
        "of names (tcp; shm: a member not reachable over shared memory fails to connect; shm,tcp is auto)."},
+      {"ECCL_NET_POOL_IDLE_MS", "int", "60000",
+       "NCCL net plugin: pooled connections to a process that no NCCL comm has used for this long are closed "
+       "(a re-created communicator within it reconnects nothing)."},
       {"ECCL_SHM_RING_BYTES", "int", "1048576",
        "Shared-memory ring per lane and direction, a power of two from 4096 to 1 GiB: a pair of members "
        "holds 2 x this x ECCL_NSOCKS_PERPEER (2 MiB by default; 8 ranks on a host: 56 MiB in all)."},
@@ -130,6 +133,7 @@ int64_t ringSegmentBytes() { return getInt("ECCL_RING_SEGMENT_BYTES"); }
 int64_t handshakeTimeoutMs() { return getInt("ECCL_HANDSHAKE_TIMEOUT_MS"); }
 int64_t maxUnauthenticated() { return getInt("ECCL_MAX_UNAUTHENTICATED"); }
 int64_t spinUs() { return getInt("ECCL_SPIN_US"); }
+int64_t netPoolIdleMs() { return getInt("ECCL_NET_POOL_IDLE_MS"); }
 std::string transport() { return getString("ECCL_TRANSPORT"); }
 int64_t gpuChunkBytes() { return getInt("ECCL_GPU_CHUNK_BYTES"); }
 std::string cudaDriverLibrary() { return getString("ECCL_CUDA_DRIVER"); }

@@ -37,6 +37,7 @@ int64_t handshakeTimeoutMs();
 int64_t maxUnauthenticated();
 int pinProgressThread();
 int64_t spinUs();
+int64_t netPoolIdleMs();
 std::string transport();  // checked by transport::parseBackendList
 int64_t shmRingBytes();
 int64_t gpuChunkBytes();

@@ -97,7 +97,8 @@ RequestPtr LaneDevice::newRequest(MemberId member, uint64_t seq, bool isSend) {
 bool LaneDevice::failIfPeerGoneLocked(const RequestPtr& r, Peer& p) {
   if (p.state != Peer::State::kFailed && p.state != Peer::State::kLeft) return false;
   completeLocked(r, p.failCode, p.failReason);
-  if (p.state == Peer::State::kLeft && !r->survivesRevocation) leftPeerNeededLocked(p);
+  if (p.state == Peer::State::kLeft && !r->survivesRevocation)
+    leftPeerNeededLocked(p, FrameHeader::isCollective(r->seq) ? r->seq : 0);
   return true;
 }
 
@@ -214,6 +215,41 @@ RequestPtr LaneDevice::postRecv(MemberId member, uint64_t seq, uint32_t tag, voi
   r->bytes = len;
   if (p2pChecked) box.expected = *signature;
   return r;
+}
+
+void LaneDevice::cancel(const RequestPtr& r, const std::string& reason) {
+  MutexLock lock(mu_);
+  if (r->state.load() != Request::kPending) return;
+  auto peer = peers_.find(r->peer);
+  if (r->isSend && peer != peers_.end()) {
+    for (auto& lane : peer->second.lanes) {
+      std::erase_if(lane->sendQueue, [&](const SendItem& item) { return item.request == r && item.done == 0; });
+      for (SendItem& item : lane->sendQueue) {
+        if (item.request != r) continue;
+        // Started: the frame must still be whole on the wire.
+        item.owned.assign(item.data, item.data + item.length);
+        item.data = item.owned.data();
+        item.request = nullptr;
+      }
+    }
+  }
+  if (!r->isSend) {
+    for (auto& [key, box] : inbox_) {
+      if (box.request != r) continue;
+      box.request = nullptr;
+      box.userBuffer = nullptr;
+      box.cancelled = true;
+      // A lane in the middle of this message's frame drops the rest of it.
+      for (auto& [token, lane] : lanesByToken_) {
+        if (lane->rx != Lane::Rx::kPayload || lane->discarding || !(lane->inboxKey == key)) continue;
+        lane->discarding = true;
+        box.received += lane->frame.length;
+      }
+      if (box.received >= box.total && box.received > 0) inbox_.erase(key);
+      break;
+    }
+  }
+  completeLocked(r, ecclRemoteError, reason);
 }
 
 void LaneDevice::wait(const RequestPtr& r, Deadline deadline, const std::string& opName) {
@@ -529,6 +565,13 @@ bool LaneDevice::onDataFrameLocked(Lane& lane, const CallSignature* signature) {
     it = inbox_.find(key);
   }
   Inbox& box = it->second;
+  if (box.cancelled) {  // nobody wants it any more: read and drop
+    if (box.upTo && box.received == 0) box.total = h->total, box.upTo = false;
+    box.received += h->length;
+    lane.discarding = true;
+    if (box.received >= box.total) inbox_.erase(it);
+    return true;
+  }
   if (signature && !FrameHeader::isCollective(h->seq) && !FrameHeader::survivesRevocation(h->seq)) {
     box.sent = *signature;
     if (box.request && box.expected && !signaturesAgree(*box.expected, *signature)) {

@@ -14,6 +14,28 @@ bool LaneDevice::pingLocked(MemberId member, uint64_t seq) {
   return true;
 }
 
+bool LaneDevice::checkAlive(MemberId member, int64_t silentMs) {
+  MutexLock lock(mu_);
+  auto it = peers_.find(member);
+  if (it == peers_.end()) return false;
+  Peer& p = it->second;
+  if (p.state == Peer::State::kFailed || p.state == Peer::State::kLeft) return false;
+  if (p.state != Peer::State::kUp) return true;  // a dial has its own deadline
+  const auto now = Clock::now();
+  const auto quarter = std::chrono::milliseconds(std::max<int64_t>(silentMs / 4, 1));
+  if (p.pingSent != Clock::time_point{} && p.lastPong >= p.pingSent) p.pingSent = {};
+  if (p.pingSent == Clock::time_point{}) {
+    if (now - p.lastPong >= quarter && pingLocked(member)) p.pingSent = now;
+    return true;
+  }
+  if (now - p.pingSent < 3 * quarter) return true;
+  failPeerLocked(member, ecclTimeout,
+                 fmt::format("peer {} does not answer (no reply to a liveness ping for {} ms: stopped or hung process?)",
+                             p.label, std::chrono::duration_cast<std::chrono::milliseconds>(now - p.pingSent).count()),
+                 true);
+  return false;
+}
+
 // A ping that names a collective asks what the peer called there: two ranks
 // that disagree without sending each other anything (both think they are
 // the root of a reduce) learn it at the deadline instead of declaring a
@@ -214,24 +236,34 @@ void LaneDevice::markLeftLocked(Peer& p) {
   p.failReason = reason;
   // Its goodbye followed its last data on every lane, so whole messages it
   // sent before leaving stay receivable; only what can never arrive fails.
-  bool needed = false;
+  std::optional<uint64_t> neededFrom;
   for (auto box = inbox_.begin(); box != inbox_.end();) {
     bool lost = box->first.peer == p.id && box->second.received < box->second.total;
-    if (lost && box->second.request) completeLocked(box->second.request, ecclRemoteError, reason), needed = true;
+    if (lost && box->second.request) {
+      completeLocked(box->second.request, ecclRemoteError, reason);
+      uint64_t seq = FrameHeader::isCollective(box->first.seq) ? box->first.seq : 0;
+      neededFrom = std::min(neededFrom.value_or(seq), seq);
+    }
     box = lost ? inbox_.erase(box) : std::next(box);
   }
-  if (needed) leftPeerNeededLocked(p);
+  if (neededFrom) leftPeerNeededLocked(p, *neededFrom);
 }
 
 // An op needed a member that left in order (mid-job, not at its end): the
 // view is broken like after a failure, and everyone must hear it, or ranks
-// waiting on us wait for the deadline.
-void LaneDevice::leftPeerNeededLocked(Peer& p) {
+// waiting on us wait for the deadline. But only from that op on: the member
+// finished every op before it (it left after them), so a slower rank still
+// completing one of those must not lose it. A send or receive that needed
+// it breaks everything (point-to-point traffic has no such order).
+void LaneDevice::leftPeerNeededLocked(Peer& p, uint64_t fromSeq) {
   if (p.leftReported || closing_ || p.role == PeerRole::kCandidate) return;
   p.leftReported = true;
   if (onPeerFailure) onPeerFailure(p.id, ecclRemoteError, p.failReason);
-  revokeLocked(ecclRemoteError, p.failReason);
-  floodNoticeLocked(p.id, p.failReason);
+  revokeLocked(ecclRemoteError, p.failReason, fromSeq);
+  if (fromSeq > 0)
+    floodRevokeLocked(ecclRemoteError, p.failReason, fromSeq);
+  else
+    floodNoticeLocked(p.id, p.failReason);
 }
 
 void LaneDevice::queueControlLocked(Lane& lane, FrameType type, std::vector<uint8_t> payload, bool flush) {

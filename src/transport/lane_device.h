@@ -101,6 +101,7 @@ struct Inbox {
   // Point-to-point call signatures: the receiver's and the sender's.
   std::optional<CallSignature> expected, sent;
   bool upTo = false;    // irecvUpTo: any message of at most `capacity` bytes
+  bool cancelled = false;  // its receive was withdrawn: the message is read and dropped
   size_t capacity = 0;
   uint8_t* base() { return unexpected ? staged.get() : userBuffer; }
 };
@@ -152,6 +153,7 @@ struct Peer {
   std::optional<std::pair<uint64_t, Secret>> credentials;  // job id and secret to dial with
   uint32_t nextLane = 0;
   Clock::time_point lastPong{};  // the peer's progress thread answered a ping
+  Clock::time_point pingSent{};  // checkAlive's ping, until a pong answers it
   bool leftReported = false;     // left in order, then an op needed it
 };
 
@@ -218,6 +220,8 @@ class LaneDevice final : public Device {
         if (lane->conduit && it->second.state != Peer::State::kFailed) readLocked(*lane);
     failPeerLocked(member, code, reason, /*flood=*/true);
   }
+  bool checkAlive(MemberId member, int64_t silentMs) override;
+  void cancel(const RequestPtr& request, const std::string& reason) override;
   void abort(const std::string& reason) override;
   void close(Deadline deadline) override;
   void removePeer(MemberId member) override;
@@ -263,7 +267,8 @@ class LaneDevice final : public Device {
   void acceptOne(Backend& backend, membership::Admitted admitted);
   void installParkedLocked(MemberId member) ECCL_REQUIRES(mu_);
   void dropExpiredParkedLocked() ECCL_REQUIRES(mu_);
-  void leftPeerNeededLocked(Peer& peer) ECCL_REQUIRES(mu_);
+  // fromSeq: the first collective that needed it (0: a send or receive did).
+  void leftPeerNeededLocked(Peer& peer, uint64_t fromSeq) ECCL_REQUIRES(mu_);
   void floodNoticeLocked(MemberId member, const std::string& reason) ECCL_REQUIRES(mu_);
   void discardOrphanedPayloadsLocked() ECCL_REQUIRES(mu_);
   // flush=false: the caller flushes later (a flood queues on every lane

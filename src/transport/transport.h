@@ -112,6 +112,11 @@ class Device {
   // eccl::Error whose message starts with `opName` (unless it is empty) and
   // names the peer; a deadline declares that peer failed.
   virtual void wait(const RequestPtr& request, Deadline deadline, const std::string& opName) = 0;
+  // Withdraws a pending request so the device never touches its buffer
+  // again (a consumer closing a channel with requests in flight, NCCL's
+  // abort): it fails with `reason`. A send partly written finishes from a
+  // copy of the rest; a receive's message, whenever it comes, is discarded.
+  virtual void cancel(const RequestPtr& request, const std::string& reason) = 0;
   // Non-blocking completion test; throws like wait() on failure.
   virtual bool test(const RequestPtr& request, const std::string& opName) = 0;
   // Moves whatever the connections are ready for, without blocking: a
@@ -140,6 +145,13 @@ class Device {
   // Waits until the connections to a member are open, starting them if
   // need be; throws at the deadline.
   virtual void connectNow(MemberId member, Deadline deadline) = 0;
+
+  // Liveness for consumers that test rather than wait (the NCCL plugin),
+  // called while they have requests on `member`: pings it once nothing has
+  // answered for a quarter of `silentMs`, and declares it failed
+  // (ecclTimeout: every request on it fails) when a ping stays unanswered
+  // for three quarters. False once the member is failed or gone.
+  virtual bool checkAlive(MemberId member, int64_t silentMs) = 0;
 
   virtual DeviceStats stats() const = 0;
 

@@ -21,9 +21,9 @@ Secret secretOf(uint8_t byte) {
 }
 
 struct Process {
-  std::unique_ptr<Device> device;
   std::mutex mu;
   std::map<MemberId, uint64_t> arrived;  // peer -> job id it proved
+  std::unique_ptr<Device> device;        // last: its threads report into the above until it is gone
 };
 
 std::unique_ptr<Process> startProcess(MemberId self, std::map<uint64_t, Secret> tokens) {

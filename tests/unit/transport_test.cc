@@ -16,6 +16,7 @@
 #include "common/socket.h"
 #include "common/crypto.h"
 #include "transport/frame.h"
+#include "transport/connect.h"
 #include "transport/device.h"
 #include "transport/backend.h"
 
@@ -30,6 +31,18 @@ std::string partOf(const Device& device, const std::string& backend) {
 }
 
 SockAddr tcpAddress(const Device& device) { return SockAddr::parse(partOf(device, "tcp")); }
+
+// A device on loopback over one back end, of job `job` (secret all ones).
+DeviceOptions loopbackOptions(const std::string& backend, uint64_t job, int lanes, MemberId self = 0) {
+  DeviceOptions o;
+  o.backends = {backend};
+  o.jobId = o.commId = job;
+  o.secret.fill(1);
+  o.lanes = lanes;
+  o.ifname = "lo";
+  o.self = self;
+  return o;
+}
 
 struct Pair {
   std::string failure;  // outlives the devices, whose threads may still report
@@ -229,13 +242,7 @@ FrameHeader dataFrame(uint32_t epoch, uint64_t seq, uint32_t len) {
 
 // Member 3 of job 5, one lane, on loopback: the target of the intruder tests.
 std::unique_ptr<Device> memberThreeDevice() {
-  DeviceOptions o;
-  o.backends = {"tcp"};
-  o.jobId = o.commId = 5;
-  o.secret.fill(1);
-  o.lanes = 1;
-  o.ifname = "lo";
-  o.self = 3;
+  DeviceOptions o = loopbackOptions("tcp", 5, 1, 3);
   return createDevice(o);
 }
 
@@ -244,19 +251,13 @@ std::unique_ptr<Device> memberThreeDevice() {
 // come up meanwhile.
 TEST(TcpDevice, ASilentPeerDelaysNoPostAndNoOtherDial) {
   auto [silentListener, silentAddress] = listenOn(SockAddr::parse("127.0.0.1:0"));
-  DeviceOptions o;
-  o.backends = {"tcp"};
-  o.jobId = o.commId = 5;
-  o.secret.fill(1);
-  o.lanes = 1;
-  o.ifname = "lo";
+  DeviceOptions o = loopbackOptions("tcp", 5, 1);
   o.handshakeTimeoutMs = 4000;
   o.self = 0;
   auto a = createDevice(o);
   o.self = 2;
   auto b = createDevice(o);
-  std::string failure;
-  a->onPeerFailure = [&](MemberId, ecclResult_t, const std::string& why) { failure = why; };
+  a->onPeerFailure = [](MemberId, ecclResult_t, const std::string&) {};
   b->onPeerFailure = [](MemberId, ecclResult_t, const std::string&) {};
   a->addPeer(1, "tcp:" + silentAddress.str(), "rank 1 (silent)");
   a->addPeer(2, b->address(), "rank 2");
@@ -279,6 +280,49 @@ TEST(TcpDevice, ASilentPeerDelaysNoPostAndNoOtherDial) {
     FAIL() << "a send to a silent peer completed";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("rank 1 (silent)"), std::string::npos) << e.what();
+  }
+}
+
+// A member that finished collective 1 and destroyed its communicator
+// breaks the view from the first collective that needs it (2), not before:
+// a slower member still finishing collective 1 with the others keeps it.
+TEST(TcpDevice, ALeaverNeededByALaterCollectiveSparesTheEarlierOne) {
+  DeviceOptions o = loopbackOptions("tcp", 5, 1);
+  std::vector<std::unique_ptr<Device>> d;
+  for (MemberId m = 0; m < 3; ++m) {
+    o.self = m;
+    d.push_back(createDevice(o));
+    d.back()->onPeerFailure = [](MemberId, ecclResult_t, const std::string&) {};
+  }
+  for (MemberId m = 0; m < 3; ++m) {
+    for (MemberId q = 0; q < 3; ++q)
+      if (q != m) d[m]->addPeer(q, d[q]->address(), "rank " + std::to_string(q));
+    d[m]->setEpoch(1);
+  }
+  connectAll(*d[0], {1, 2}, deadlineAfterMs(5000));
+  connectAll(*d[1], {0, 2}, deadlineAfterMs(5000));
+  connectAll(*d[2], {0, 1}, deadlineAfterMs(5000));
+  int32_t fromLeaver = 0, fromZero = 0, x = 7, late = 0;
+  auto r0 = d[0]->irecv(2, 1, 0, &fromLeaver, 4);
+  d[2]->wait(d[2]->isend(0, 1, 0, &x, 4), deadlineAfterMs(5000), "send");
+  d[0]->wait(r0, deadlineAfterMs(5000), "recv");
+  auto slow = d[1]->irecv(0, 1, 0, &fromZero, 4);  // rank 1 is still in collective 1
+  d[2]->close(deadlineAfterMs(200));
+  d[2].reset();
+  // Rank 0 needs the leaver for collective 2.
+  auto needs = d[0]->irecv(2, 2, 0, &late, 4);
+  EXPECT_THROW(d[0]->wait(needs, deadlineAfterMs(5000), "recv"), Error);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // its revocation reaches rank 1
+  d[0]->wait(d[0]->isend(1, 1, 0, &x, 4), deadlineAfterMs(5000), "send");
+  d[1]->wait(slow, deadlineAfterMs(5000), "recv");  // collective 1 completes
+  EXPECT_EQ(fromZero, 7);
+  auto later = d[1]->irecv(0, 2, 0, &late, 4);
+  try {
+    d[1]->wait(later, deadlineAfterMs(5000), "recv");
+    FAIL() << "collective 2 survived the leaver";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 2"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("has left"), std::string::npos) << e.what();
   }
 }
 
@@ -417,16 +461,10 @@ TEST(ShmDevice, WrongSecretOnTheLocalSocketIsRejected) {
 // Forcing shared memory to a member it cannot reach (here: a member id with
 // no local socket) is a clear error, not a silent TCP fallback.
 TEST(ShmDevice, ForcedSharedMemoryToAnUnreachableMemberFailsClearly) {
-  DeviceOptions o;
-  o.backends = {"shm"};
-  o.jobId = o.commId = 6;
-  o.secret.fill(1);
-  o.lanes = 1;
-  o.ifname = "lo";
-  o.self = 0;
+  DeviceOptions o = loopbackOptions("shm", 6, 1, 0);
   o.handshakeTimeoutMs = 1000;
+  std::string failure;  // declared first: outlives the device's threads
   auto dev = createDevice(o);
-  std::string failure;
   dev->onPeerFailure = [&](MemberId, ecclResult_t, const std::string& why) { failure = why; };
   dev->addPeer(1, "tcp:127.0.0.1:1", "rank 1");
   dev->setEpoch(1);

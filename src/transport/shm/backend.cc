@@ -117,11 +117,12 @@ ShmBackend::ShmBackend(const BackendOptions& options) : opt_(options) {
                  "shared-memory ring size {} must be a power of two between 4 KiB and 1 GiB", opt_.ringBytes);
   listenFd_.reset(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!listenFd_) fail(ecclSystemError, "shared memory: socket(AF_UNIX): {}", strerror(errno));
-  // 128 random bits: unique among the namespace's live listeners whatever
-  // ids two jobs chose, and unguessable.
-  uint64_t nonce[2];
-  randomBytes(nonce, sizeof(nonce));
-  socketName_ = fmt::format("eccl-{:016x}{:016x}", nonce[0], nonce[1]);
+  // 64 random bits: unique among the namespace's live listeners whatever
+  // ids two jobs chose (a clash fails bind, it never aliases), and short:
+  // the address travels in NCCL's 128-byte handles.
+  uint64_t nonce;
+  randomBytes(&nonce, sizeof(nonce));
+  socketName_ = fmt::format("eccl-{:016x}", nonce);
   socklen_t len;
   sockaddr_un a = abstractAddress(socketName_, &len);
   if (::bind(listenFd_.get(), reinterpret_cast<sockaddr*>(&a), len) != 0 || ::listen(listenFd_.get(), 512) != 0)

@@ -1,0 +1,591 @@
+#include "net_plugin/engine.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "common/params.h"
+#include "net_plugin/handle.h"
+#include "transport/backend.h"
+#include "transport/frame.h"
+
+namespace eccl::netplugin {
+namespace {
+
+using transport::Device;
+using transport::MemberId;
+using transport::Request;
+using transport::RequestPtr;
+
+// Device addressing. Every message of the plugin is point to point; the
+// kind sits under the p2p bit so the three sequences never meet:
+//   control (open, refuse): tag 0, a counter per direction of a link;
+//   clear-to-send of channel c, group g: tag c | kCtsTag, seq g;
+//   data of channel c, group g, buffer i: tag c, seq g * kMaxRecvs + i.
+constexpr uint64_t kControlSeq = transport::FrameHeader::kP2pBit | (1ull << 56);
+constexpr uint64_t kCtsSeq = transport::FrameHeader::kP2pBit | (2ull << 56);
+constexpr uint64_t kDataSeq = transport::FrameHeader::kP2pBit | (3ull << 56);
+constexpr uint32_t kControlTag = 0;
+constexpr uint32_t kCtsTag = 1u << 31;
+constexpr uint64_t kCommId = 0x504c4e4c43434545;  // every plugin device's frames: "EECCLNLP"
+constexpr int kCtsAhead = kMaxRequests;           // clear-to-send receives a sender keeps posted
+
+enum class ControlType : uint32_t { kOpen = 1, kRefuse = 2 };
+
+struct ControlMessage {
+  uint32_t type = 0;
+  uint32_t channel = 0;
+  uint64_t listenId = 0;
+  uint64_t from = 0, to = 0;  // the processes, as the proof binds them
+  Mac proof{};
+};
+static_assert(sizeof(ControlMessage) == 64);
+
+struct ClearToSend {
+  uint64_t group = 0;
+  int32_t n = 0;
+  int32_t reserved = 0;
+  int32_t tags[kMaxRecvs] = {};
+  uint64_t sizes[kMaxRecvs] = {};
+};
+
+Mac openProof(const Secret& token, const ControlMessage& m) {
+  ControlMessage bound = m;
+  bound.proof = {};
+  return hmacSha256(token, &bound, sizeof(bound));
+}
+
+thread_local std::string t_lastError;
+
+}  // namespace
+
+// A remote process and the lanes to it (one device peer).
+struct Link {
+  MemberId peer = 0;     // the device's name for it (inbound or outbound)
+  uint64_t process = 0;  // the remote process's own id
+  bool lanesUp = false;  // once, so opens count as new or pooled
+  uint32_t nextChannel = 1;
+  uint64_t controlSent = 0, controlExpected = 0;
+  RequestPtr controlRecv;
+  ControlMessage controlIn;
+  std::vector<std::unique_ptr<ControlMessage>> controlOut;  // alive until their sends complete
+  std::vector<RequestPtr> controlOutRequests;
+  int channels = 0;
+  Clock::time_point idleSince = Clock::now();
+  std::string failure;                    // the process failed or went away
+  std::map<uint32_t, std::string> refused;  // our channels the listener refused
+};
+
+struct Channel {
+  Link* link = nullptr;
+  uint32_t id = 0;
+  bool sender = false;
+  int inflight = 0;
+  std::string failure;  // refused, or closed under it
+  // Sender: clear-to-send receives for groups [group, ctsPosted).
+  uint64_t group = 0, ctsPosted = 0;
+  std::deque<std::pair<RequestPtr, std::unique_ptr<ClearToSend>>> cts;
+  uint32_t usedSlots = 0;  // of the current group
+  // Receiver.
+  uint64_t nextGroup = 0;
+  std::vector<PluginRequest*> requests;  // in flight, NCCL's until test() says done
+};
+
+struct ListenComm {
+  uint64_t listenId = 0;
+  Secret token{};
+  std::deque<Channel*> ready;
+};
+
+struct PluginRequest {
+  Channel* channel = nullptr;
+  int n = 0;
+  RequestPtr parts[kMaxRecvs];
+  RequestPtr ctsSend;  // a receive's clear-to-send
+  std::unique_ptr<ClearToSend> ctsMessage;
+};
+
+struct Engine::Impl {
+  std::unique_ptr<Device> device;
+  uint32_t lanes = 1;
+  int64_t poolIdleMs = 60000;
+  Mutex mu;
+  std::map<MemberId, std::unique_ptr<Link>> links ECCL_GUARDED_BY(mu);
+  std::map<uint64_t, ListenComm*> listens ECCL_GUARDED_BY(mu);
+  std::map<std::pair<uint64_t, uint64_t>, bool> connecting ECCL_GUARDED_BY(mu);  // (process, listen id)
+  EngineStats stats ECCL_GUARDED_BY(mu);
+  // Filled by the device's callbacks (under the device's lock): a leaf mutex.
+  std::mutex eventsMu;
+  std::vector<MemberId> arrived;
+  std::vector<std::pair<MemberId, std::string>> failed;
+
+  Link& addLinkLocked(MemberId peer, uint64_t process) ECCL_REQUIRES(mu);
+  Link* linkToLocked(uint64_t process) ECCL_REQUIRES(mu);
+  void pumpLocked() ECCL_REQUIRES(mu);
+  void postControlRecvLocked(Link& link) ECCL_REQUIRES(mu);
+  void sendControlLocked(Link& link, const ControlMessage& m) ECCL_REQUIRES(mu);
+  void onControlLocked(Link& link, const ControlMessage& m) ECCL_REQUIRES(mu);
+  void reapIdleLocked() ECCL_REQUIRES(mu);
+};
+
+namespace {
+
+Status fromError(const Error& e) {
+  t_lastError = e.what();
+  switch (e.code()) {
+    case ecclInvalidArgument: return Status::kInvalidArgument;
+    case ecclInvalidUsage: return Status::kInvalidUsage;
+    case ecclSystemError: return Status::kSystemError;
+    case ecclInternalError: return Status::kInternalError;
+    default: return Status::kRemoteError;  // a peer failed, timed out, refused us, or left
+  }
+}
+
+template <typename F>
+Status guarded(F&& body) {
+  try {
+    body();
+    return Status::kOk;
+  } catch (const Error& e) {
+    return fromError(e);
+  } catch (const std::bad_alloc&) {
+    t_lastError = "out of memory";
+    return Status::kSystemError;
+  } catch (const std::exception& e) {
+    t_lastError = e.what();
+    return Status::kInternalError;
+  }
+}
+
+}  // namespace
+
+Engine& Engine::get() {
+  // Built once and never freed: the pool must outlive every communicator,
+  // and NCCL may unload the plugin while another one still uses it.
+  static Engine* engine = [] {
+    transport::DeviceOptions o;
+    do randomBytes(&o.self, sizeof(o.self));
+    while ((o.self & ~Device::kInboundPeerBit) == 0);
+    o.self &= ~Device::kInboundPeerBit;
+    o.commId = kCommId;
+    o.lanes = static_cast<int>(params::socketsPerPeer());
+    o.stripeMinBytes = params::stripeMinBytes();
+    o.handshakeTimeoutMs = std::min<int64_t>(params::handshakeTimeoutMs(), params::timeoutMs());
+    o.ifname = params::socketIfname();
+    o.pinProgressThread = false;  // NCCL places its own threads
+    if (std::string choice = params::transport(); choice != "auto") o.backends = transport::parseBackendList(choice);
+    o.ringBytes = static_cast<size_t>(params::shmRingBytes());
+    o.peersFromConnections = true;
+    return new Engine(o);
+  }();
+  return *engine;
+}
+
+Engine::Engine(const transport::DeviceOptions& options) : impl_(std::make_unique<Impl>()), timeoutMs_(params::timeoutMs()) {
+  Impl* impl = impl_.get();
+  impl->poolIdleMs = params::netPoolIdleMs();
+  impl->lanes = static_cast<uint32_t>(options.lanes);
+  transport::DeviceOptions o = options;
+  // Dials prove a live listen comm's token; the lookup reads the listen
+  // table under the engine's lock, which the gate's thread may take (the
+  // engine never waits for the gate while holding it).
+  o.acceptSecrets = [impl](uint64_t listenId) -> std::optional<Secret> {
+    MutexLock lock(impl->mu);
+    auto it = impl->listens.find(listenId);
+    return it == impl->listens.end() ? std::nullopt : std::optional<Secret>(it->second->token);
+  };
+  impl->device = transport::createDevice(o);
+  impl->device->setEpoch(1);
+  impl->device->onPeerArrived = [impl](MemberId peer, uint64_t) {
+    std::lock_guard<std::mutex> lock(impl->eventsMu);
+    impl->arrived.push_back(peer);
+  };
+  impl->device->onPeerFailure = [impl](MemberId peer, ecclResult_t, const std::string& why) {
+    std::lock_guard<std::mutex> lock(impl->eventsMu);
+    impl->failed.emplace_back(peer, why);
+  };
+  log::info("net plugin: process {:016x} at {}", o.self, impl->device->address());
+}
+
+Engine::~Engine() = default;
+
+std::string Engine::lastError() { return t_lastError; }
+
+Link& Engine::Impl::addLinkLocked(MemberId peer, uint64_t process) {
+  auto& slot = links[peer];
+  slot = std::make_unique<Link>();
+  slot->peer = peer;
+  slot->process = process;
+  postControlRecvLocked(*slot);
+  stats.linksOpen = links.size();
+  return *slot;
+}
+
+// Lanes to a process in either direction serve any channel to it.
+Link* Engine::Impl::linkToLocked(uint64_t process) {
+  for (MemberId id : {process, Device::inboundPeer(process)}) {
+    auto it = links.find(id);
+    if (it != links.end() && it->second->failure.empty() && device->hasPeer(id)) return it->second.get();
+  }
+  return nullptr;
+}
+
+void Engine::Impl::postControlRecvLocked(Link& link) {
+  link.controlRecv = device->irecv(link.peer, kControlSeq | link.controlExpected, kControlTag, &link.controlIn,
+                                   sizeof(link.controlIn));
+}
+
+void Engine::Impl::sendControlLocked(Link& link, const ControlMessage& m) {
+  auto owned = std::make_unique<ControlMessage>(m);
+  link.controlOutRequests.push_back(
+      device->isend(link.peer, kControlSeq | link.controlSent++, kControlTag, owned.get(), sizeof(*owned)));
+  link.controlOut.push_back(std::move(owned));
+}
+
+void Engine::Impl::onControlLocked(Link& link, const ControlMessage& m) {
+  const std::string who = fmt::format("process {:016x}", link.process);
+  if (m.type == static_cast<uint32_t>(ControlType::kOpen)) {
+    auto it = listens.find(m.listenId);
+    std::string refusal;
+    if (it == listens.end())
+      refusal = fmt::format("listen comm {:016x} is closed or never existed here (a stale handle)", m.listenId);
+    else if (m.to != device->self() || m.from != link.process || !macEqual(m.proof, openProof(it->second->token, m)))
+      refusal = fmt::format("its proof of listen comm {:016x}'s token is wrong (a forged or stale handle)", m.listenId);
+    if (!refusal.empty()) {
+      log::warn("net plugin: refused channel {} from {}: {}", m.channel, who, refusal);
+      ControlMessage no;
+      no.type = static_cast<uint32_t>(ControlType::kRefuse);
+      no.channel = m.channel;
+      no.from = device->self();
+      no.to = link.process;
+      sendControlLocked(link, no);
+      return;
+    }
+    auto* channel = new Channel;
+    channel->link = &link;
+    channel->id = m.channel;
+    link.channels++;
+    it->second->ready.push_back(channel);
+    return;
+  }
+  if (m.type == static_cast<uint32_t>(ControlType::kRefuse)) {
+    // The lanes are fine; only that channel is refused.
+    link.refused[m.channel] = fmt::format("{} refused the connection (a wrong token, or its listen comm is closed)", who);
+    log::warn("net plugin: {}", link.refused[m.channel]);
+    return;
+  }
+  log::warn("net plugin: {} sent an unknown control message (type {}); ignored", who, m.type);
+}
+
+// Applies what the device reported, reads control messages, and retires
+// finished control sends. Every entry point runs it first.
+void Engine::Impl::pumpLocked() {
+  std::vector<MemberId> newPeers;
+  std::vector<std::pair<MemberId, std::string>> failures;
+  {
+    std::lock_guard<std::mutex> lock(eventsMu);
+    newPeers.swap(arrived);
+    failures.swap(failed);
+  }
+  for (MemberId peer : newPeers) {
+    if (auto it = links.find(peer); it != links.end() && it->second->failure.empty()) continue;
+    addLinkLocked(peer, peer & ~Device::kInboundPeerBit).lanesUp = true;
+  }
+  for (auto& [peer, why] : failures) {
+    auto it = links.find(peer);
+    if (it == links.end() || !it->second->failure.empty()) continue;
+    it->second->failure = why;
+    log::warn("net plugin: lanes to process {:016x} failed: {}", it->second->process, why);
+  }
+  for (auto& [peer, link] : links) {
+    if (!link->failure.empty()) continue;
+    while (link->controlRecv && link->controlRecv->state.load() == Request::kDone) {
+      ControlMessage m = link->controlIn;
+      link->controlExpected++;
+      postControlRecvLocked(*link);
+      onControlLocked(*link, m);
+    }
+    for (size_t i = 0; i < link->controlOutRequests.size();) {
+      if (link->controlOutRequests[i]->state.load() == Request::kPending) {
+        ++i;
+        continue;
+      }
+      link->controlOutRequests.erase(link->controlOutRequests.begin() + static_cast<long>(i));
+      link->controlOut.erase(link->controlOut.begin() + static_cast<long>(i));
+    }
+  }
+  reapIdleLocked();
+}
+
+// Pooled lanes nobody has used for a while are closed (the device says
+// goodbye on them, so the other side closes its end quietly).
+void Engine::Impl::reapIdleLocked() {
+  const auto now = Clock::now();
+  for (auto it = links.begin(); it != links.end();) {
+    Link& link = *it->second;
+    bool idle = link.channels == 0 && now - link.idleSince >= std::chrono::milliseconds(poolIdleMs);
+    bool dead = !link.failure.empty() && link.channels == 0;
+    if (!idle && !dead) {
+      ++it;
+      continue;
+    }
+    if (idle) log::info("net plugin: closing idle pooled lanes to process {:016x}", link.process);
+    device->removePeer(link.peer);
+    it = links.erase(it);
+  }
+  stats.linksOpen = links.size();
+}
+
+Status Engine::listen(void* handle, ListenComm** comm) {
+  return guarded([&] {
+    ECCL_CHECK_ARG(handle && comm, "listen: handle and listenComm must not be null");
+    auto listen = std::make_unique<ListenComm>();
+    do randomBytes(&listen->listenId, sizeof(listen->listenId));
+    while (listen->listenId == 0);
+    randomBytes(listen->token.data(), listen->token.size());
+    ListenHandle h{impl_->device->self(), listen->listenId, listen->token, impl_->device->address()};
+    encodeHandle(h, handle);
+    MutexLock lock(impl_->mu);
+    impl_->listens[listen->listenId] = listen.get();
+    *comm = listen.release();
+  });
+}
+
+Status Engine::connect(const void* handle, Channel** comm) {
+  return guarded([&] {
+    ECCL_CHECK_ARG(handle && comm, "connect: handle and sendComm must not be null");
+    *comm = nullptr;
+    ListenHandle h;
+    std::string why;
+    if (!decodeHandle(handle, &h, &why)) fail(ecclInvalidArgument, "connect: {}", why);
+    if (h.process == 0 || (h.process & Device::kInboundPeerBit))
+      fail(ecclInvalidArgument, "connect: listen handle names no process");
+    MutexLock lock(impl_->mu);
+    impl_->pumpLocked();
+    Link* link = impl_->linkToLocked(h.process);
+    if (!link) {
+      if (auto old = impl_->links.find(h.process); old != impl_->links.end()) {
+        // Lanes that failed or were closed: dial anew (a new peer entry).
+        if (old->second->channels > 0 && !old->second->failure.empty())
+          fail(ecclRemoteError, "connect: process {:016x} failed: {}", h.process, old->second->failure);
+        impl_->device->removePeer(h.process);
+        impl_->links.erase(old);
+      }
+      impl_->device->addPeer(h.process, h.address, fmt::format("process {:016x}", h.process),
+                             Device::PeerRole::kCandidate);
+      impl_->device->setPeerCredentials(h.process, h.listenId, h.token);
+      impl_->device->startConnect(h.process);
+      link = &impl_->addLinkLocked(h.process, h.process);
+    }
+    if (!link->lanesUp) {
+      if (!impl_->device->checkAlive(link->peer, timeoutMs_))
+        fail(ecclRemoteError, "connect: process {:016x} could not be reached: {}", h.process, link->failure);
+      if (impl_->device->lanesUp(link->peer) < impl_->lanes) return;  // still dialing: NCCL calls again
+      link->lanesUp = true;
+      impl_->stats.channelsOpened++;
+    } else {
+      impl_->stats.channelsReused++;
+    }
+    ControlMessage open;
+    open.type = static_cast<uint32_t>(ControlType::kOpen);
+    open.channel = link->nextChannel++;
+    open.listenId = h.listenId;
+    open.from = impl_->device->self();
+    open.to = h.process;
+    open.proof = openProof(h.token, open);
+    impl_->sendControlLocked(*link, open);
+    auto* channel = new Channel;
+    channel->link = link;
+    channel->id = open.channel;
+    channel->sender = true;
+    link->channels++;
+    *comm = channel;
+  });
+}
+
+Status Engine::accept(ListenComm* listen, Channel** comm) {
+  return guarded([&] {
+    ECCL_CHECK_ARG(listen && comm, "accept: listenComm and recvComm must not be null");
+    MutexLock lock(impl_->mu);
+    impl_->pumpLocked();
+    *comm = nullptr;
+    if (listen->ready.empty()) return;
+    *comm = listen->ready.front();
+    listen->ready.pop_front();
+  });
+}
+
+namespace {
+
+// Why a channel can carry nothing more, or empty.
+std::string channelFailure(const Channel& c) {
+  if (!c.failure.empty()) return c.failure;
+  if (!c.link->failure.empty()) return c.link->failure;
+  if (auto it = c.link->refused.find(c.id); c.sender && it != c.link->refused.end()) return it->second;
+  return {};
+}
+
+}  // namespace
+
+Status Engine::isend(Channel* comm, const void* data, size_t size, int tag, PluginRequest** request) {
+  return guarded([&] {
+    ECCL_CHECK_ARG(comm && request && comm->sender, "isend: not a send comm");
+    ECCL_CHECK_ARG(data || size == 0, "isend: null data for {} bytes", size);
+    *request = nullptr;
+    MutexLock lock(impl_->mu);
+    impl_->pumpLocked();
+    if (std::string why = channelFailure(*comm); !why.empty()) fail(ecclRemoteError, "isend: {}", why);
+    if (comm->inflight >= kMaxRequests) return;
+    Link& link = *comm->link;
+    while (comm->ctsPosted < comm->group + kCtsAhead) {
+      auto cts = std::make_unique<ClearToSend>();
+      RequestPtr r = impl_->device->irecv(link.peer, kCtsSeq | comm->ctsPosted, comm->id | kCtsTag, cts.get(),
+                                          sizeof(ClearToSend));
+      comm->cts.emplace_back(std::move(r), std::move(cts));
+      comm->ctsPosted++;
+    }
+    auto& [ctsRequest, cts] = comm->cts.front();
+    if (ctsRequest->state.load() == Request::kPending) return;  // the receiver has not asked yet
+    if (ctsRequest->state.load() == Request::kFailed) fail(ecclRemoteError, "isend: {}", ctsRequest->error);
+    if (cts->group != comm->group || cts->n < 1 || cts->n > kMaxRecvs)
+      fail(ecclRemoteError, "isend: malformed clear-to-send from process {:016x} (group {}, {} buffers)", link.process,
+           cts->group, cts->n);
+    int slot = -1;
+    for (int i = 0; i < cts->n && slot < 0; ++i)
+      if (cts->tags[i] == tag && !(comm->usedSlots & (1u << i))) slot = i;
+    if (slot < 0)
+      fail(ecclInvalidUsage, "isend: tag {} matches no buffer of the receive it meets (group {}: {} buffers)", tag,
+           comm->group, cts->n);
+    if (size > cts->sizes[slot])
+      fail(ecclInvalidUsage, "isend: {} bytes for a receive of {} (tag {})", size, cts->sizes[slot], tag);
+    auto req = std::make_unique<PluginRequest>();
+    req->channel = comm;
+    req->n = 1;
+    req->parts[0] = impl_->device->isend(link.peer, kDataSeq | (comm->group * kMaxRecvs + slot), comm->id, data, size);
+    comm->usedSlots |= 1u << slot;
+    if (comm->usedSlots == (1u << cts->n) - 1) {
+      comm->cts.pop_front();
+      comm->group++;
+      comm->usedSlots = 0;
+    }
+    comm->inflight++;
+    comm->requests.push_back(req.get());
+    *request = req.release();
+  });
+}
+
+Status Engine::irecv(Channel* comm, int n, void** data, const size_t* sizes, const int* tags,
+                     PluginRequest** request) {
+  return guarded([&] {
+    ECCL_CHECK_ARG(comm && request && !comm->sender, "irecv: not a receive comm");
+    ECCL_CHECK_ARG(n >= 1 && n <= kMaxRecvs, "irecv: {} buffers; 1 to {} can be grouped", n, kMaxRecvs);
+    ECCL_CHECK_ARG(data && sizes && tags, "irecv: null buffers, sizes or tags");
+    *request = nullptr;
+    MutexLock lock(impl_->mu);
+    impl_->pumpLocked();
+    if (std::string why = channelFailure(*comm); !why.empty()) fail(ecclRemoteError, "irecv: {}", why);
+    if (comm->inflight >= kMaxRequests) return;
+    Link& link = *comm->link;
+    auto req = std::make_unique<PluginRequest>();
+    req->channel = comm;
+    req->n = n;
+    req->ctsMessage = std::make_unique<ClearToSend>();
+    ClearToSend& cts = *req->ctsMessage;
+    cts.group = comm->nextGroup++;
+    cts.n = n;
+    for (int i = 0; i < n; ++i) {
+      ECCL_CHECK_ARG(data[i] || sizes[i] == 0, "irecv: null buffer {} of {} bytes", i, sizes[i]);
+      cts.tags[i] = tags[i];
+      cts.sizes[i] = sizes[i];
+      req->parts[i] = impl_->device->irecvUpTo(link.peer, kDataSeq | (cts.group * kMaxRecvs + i), comm->id, data[i],
+                                               sizes[i]);
+    }
+    req->ctsSend = impl_->device->isend(link.peer, kCtsSeq | cts.group, comm->id | kCtsTag, &cts, sizeof(cts));
+    comm->inflight++;
+    comm->requests.push_back(req.get());
+    *request = req.release();
+  });
+}
+
+Status Engine::test(PluginRequest* request, int* done, int* sizes) {
+  return guarded([&] {
+    ECCL_CHECK_ARG(request && done, "test: null request or done");
+    MutexLock lock(impl_->mu);
+    *done = 0;
+    Channel& comm = *request->channel;
+    // Pending, or throws the first failure (NCCL gives up on the whole
+    // communicator at the first one).
+    auto pending = [&] {
+      bool any = request->ctsSend && request->ctsSend->state.load() == Request::kPending;
+      if (request->ctsSend && request->ctsSend->state.load() == Request::kFailed)
+        throw Error(ecclRemoteError, request->ctsSend->error);
+      for (const RequestPtr* part = request->parts; part != request->parts + request->n; ++part) {
+        int state = (*part)->state.load();
+        if (state == Request::kFailed)
+          throw Error((*part)->code == ecclInvalidUsage ? ecclInvalidUsage : ecclRemoteError, (*part)->error);
+        any = any || state == Request::kPending;
+      }
+      return any;
+    };
+    if (pending()) {
+      // A stopped process never closes its lanes: a liveness ping finds it.
+      if (impl_->device->checkAlive(comm.link->peer, timeoutMs_)) return;
+      // The device read everything the peer sent before it failed, and
+      // failed what was left: the states are final now.
+      if (pending()) {
+        impl_->pumpLocked();
+        fail(ecclRemoteError, "process {:016x} failed: {}", comm.link->process,
+             comm.link->failure.empty() ? "its lanes are gone" : comm.link->failure);
+      }
+    }
+    if (sizes)
+      for (int i = 0; i < request->n; ++i) sizes[i] = static_cast<int>(request->parts[i]->bytes);
+    *done = 1;
+    comm.inflight--;
+    std::erase(comm.requests, request);
+    delete request;
+  });
+}
+
+Status Engine::closeChannel(Channel* comm) {
+  return guarded([&] {
+    ECCL_CHECK_ARG(comm, "close: null comm");
+    MutexLock lock(impl_->mu);
+    Link& link = *comm->link;
+    // NCCL's abort closes comms with requests in flight and frees their
+    // buffers: the device must let go of them first.
+    for (PluginRequest* r : comm->requests) {
+      for (int i = 0; i < r->n; ++i) impl_->device->cancel(r->parts[i], "the comm was closed");
+      if (r->ctsSend) impl_->device->cancel(r->ctsSend, "the comm was closed");
+      delete r;
+    }
+    for (auto& [ctsRequest, cts] : comm->cts) impl_->device->cancel(ctsRequest, "the comm was closed");
+    if (--link.channels == 0) link.idleSince = Clock::now();
+    link.refused.erase(comm->id);
+    delete comm;
+    impl_->pumpLocked();
+  });
+}
+
+Status Engine::closeListen(ListenComm* listen) {
+  return guarded([&] {
+    ECCL_CHECK_ARG(listen, "closeListen: null listen comm");
+    MutexLock lock(impl_->mu);
+    impl_->listens.erase(listen->listenId);
+    for (Channel* c : listen->ready) {
+      c->link->channels--;
+      delete c;
+    }
+    delete listen;
+  });
+}
+
+EngineStats Engine::stats() {
+  MutexLock lock(impl_->mu);
+  EngineStats s = impl_->stats;
+  s.connectionsOpened = impl_->device->stats().connectionsOpened;
+  return s;
+}
+
+}  // namespace eccl::netplugin

@@ -1,0 +1,91 @@
+// The one internal API under every ncclNet_vN adapter: NCCL's plugin
+// contract over eccl's transport, for the whole process.
+//
+// Connections are the transport device's lanes to a remote process, keyed
+// by that process (never by NCCL's communicator): a comm is a one-way
+// channel over them. closeSend/closeRecv close only the channel; the lanes
+// stay pooled, so a re-created communicator reuses them, and a process
+// whose lanes to us exist in either direction is reached over those. Lanes
+// nobody used for ECCL_NET_POOL_IDLE_MS are closed.
+//
+// Channel protocol (tags and sequence numbers on the device, see engine.cc):
+//  - open: the connector sends an open message over the lanes naming the
+//    listen comm and proving its token (HMAC), for new and pooled lanes
+//    alike; the listener's accept() hands out the comm or refuses the open;
+//  - data: each irecv (1 to kMaxRecvs buffers with tags) sends the sender a
+//    clear-to-send with the tags and sizes; isend waits (returns no request)
+//    until the clear-to-send for its group has come, then sends straight
+//    into the posted buffer: no message is ever unexpected, and a slow
+//    receiver holds its sender back instead of failing it.
+//
+// Threads: NCCL calls in from its proxy and main threads; one mutex guards
+// the engine. The device's callbacks only queue events under their own.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/crypto.h"
+#include "common/mutex.h"
+#include "transport/device.h"
+
+namespace eccl::netplugin {
+
+constexpr int kMaxRecvs = 8;
+constexpr int kMaxRequests = 32;  // NCCL_NET_MAX_REQUESTS, per comm
+
+struct Link;
+struct Channel;
+struct ListenComm;
+struct PluginRequest;
+
+// Also exported as ecclNetPluginStats (plugin.cc) for tests and tools.
+struct EngineStats {
+  uint64_t connectionsOpened = 0;  // lanes the device opened (dialed or accepted)
+  uint64_t channelsOpened = 0, channelsReused = 0;  // connects over new lanes, over pooled ones
+  uint64_t linksOpen = 0;          // processes with pooled lanes
+};
+
+// What an engine call reports to its adapter: NCCL's result codes.
+enum class Status { kOk = 0, kSystemError = 2, kInternalError = 3, kInvalidArgument = 4, kInvalidUsage = 5,
+                    kRemoteError = 6 };
+
+class Engine {
+ public:
+  // The process's engine, started on first use; never destroyed (NCCL may
+  // unload and reload the plugin, and the pool outlives that).
+  static Engine& get();
+  explicit Engine(const transport::DeviceOptions& options);
+  ~Engine();
+
+  // The last failure's message, for the adapter's log line.
+  static std::string lastError();
+
+  Status listen(void* handle, ListenComm** comm);
+  // *comm stays null until the lanes are up and the open is sent: call again.
+  Status connect(const void* handle, Channel** comm);
+  Status accept(ListenComm* listen, Channel** comm);  // null: nothing yet
+  // *request stays null when the receiver has not asked for this message
+  // yet (or 32 are in flight): call again.
+  Status isend(Channel* comm, const void* data, size_t size, int tag, PluginRequest** request);
+  Status irecv(Channel* comm, int n, void** data, const size_t* sizes, const int* tags, PluginRequest** request);
+  // sizes: one per buffer of the request (received bytes), or null.
+  Status test(PluginRequest* request, int* done, int* sizes);
+  Status closeChannel(Channel* comm);
+  Status closeListen(ListenComm* listen);
+
+  EngineStats stats();
+  int64_t timeoutMs() const { return timeoutMs_; }
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  int64_t timeoutMs_;
+};
+
+}  // namespace eccl::netplugin
