@@ -446,6 +446,7 @@ Status Engine::isend(Channel* comm, const void* data, size_t size, int tag, Plug
       comm->ctsPosted++;
     }
     auto& [ctsRequest, cts] = comm->cts.front();
+    if (ctsRequest->state.load() == Request::kPending) impl_->device->poll();
     if (ctsRequest->state.load() == Request::kPending) return;  // the receiver has not asked yet
     if (ctsRequest->state.load() == Request::kFailed) fail(ecclRemoteError, "isend: {}", ctsRequest->error);
     if (cts->group != comm->group || cts->n < 1 || cts->n > kMaxRecvs)
@@ -511,6 +512,9 @@ Status Engine::irecv(Channel* comm, int n, void** data, const size_t* sizes, con
 Status Engine::test(PluginRequest* request, int* done, int* sizes) {
   return guarded([&] {
     ECCL_CHECK_ARG(request && done, "test: null request or done");
+    // NCCL's proxy thread calls test in a loop: it moves the bytes itself
+    // rather than waiting for the device's progress thread to wake.
+    impl_->device->poll();
     MutexLock lock(impl_->mu);
     *done = 0;
     Channel& comm = *request->channel;

@@ -157,7 +157,8 @@ void LaneDevice::discardOrphanedPayloadsLocked() {
       lane->discarding = true;
 }
 
-void LaneDevice::failPeerLocked(MemberId member, ecclResult_t code, const std::string& reason, bool flood) {
+void LaneDevice::failPeerLocked(MemberId member, ecclResult_t code, const std::string& reason, bool flood,
+                                uint64_t fromSeq) {
   auto it = peers_.find(member);
   if (it == peers_.end()) return;
   Peer& p = it->second;
@@ -174,7 +175,10 @@ void LaneDevice::failPeerLocked(MemberId member, ecclResult_t code, const std::s
     closeLaneLocked(*lane);
   }
   for (auto box = inbox_.begin(); box != inbox_.end();) {
-    if (box->first.peer != member) {
+    // A whole message that came before the failure, not yet asked for, is
+    // kept: the op it belongs to may be one the failure does not revoke.
+    bool arrived = !box->second.request && box->second.received == box->second.total;
+    if (box->first.peer != member || arrived) {
       ++box;
       continue;
     }
@@ -192,15 +196,15 @@ void LaneDevice::failPeerLocked(MemberId member, ecclResult_t code, const std::s
     return;  // not in the view: the coordinator decides what its loss means
   }
   if (onPeerFailure) onPeerFailure(member, code, reason);
-  revokeLocked(code == ecclTimeout ? ecclTimeout : ecclRemoteError, reason);
-  if (flood) floodNoticeLocked(member, reason);
+  revokeLocked(code == ecclTimeout ? ecclTimeout : ecclRemoteError, reason, fromSeq);
+  if (flood) floodNoticeLocked(member, reason, fromSeq);
 }
 
 // Tells everyone we are connected to, so ranks that wait on a live
 // neighbour of the failed member learn its name at once.
 // Every notice is queued before any is written: writing to a peer that
 // has gone fails that peer, whose own notice must then come second.
-void LaneDevice::floodNoticeLocked(MemberId member, const std::string& reason) {
+void LaneDevice::floodNoticeLocked(MemberId member, const std::string& reason, uint64_t fromSeq) {
   std::vector<Lane*> queued;
   for (auto& [id, other] : peers_) {
     if (id == member || other.state == Peer::State::kFailed || other.lanes.empty() ||
@@ -208,9 +212,10 @@ void LaneDevice::floodNoticeLocked(MemberId member, const std::string& reason) {
       continue;
     Lane& lane = *other.lanes[0];
     if (!lane.conduit) continue;
-    std::vector<uint8_t> payload(8 + reason.size());
+    std::vector<uint8_t> payload(16 + reason.size());
     std::memcpy(payload.data(), &member, 8);
-    std::memcpy(payload.data() + 8, reason.data(), reason.size());
+    std::memcpy(payload.data() + 8, &fromSeq, 8);
+    std::memcpy(payload.data() + 16, reason.data(), reason.size());
     if (payload.size() > FrameHeader::kMaxControlPayload) payload.resize(FrameHeader::kMaxControlPayload);
     queueControlLocked(lane, FrameType::kNotice, std::move(payload), /*flush=*/false);
     queued.push_back(&lane);
@@ -260,10 +265,7 @@ void LaneDevice::leftPeerNeededLocked(Peer& p, uint64_t fromSeq) {
   p.leftReported = true;
   if (onPeerFailure) onPeerFailure(p.id, ecclRemoteError, p.failReason);
   revokeLocked(ecclRemoteError, p.failReason, fromSeq);
-  if (fromSeq > 0)
-    floodRevokeLocked(ecclRemoteError, p.failReason, fromSeq);
-  else
-    floodNoticeLocked(p.id, p.failReason);
+  floodNoticeLocked(p.id, p.failReason, fromSeq);
 }
 
 void LaneDevice::queueControlLocked(Lane& lane, FrameType type, std::vector<uint8_t> payload, bool flush) {
@@ -314,9 +316,11 @@ void LaneDevice::onControlLocked(Lane& lane) {
     if (onRevoked) onRevoked(result, why);
     return;
   }
-  MemberId failed;
+  MemberId failed;  // the frame decoder checked the 16 bytes are there
+  uint64_t fromSeq;
   std::memcpy(&failed, lane.control.data(), 8);
-  std::string reason(reinterpret_cast<char*>(lane.control.data()) + 8, lane.control.size() - 8);
+  std::memcpy(&fromSeq, lane.control.data() + 8, 8);
+  std::string reason(reinterpret_cast<char*>(lane.control.data()) + 16, lane.control.size() - 16);
   if (failed == opt_.self) {
     log::warn("peer {} reports this member failed: {}", p.label, reason);
     return;
@@ -324,7 +328,7 @@ void LaneDevice::onControlLocked(Lane& lane) {
   auto it = peers_.find(failed);
   if (it == peers_.end() || it->second.state == Peer::State::kFailed) return;
   failPeerLocked(failed, ecclRemoteError,
-                 fmt::format("peer {} failed (reported by {}: {})", it->second.label, p.label, reason), true);
+                 fmt::format("peer {} failed (reported by {}: {})", it->second.label, p.label, reason), true, fromSeq);
 }
 
 }  // namespace eccl::transport::lanes

@@ -88,8 +88,8 @@ std::optional<FrameHeader> decodeFrame(const uint8_t in[FrameHeader::kSize], std
     return reject(fmt::format("control payload length {} exceeds the limit {}", h.length,
                               FrameHeader::kMaxControlPayload));
   }
-  if (h.type == FrameType::kNotice && h.length < 8)
-    return reject("failure notice shorter than its member id");
+  if (h.type == FrameType::kNotice && h.length < 16)
+    return reject("failure notice shorter than its member id and op");
   if (h.type == FrameType::kRevoke && h.length < 12)
     return reject("revocation notice shorter than its op and result code");
   return h;

@@ -206,6 +206,10 @@ class LaneDevice final : public Device {
   void wait(const RequestPtr& request, Deadline deadline, const std::string& opName) override;
   bool test(const RequestPtr& request, const std::string& opName) override;
   void progress() override;
+  void poll() override {
+    MutexLock lock(mu_);
+    serviceLanesLocked();
+  }
   void failPeer(MemberId member, ecclResult_t code, const std::string& reason) override {
     MutexLock lock(mu_);
     // A notice can outrun the view that names the member (the coordinator
@@ -259,7 +263,9 @@ class LaneDevice final : public Device {
   void setCallerOwnedLocked(bool owned) ECCL_REQUIRES(mu_);
   void serviceLanesLocked(bool sockets = true) ECCL_REQUIRES(mu_);
   void completeLocked(const RequestPtr& r, ecclResult_t code, std::string error) ECCL_REQUIRES(mu_);
-  void failPeerLocked(MemberId member, ecclResult_t code, const std::string& reason, bool flood)
+  // fromSeq > 0: collectives below it are unaffected (the member finished
+  // its part of them before it went), like revokeLocked's.
+  void failPeerLocked(MemberId member, ecclResult_t code, const std::string& reason, bool flood, uint64_t fromSeq = 0)
       ECCL_REQUIRES(mu_);
   void markLeftLocked(Peer& peer) ECCL_REQUIRES(mu_);
   void acceptLaneLocked(MemberId from, uint32_t lane, Backend* backend, std::unique_ptr<Conduit> conduit,
@@ -269,7 +275,7 @@ class LaneDevice final : public Device {
   void dropExpiredParkedLocked() ECCL_REQUIRES(mu_);
   // fromSeq: the first collective that needed it (0: a send or receive did).
   void leftPeerNeededLocked(Peer& peer, uint64_t fromSeq) ECCL_REQUIRES(mu_);
-  void floodNoticeLocked(MemberId member, const std::string& reason) ECCL_REQUIRES(mu_);
+  void floodNoticeLocked(MemberId member, const std::string& reason, uint64_t fromSeq) ECCL_REQUIRES(mu_);
   void discardOrphanedPayloadsLocked() ECCL_REQUIRES(mu_);
   // flush=false: the caller flushes later (a flood queues on every lane
   // first, so a write that fails one peer cannot get its own notice ahead

@@ -124,6 +124,10 @@ class Device {
   // send) keeps its transfers going, since a caller that waited recently
   // holds the connections and no other thread drives them meanwhile.
   virtual void progress() = 0;
+  // Services every lane now from the calling thread, whoever holds them: a
+  // consumer that tests in a loop (NCCL's proxy thread) moves its own bytes
+  // instead of waiting for the progress thread to be scheduled.
+  virtual void poll() = 0;
 
   // A failure notice from outside the transport (or a local decision):
   // fails every pending op on that member and tells the other peers.

@@ -15,8 +15,8 @@
 #include <thread>
 #include <vector>
 
-#include "tests/net_plugin/net_api.h"
-#include "tests/net_plugin/procs.h"
+#include "net_plugin/harness/net_api.h"
+#include "net_plugin/harness/procs.h"
 
 namespace eccl::test {
 namespace {

@@ -88,7 +88,7 @@ TEST(Frame, RejectsWithSpecificReasons) {
 
   h = sample();
   h.type = FrameType::kNotice;
-  h.length = 4;  // shorter than a member id
+  h.length = 12;  // shorter than a member id and an op
   encodeFrame(h, buf);
   EXPECT_FALSE(decodeFrame(buf, &why));
   EXPECT_NE(why.find("notice"), std::string::npos) << why;

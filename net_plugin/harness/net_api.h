@@ -1,3 +1,4 @@
+// Header-only; used by tests/net_plugin and perf/plugin_perf, never built into the plugin.
 // Loads libnccl-net-eccl.so as NCCL does (dlopen, then dlsym of
 // ncclNetPlugin_vN) and calls any version through one shape, the way
 // NCCL's own loader adapts older tables.

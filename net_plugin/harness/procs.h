@@ -1,3 +1,4 @@
+// Header-only; used by tests/net_plugin and perf/plugin_perf, never built into the plugin.
 // Real processes for the plugin tests, with the one thing NCCL's bootstrap
 // gives a net plugin: a way to pass 128-byte handles around. Each rank is
 // forked before it loads the plugin (so each has its own), talks to the
