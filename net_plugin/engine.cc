@@ -113,7 +113,6 @@ struct Engine::Impl {
   Mutex mu;
   std::map<MemberId, std::unique_ptr<Link>> links ECCL_GUARDED_BY(mu);
   std::map<uint64_t, ListenComm*> listens ECCL_GUARDED_BY(mu);
-  std::map<std::pair<uint64_t, uint64_t>, bool> connecting ECCL_GUARDED_BY(mu);  // (process, listen id)
   EngineStats stats ECCL_GUARDED_BY(mu);
   // Filled by the device's callbacks (under the device's lock): a leaf mutex.
   std::mutex eventsMu;
@@ -122,7 +121,9 @@ struct Engine::Impl {
 
   Link& addLinkLocked(MemberId peer, uint64_t process) ECCL_REQUIRES(mu);
   Link* linkToLocked(uint64_t process) ECCL_REQUIRES(mu);
-  void pumpLocked() ECCL_REQUIRES(mu);
+  // reap=false keeps links with no channel that failed (a caller about to
+  // read one's failure holds a pointer to it).
+  void pumpLocked(bool reap = true) ECCL_REQUIRES(mu);
   void postControlRecvLocked(Link& link) ECCL_REQUIRES(mu);
   void sendControlLocked(Link& link, const ControlMessage& m) ECCL_REQUIRES(mu);
   void onControlLocked(Link& link, const ControlMessage& m) ECCL_REQUIRES(mu);
@@ -280,7 +281,7 @@ void Engine::Impl::onControlLocked(Link& link, const ControlMessage& m) {
 
 // Applies what the device reported, reads control messages, and retires
 // finished control sends. Every entry point runs it first.
-void Engine::Impl::pumpLocked() {
+void Engine::Impl::pumpLocked(bool reap) {
   std::vector<MemberId> newPeers;
   std::vector<std::pair<MemberId, std::string>> failures;
   {
@@ -315,7 +316,7 @@ void Engine::Impl::pumpLocked() {
       link->controlOut.erase(link->controlOut.begin() + static_cast<long>(i));
     }
   }
-  reapIdleLocked();
+  if (reap) reapIdleLocked();
 }
 
 // Pooled lanes nobody has used for a while are closed (the device says
@@ -379,8 +380,11 @@ Status Engine::connect(const void* handle, Channel** comm) {
       link = &impl_->addLinkLocked(h.process, h.process);
     }
     if (!link->lanesUp) {
-      if (!impl_->device->checkAlive(link->peer, timeoutMs_))
-        fail(ecclRemoteError, "connect: process {:016x} could not be reached: {}", h.process, link->failure);
+      if (!impl_->device->checkAlive(link->peer, timeoutMs_)) {
+        impl_->pumpLocked(/*reap=*/false);  // collects the reason the device gave
+        fail(ecclRemoteError, "connect: process {:016x} could not be reached: {}", h.process,
+             link->failure.empty() ? "its lanes are gone" : link->failure);
+      }
       if (impl_->device->lanesUp(link->peer) < impl_->lanes) return;  // still dialing: NCCL calls again
       link->lanesUp = true;
       impl_->stats.channelsOpened++;
