@@ -112,6 +112,7 @@ struct Engine::Impl {
   int64_t poolIdleMs = 60000;
   Mutex mu;
   std::map<MemberId, std::unique_ptr<Link>> links ECCL_GUARDED_BY(mu);
+  std::vector<std::unique_ptr<Link>> retired ECCL_GUARDED_BY(mu);  // replaced, still named by comms
   std::map<uint64_t, ListenComm*> listens ECCL_GUARDED_BY(mu);
   EngineStats stats ECCL_GUARDED_BY(mu);
   // Filled by the device's callbacks (under the device's lock): a leaf mutex.
@@ -215,6 +216,8 @@ std::string Engine::lastError() { return t_lastError; }
 
 Link& Engine::Impl::addLinkLocked(MemberId peer, uint64_t process) {
   auto& slot = links[peer];
+  // A failed link that comms still name stays until they close.
+  if (slot && slot->channels > 0) retired.push_back(std::move(slot));
   slot = std::make_unique<Link>();
   slot->peer = peer;
   slot->process = process;
@@ -371,6 +374,7 @@ Status Engine::connect(const void* handle, Channel** comm) {
         if (old->second->channels > 0 && !old->second->failure.empty())
           fail(ecclRemoteError, "connect: process {:016x} failed: {}", h.process, old->second->failure);
         impl_->device->removePeer(h.process);
+        if (old->second->channels > 0) impl_->retired.push_back(std::move(old->second));
         impl_->links.erase(old);
       }
       impl_->device->addPeer(h.process, h.address, fmt::format("process {:016x}", h.process),
@@ -572,6 +576,7 @@ Status Engine::closeChannel(Channel* comm) {
     if (--link.channels == 0) link.idleSince = Clock::now();
     link.refused.erase(comm->id);
     delete comm;
+    std::erase_if(impl_->retired, [](const std::unique_ptr<Link>& l) { return l->channels == 0; });
     impl_->pumpLocked();
   });
 }
@@ -582,10 +587,11 @@ Status Engine::closeListen(ListenComm* listen) {
     MutexLock lock(impl_->mu);
     impl_->listens.erase(listen->listenId);
     for (Channel* c : listen->ready) {
-      c->link->channels--;
+      if (--c->link->channels == 0) c->link->idleSince = Clock::now();
       delete c;
     }
     delete listen;
+    std::erase_if(impl_->retired, [](const std::unique_ptr<Link>& l) { return l->channels == 0; });
   });
 }
 
