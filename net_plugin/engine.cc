@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <thread>
 
 #include "common/error.h"
 #include "common/log.h"
@@ -208,6 +209,17 @@ Engine::Engine(const transport::DeviceOptions& options) : impl_(std::make_unique
     impl->failed.emplace_back(peer, why);
   };
   log::info("net plugin: process {:016x} at {}", o.self, impl->device->address());
+  // Opens and refusals must be answered, and idle lanes closed, even while
+  // this process makes no plugin call (its NCCL is busy elsewhere, or done
+  // with the peer): a service thread pumps every few milliseconds. The
+  // engine is never destroyed, so neither is the thread's state.
+  std::thread([impl] {
+    for (;;) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      MutexLock lock(impl->mu);
+      impl->pumpLocked();
+    }
+  }).detach();
 }
 
 Engine::~Engine() = default;

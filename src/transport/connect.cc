@@ -10,8 +10,6 @@ namespace eccl::transport {
 void connectAll(Device& device, std::vector<MemberId> peers, Deadline deadline) {
   const MemberId self = device.self();
   std::stable_partition(peers.begin(), peers.end(), [self](MemberId m) { return self < m; });
-  for (MemberId m : peers)
-    if (m != self) device.startConnect(m);  // every dial at once
   std::optional<Error> first;
   for (MemberId m : peers) {
     if (m == self) continue;

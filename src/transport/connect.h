@@ -8,9 +8,8 @@
 
 namespace eccl::transport {
 
-// Every dial starts at once (each on a thread of its own, so one silent
-// peer delays no other), then it waits for each peer's lanes, the ones it
-// dials and the ones the others open to it. A peer that
+// The lower member id dials, so everything this member dials goes first,
+// then it waits for the connections the others open to it. A peer that
 // fails does not stop the rest: a live peer may be waiting for our dial
 // (giving up would leave it to its deadline and get a live member declared
 // failed), and the links that do open stay for the next view. Throws the

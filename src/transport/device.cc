@@ -122,31 +122,44 @@ std::string LaneDevice::labelLocked(MemberId member) {
   return it == peers_.end() ? fmt::format("member {}", member) : it->second.label;
 }
 
-// Dialing never blocks the caller: a post to a member not connected yet
-// queues on its lanes, and a thread of its own dials, authenticates and
-// installs the lanes (a silent peer holds only that thread, and a view
-// change dials every new peer at once). A failed dial fails the member.
+// Where peers come from connections (the NCCL plugin), dialing never
+// blocks the caller: a post to a member not connected yet queues on its
+// lanes, and a thread of its own dials, authenticates and installs them (a
+// silent peer holds only that thread). A communicator's post dials inline,
+// as it always has: see connectAll for dialing a view's peers at once.
+// A failed dial fails the member.
 void LaneDevice::connectPeer(MemberId member) {
-  MutexLock lock(mu_);
-  Peer& p = peerLocked(member);
-  // The lower member id opens the connection and the higher one accepts;
-  // where peers come from connections, whoever has the address dials.
-  const bool dials = opt_.peersFromConnections ? !p.address.empty() : opt_.self < member;
-  if (p.state != Peer::State::kIdle || !dials || stopping_) return;
-  p.state = Peer::State::kConnecting;
-  std::erase_if(dials_, [](Dial& d) {
-    if (!*d.finished) return false;
-    d.thread.join();
-    return true;
-  });
-  auto finished = std::make_shared<std::atomic<bool>>(false);
-  auto credentials = p.credentials.value_or(std::make_pair(opt_.jobId, opt_.secret));
-  dials_.push_back({std::thread([this, member, address = p.address, label = p.label, credentials, finished] {
-                      dialPeer(member, address, label, credentials);
-                      releaseThreadCryptoState();
-                      *finished = true;
-                    }),
-                    finished});
+  std::vector<std::pair<std::string, std::string>> address;
+  std::string label;
+  std::pair<uint64_t, Secret> credentials;
+  {
+    MutexLock lock(mu_);
+    Peer& p = peerLocked(member);
+    // The lower member id opens the connection and the higher one accepts;
+    // where peers come from connections, whoever has the address dials.
+    const bool dials = opt_.peersFromConnections ? !p.address.empty() : opt_.self < member;
+    if (p.state != Peer::State::kIdle || !dials || stopping_) return;
+    p.state = Peer::State::kConnecting;
+    address = p.address;
+    label = p.label;
+    credentials = p.credentials.value_or(std::make_pair(opt_.jobId, opt_.secret));
+    if (opt_.peersFromConnections) {
+      std::erase_if(dials_, [](Dial& d) {
+        if (!*d.finished) return false;
+        d.thread.join();
+        return true;
+      });
+      auto finished = std::make_shared<std::atomic<bool>>(false);
+      dials_.push_back({std::thread([this, member, address, label, credentials, finished] {
+                          dialPeer(member, address, label, credentials);
+                          releaseThreadCryptoState();
+                          *finished = true;
+                        }),
+                        finished});
+      return;
+    }
+  }
+  dialPeer(member, address, label, credentials);
 }
 
 void LaneDevice::dialPeer(MemberId member, const std::vector<std::pair<std::string, std::string>>& addr,

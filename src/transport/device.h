@@ -6,8 +6,9 @@
 //    finish;
 //  - the accept thread accepts and authenticates incoming lanes on every
 //    back end's listener, then hands each to the loop's table;
-//  - a dial thread per member being connected dials, authenticates and
-//    installs its lanes, so no caller waits for a connection;
+//  - with peers from connections (the NCCL plugin), a dial thread per
+//    member being connected dials, authenticates and installs its lanes, so
+//    no caller waits for a connection; a communicator's caller dials inline;
 //  - caller threads post sends and receives; a send is written inline when
 //    the lane has room (saving a thread hop for small messages), the rest
 //    is left to the loop;

@@ -144,7 +144,8 @@ class Device {
   virtual void removePeer(MemberId member) = 0;
   virtual void beginEpoch(uint32_t epoch) = 0;
   // Starts opening the connections to a member (the lower member id dials;
-  // the other waits for it) and returns at once; a post does the same.
+  // the other waits for it); returns at once where peers come from
+  // connections (DeviceOptions), else once the dial is done. A post does the same.
   virtual void startConnect(MemberId member) = 0;
   // Waits until the connections to a member are open, starting them if
   // need be; throws at the deadline.

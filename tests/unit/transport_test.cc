@@ -246,32 +246,34 @@ std::unique_ptr<Device> memberThreeDevice() {
   return createDevice(o);
 }
 
-// Posting never waits for a connection: a peer whose listener accepts and
-// then says nothing holds only its own dial, and the other peers' lanes
-// come up meanwhile.
+// Where peers come from connections, posting never waits for a connection:
+// a peer whose listener accepts and then says nothing holds only its own
+// dial, and the other peers' lanes come up meanwhile.
 TEST(TcpDevice, ASilentPeerDelaysNoPostAndNoOtherDial) {
   auto [silentListener, silentAddress] = listenOn(SockAddr::parse("127.0.0.1:0"));
   DeviceOptions o = loopbackOptions("tcp", 5, 1);
   o.handshakeTimeoutMs = 4000;
-  o.self = 0;
+  o.peersFromConnections = true;
+  o.acceptSecrets = membership::singleJob(o.secret, o.jobId);
   auto a = createDevice(o);
   o.self = 2;
   auto b = createDevice(o);
   a->onPeerFailure = [](MemberId, ecclResult_t, const std::string&) {};
   b->onPeerFailure = [](MemberId, ecclResult_t, const std::string&) {};
-  a->addPeer(1, "tcp:" + silentAddress.str(), "rank 1 (silent)");
-  a->addPeer(2, b->address(), "rank 2");
-  b->addPeer(0, a->address(), "rank 0");
+  a->addPeer(1, "tcp:" + silentAddress.str(), "rank 1 (silent)", Device::PeerRole::kCandidate);
+  a->addPeer(2, b->address(), "rank 2", Device::PeerRole::kCandidate);
   a->setEpoch(1);
   b->setEpoch(1);
   int32_t x = 7, y = 0;
   auto stuck = a->isend(1, 1, 0, &x, 4);  // starts the silent dial first
   EXPECT_EQ(stuck->state.load(), Request::kPending);
-  auto r = b->irecv(0, 1, 0, &y, 4);
   auto s = a->isend(2, 1, 0, &x, 4);
   // Well inside the silent peer's handshake deadline: a dial behind it
   // would still be waiting.
   a->wait(s, deadlineAfterMs(2500), "send");
+  for (int i = 0; i < 250 && !b->hasPeer(Device::inboundPeer(0)); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));  // its lanes are in
+  auto r = b->irecv(Device::inboundPeer(0), 1, 0, &y, 4);
   b->wait(r, deadlineAfterMs(2500), "recv");
   EXPECT_EQ(y, 7);
   EXPECT_EQ(stuck->state.load(), Request::kPending);
