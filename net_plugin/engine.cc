@@ -295,7 +295,7 @@ void Engine::Impl::onControlLocked(Link& link, const ControlMessage& m) {
 }
 
 // Applies what the device reported, reads control messages, and retires
-// finished control sends. Every entry point runs it first.
+// finished control sends: the service thread, connect and accept run it.
 void Engine::Impl::pumpLocked(bool reap) {
   std::vector<MemberId> newPeers;
   std::vector<std::pair<MemberId, std::string>> failures;
@@ -453,8 +453,9 @@ Status Engine::isend(Channel* comm, const void* data, size_t size, int tag, Plug
     ECCL_CHECK_ARG(comm && request && comm->sender, "isend: not a send comm");
     ECCL_CHECK_ARG(data || size == 0, "isend: null data for {} bytes", size);
     *request = nullptr;
+    // Opens, refusals and failures are applied by the service thread: the
+    // data path reads only its own requests.
     MutexLock lock(impl_->mu);
-    impl_->pumpLocked();
     if (std::string why = channelFailure(*comm); !why.empty()) fail(ecclRemoteError, "isend: {}", why);
     if (comm->inflight >= kMaxRequests) return;
     Link& link = *comm->link;
@@ -503,8 +504,9 @@ Status Engine::irecv(Channel* comm, int n, void** data, const size_t* sizes, con
     ECCL_CHECK_ARG(n >= 1 && n <= kMaxRecvs, "irecv: {} buffers; 1 to {} can be grouped", n, kMaxRecvs);
     ECCL_CHECK_ARG(data && sizes && tags, "irecv: null buffers, sizes or tags");
     *request = nullptr;
+    // Opens, refusals and failures are applied by the service thread: the
+    // data path reads only its own requests.
     MutexLock lock(impl_->mu);
-    impl_->pumpLocked();
     if (std::string why = channelFailure(*comm); !why.empty()) fail(ecclRemoteError, "irecv: {}", why);
     if (comm->inflight >= kMaxRequests) return;
     Link& link = *comm->link;

@@ -18,8 +18,9 @@
 //    into the posted buffer: no message is ever unexpected, and a slow
 //    receiver holds its sender back instead of failing it.
 //
-// Threads: NCCL calls in from its proxy and main threads; one mutex guards
-// the engine. The device's callbacks only queue events under their own.
+// Threads: NCCL calls in from its proxy and main threads, and a service
+// thread applies device events and control messages every 5 ms; one mutex
+// guards the engine. The device's callbacks only queue events under their own.
 #pragma once
 
 #include <cstddef>
