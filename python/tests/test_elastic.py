@@ -168,10 +168,13 @@ def recover_body(index, _n, _port, job_id):
     return detected
 
 
-def test_a_killed_rank_is_recovered_by_a_standby_through_the_python_api():
+def test_a_killed_rank_is_recovered_by_a_standby_through_the_python_api(monkeypatch):
     # The standby may register after the survivors ask (it starts with them and
     # imports torch as they do): the coordinator holds the REPLACE until it has.
-    out = world.run(5, recover_body, job(), timeout=120, env={"ECCL_TIMEOUT_MS": "10000", "ECCL_REPLACE_WAIT_MS": "30000"})
+    # The coordinator runs in this process (make_job), so the wait is set here;
+    # set only in the ranks' environment it never reached the coordinator.
+    monkeypatch.setenv("ECCL_REPLACE_WAIT_MS", "30000")
+    out = world.run(5, recover_body, job(), timeout=120, env={"ECCL_TIMEOUT_MS": "10000"})
     assert out[2].status == "died"
     for seconds in world.values([out[0], out[1], out[3]]):
         assert seconds < 10, f"detection took {seconds:.1f} s"
