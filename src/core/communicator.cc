@@ -107,8 +107,9 @@ void Communicator::join(const ecclUniqueId& id, membership::Role role, int rank,
   if (std::string choice = params::transport(); choice != "auto") t.backends = transport::parseBackendList(choice);
   t.ringBytes = static_cast<size_t>(params::shmRingBytes());
   device_ = transport::createDevice(t);
-  device_->onPeerFailure = [this](transport::MemberId m, ecclResult_t code, const std::string& reason) {
-    onPeerFailure(m, code, reason);
+  device_->onPeerFailure = [this](transport::MemberId m, ecclResult_t code, const std::string& reason,
+                                  uint64_t neededFrom) {
+    onPeerFailure(m, code, reason, neededFrom);
   };
   device_->onRevoked = [this](ecclResult_t code, const std::string& reason) { onRevoked(code, reason); };
   worker_ = std::make_unique<BackgroundWorker>();
@@ -134,9 +135,12 @@ void Communicator::join(const ecclUniqueId& id, membership::Role role, int rank,
   };
   migration_ = std::make_unique<elastic::Migration>(std::move(links));
   client_->setCallbacks({
-      [this](const std::vector<uint64_t>& failed, const std::string& reason) {
-        for (uint64_t m : failed)
-          if (m != self_) device_->failPeer(m, ecclRemoteError, reason);
+      [this](const membership::CoordMessage& f) {
+        // Sequence numbers are per epoch: another epoch's mean every op.
+        bool sameEpoch = f.epoch == currentEpoch_.load();
+        for (size_t i = 0; i < f.members.size(); ++i)
+          if (f.members[i] != self_)
+            device_->failPeer(f.members[i], ecclRemoteError, f.text, sameEpoch ? f.neededFromOf(i) : 0);
       },
       [this](const std::string& reason) {
         {
@@ -299,10 +303,11 @@ void Communicator::onReconfiguration(const membership::CoordMessage& m) {
   migration_->onAnnouncement(m);
 }
 
-void Communicator::onPeerFailure(transport::MemberId member, ecclResult_t code, const std::string& reason) {
+void Communicator::onPeerFailure(transport::MemberId member, ecclResult_t code, const std::string& reason,
+                                 uint64_t neededFrom) {
   {
     MutexLock lock(reporterMu_);
-    if (reporter_) reporter_->report(member, reason);
+    if (reporter_) reporter_->report(member, reason, neededFrom, currentEpoch_.load());
   }
   MutexLock lock(errorMu_);
   if (asyncError_ != ecclSuccess) return;

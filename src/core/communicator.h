@@ -129,7 +129,7 @@ class Communicator {
   // every message of it carries `signature` (ECCL_CHECK_CALLS).
   void runCollective(const char* name, const transport::CallSignature& signature,
                      const std::function<void(OpLinks&)>& body);
-  void onPeerFailure(transport::MemberId member, ecclResult_t code, const std::string& reason);
+  void onPeerFailure(transport::MemberId member, ecclResult_t code, const std::string& reason, uint64_t neededFrom);
   void onRevoked(ecclResult_t code, const std::string& reason);
   void join(const ecclUniqueId& id, membership::Role role, int rank, int nranks, const CommOptions& o);
   void applyView(const membership::ViewUpdate& v);

@@ -54,10 +54,9 @@ CoordClient::~CoordClient() {
 }
 
 void CoordClient::setCallbacks(Callbacks callbacks) {
-  std::vector<uint64_t> early;
+  std::optional<CoordMessage> early;
   std::vector<CoordMessage> earlyReconfig;
   std::optional<std::vector<ViewEntry>> earlyStandbyView;
-  std::string reason;
   Callbacks cb;
   {
     MutexLock lock(mu_);
@@ -65,12 +64,11 @@ void CoordClient::setCallbacks(Callbacks callbacks) {
     cb = callbacks_;
     early.swap(failedBeforeCallbacks_);
     earlyReconfig.swap(reconfigBeforeCallbacks_);
-    reason = failedReason_;
     for (const auto& q : answers_)  // the standby view that came before the callbacks
       if (q.kind == CoordKind::kView && q.rank < 0) earlyStandbyView = q.entries;
   }
   if (earlyStandbyView && cb.onStandbyView) cb.onStandbyView(*earlyStandbyView);
-  if (!early.empty() && cb.onFailed) cb.onFailed(early, reason);
+  if (early && cb.onFailed) cb.onFailed(*early);
   for (auto& m : earlyReconfig)
     if (cb.onReconfiguration) cb.onReconfiguration(m);
 }
@@ -85,10 +83,12 @@ void CoordClient::post(CoordMessage m, bool wake) {
   [[maybe_unused]] ssize_t n = ::write(wakeFd_, &one, 8);
 }
 
-void CoordClient::report(uint64_t failedMember, const std::string& reason) {
+void CoordClient::report(uint64_t failedMember, const std::string& reason, uint64_t neededFrom, uint32_t epoch) {
   CoordMessage m;
   m.kind = CoordKind::kReport;
+  m.epoch = epoch;
   m.members = {failedMember};
+  m.neededFrom = {neededFrom};
   m.text = reason.substr(0, kMaxCoordText);
   post(std::move(m));
 }
@@ -227,8 +227,7 @@ void CoordClient::deliver(CoordMessage m) {
       return;
     }
     if (m.kind == CoordKind::kFailed && !callbacks_.onFailed) {
-      failedBeforeCallbacks_ = m.members;
-      failedReason_ = m.text;
+      failedBeforeCallbacks_ = m;
       return;
     }
     bool reconfig = m.kind == CoordKind::kPrepare || m.kind == CoordKind::kPrepareReady ||
@@ -246,7 +245,7 @@ void CoordClient::deliver(CoordMessage m) {
   }
   switch (m.kind) {
     case CoordKind::kFailed:
-      if (cb.onFailed) cb.onFailed(m.members, m.text);
+      if (cb.onFailed) cb.onFailed(m);
       break;
     case CoordKind::kEvicted:
       if (cb.onEvicted) cb.onEvicted(m.text);

@@ -45,7 +45,8 @@ class CoordClient {
  public:
   struct Callbacks {
     // Called on the client thread; must only record and wake, never block.
-    std::function<void(const std::vector<uint64_t>& failed, const std::string& reason)> onFailed;
+    // A kFailed: members (failed so far), neededFrom, text.
+    std::function<void(const CoordMessage&)> onFailed;
     std::function<void(const std::string& reason)> onEvicted;
     // Reconfiguration news: prepare, prepare ready/failed, standby lists.
     std::function<void(const CoordMessage&)> onReconfiguration;
@@ -64,7 +65,9 @@ class CoordClient {
   // The next view the coordinator sends (formation, promotion, recovery);
   // throws its error answer, eviction, or the deadline.
   ViewUpdate awaitView(Deadline deadline, const std::string& what);
-  void report(uint64_t failedMember, const std::string& reason);
+  // neededFrom > 0: the member left in order and this member's collective
+  // of that sequence number, in `epoch`, was the first to need it (0: it failed).
+  void report(uint64_t failedMember, const std::string& reason, uint64_t neededFrom = 0, uint32_t epoch = 0);
   void requestRecover(uint32_t epoch, uint32_t policy);
   void requestGrow(uint32_t epoch, uint32_t count);
   void requestReconfigure(uint32_t epoch, uint64_t uuid, const std::vector<uint64_t>& members);
@@ -100,9 +103,8 @@ class CoordClient {
   std::optional<std::string> lost_ ECCL_GUARDED_BY(mu_);
   std::optional<std::string> interrupted_ ECCL_GUARDED_BY(mu_);
   Callbacks callbacks_ ECCL_GUARDED_BY(mu_);
-  std::vector<uint64_t> failedBeforeCallbacks_ ECCL_GUARDED_BY(mu_);
+  std::optional<CoordMessage> failedBeforeCallbacks_ ECCL_GUARDED_BY(mu_);
   std::vector<CoordMessage> reconfigBeforeCallbacks_ ECCL_GUARDED_BY(mu_);
-  std::string failedReason_ ECCL_GUARDED_BY(mu_);
 };
 
 }  // namespace eccl::membership

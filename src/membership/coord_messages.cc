@@ -53,6 +53,8 @@ std::vector<uint8_t> encodeCoordMessage(const CoordMessage& m) {
   }
   w.u32(static_cast<uint32_t>(m.members.size()));
   for (uint64_t id : m.members) w.u64(id);
+  w.u32(static_cast<uint32_t>(m.neededFrom.size()));
+  for (uint64_t seq : m.neededFrom) w.u64(seq);
   return w.take();
 }
 
@@ -99,6 +101,18 @@ std::optional<CoordMessage> decodeCoordMessage(const uint8_t* p, size_t n, std::
       return std::nullopt;
     }
     m.members.push_back(id);
+  }
+  if (!r.u32(&count) || (count != 0 && count != m.members.size())) {
+    *why = "coordinator message has a malformed neededFrom list (neither empty nor one per member)";
+    return std::nullopt;
+  }
+  for (uint32_t i = 0; i < count; ++i) {
+    uint64_t seq;
+    if (!r.u64(&seq)) {
+      *why = fmt::format("neededFrom entry {} is truncated", i);
+      return std::nullopt;
+    }
+    m.neededFrom.push_back(seq);
   }
   if (!r.atEnd()) {
     *why = "coordinator message has trailing bytes";

@@ -16,8 +16,8 @@ enum class CoordKind : uint32_t {
                    // policy (standbys: 1 = prepare eagerly)
   kView = 2,       // coord -> member: epoch, rank (-1: standby), entries, text (why)
   kHeartbeat = 3,  // both ways
-  kReport = 4,     // member -> coord: members (the failed), text (what it saw)
-  kFailed = 5,     // coord -> members: epoch, members (failed so far), text
+  kReport = 4,     // member -> coord: epoch, members (the failed), neededFrom, text (what it saw)
+  kFailed = 5,     // coord -> members: epoch, members (failed so far), neededFrom, text
   kRecover = 6,    // member -> coord: epoch, policy
   kError = 7,      // coord -> member: text (the request it answers failed)
   kEvicted = 8,    // coord -> member: text; the connection closes after it
@@ -65,6 +65,11 @@ struct CoordMessage {
   std::string text;
   std::vector<ViewEntry> entries;  // indexed by rank
   std::vector<uint64_t> members;
+  // kReport, kFailed: per entry of members, 0 where it failed; where it left
+  // in order, the first collective (sequence number, of `epoch` for
+  // kFailed) that needed it: earlier ones still get what it sent. Empty: all 0.
+  std::vector<uint64_t> neededFrom;
+  uint64_t neededFromOf(size_t i) const { return i < neededFrom.size() ? neededFrom[i] : 0; }
 };
 
 constexpr size_t kMaxMessageBytes = 1 << 20;

@@ -84,6 +84,9 @@ struct Coordinator::State {
   uint32_t issued = 0;            // highest epoch ever announced: an aborted vote's number is never reused
   std::vector<uint64_t> view;     // rank -> member; empty until formed
   std::vector<uint64_t> failed;   // members of `view` failed in this epoch
+  // Those of `failed` that left in order, reported by a member whose
+  // collective of this sequence number needed them (CoordMessage::neededFrom).
+  std::map<uint64_t, uint64_t> failedNeededFrom;
   std::string lastFailure;
   bool eagerListSent = false;     // the last standby list sent named someone
   std::optional<Pending> pending;
@@ -260,7 +263,22 @@ struct Coordinator::State {
   }
 
   // A member is gone: a lost connection, missed heartbeats, or a peer's report.
-  void declareFailed(uint64_t member, const std::string& reason) {
+  // The failures so far, for the view's members.
+  CoordMessage failedNotice(std::string text) const {
+    CoordMessage f;
+    f.kind = CoordKind::kFailed;
+    f.epoch = epoch;
+    f.members = failed;
+    f.text = std::move(text);
+    for (uint64_t m : failed) {
+      auto it = failedNeededFrom.find(m);
+      f.neededFrom.push_back(it == failedNeededFrom.end() ? 0 : it->second);
+    }
+    return f;
+  }
+
+  // neededFrom: as CoordMessage's (0: it failed).
+  void declareFailed(uint64_t member, const std::string& reason, uint64_t neededFrom = 0) {
     auto it = members.find(member);
     if (it == members.end()) return;
     std::string who = label(member);
@@ -290,13 +308,10 @@ struct Coordinator::State {
     if (it->second.channel) trySend(*it->second.channel, ev, 50);
     fenced.insert(member);
     failed.push_back(member);
+    if (neededFrom) failedNeededFrom[member] = neededFrom;
     lastFailure = fmt::format("{} failed: {}", who, reason);
     it->second.channel.reset();
-    CoordMessage f;
-    f.kind = CoordKind::kFailed;
-    f.epoch = epoch;
-    f.members = failed;
-    f.text = lastFailure;
+    CoordMessage f = failedNotice(lastFailure);
     for (uint64_t m : view) {
       auto mm = members.find(m);
       if (mm != members.end() && mm->second.channel && !isFailed(m)) send(mm->second, f);
@@ -367,6 +382,7 @@ struct Coordinator::State {
     releaseReservations();
     view = std::move(next);
     failed.clear();
+    failedNeededFrom.clear();
     epoch = issued = std::max(issued, epoch) + 1;
     log::info("coordinator: epoch {} with {} ranks ({})", epoch, view.size(), story);
     for (uint64_t m : view) sendView(m, story);
@@ -571,6 +587,7 @@ struct Coordinator::State {
     for (auto& [mid, mm] : members) mm.ask = Member::Ask::kNone;
     view = p.next;
     failed = stillFailed;
+    failedNeededFrom.clear();  // failed in the old epoch: every op of this one needs them
     epoch = p.epoch;
     issued = std::max(issued, epoch);
     log::info("coordinator: epoch {} with {} ranks ({}; voted in band)", epoch, view.size(), p.story);
@@ -580,11 +597,7 @@ struct Coordinator::State {
       if (p.switching.count(l)) sendView(l, p.story);  // rank -1: it has left the view
     announceViewToStandbys();
     if (failed.empty()) return;
-    CoordMessage f;
-    f.kind = CoordKind::kFailed;
-    f.epoch = epoch;
-    f.members = failed;
-    f.text = p.firstLoss;
+    CoordMessage f = failedNotice(p.firstLoss);
     for (uint64_t m : view) {
       auto mm = members.find(m);
       if (mm != members.end() && mm->second.channel && !isFailed(m)) send(mm->second, f);
@@ -759,9 +772,12 @@ struct Coordinator::State {
         return;
       case CoordKind::kReport:
         if (!inView(from) && !isJoiner(from)) return;  // a leaver's view of a world it left
-        for (uint64_t m : msg.members)
+        for (size_t i = 0; i < msg.members.size(); ++i) {
+          uint64_t m = msg.members[i];
           if (m != from && members.count(m) && ((inView(m) && !isFailed(m)) || isJoiner(m)))
-            declareFailed(m, fmt::format("reported by {}: {}", label(from), msg.text));
+            declareFailed(m, fmt::format("reported by {}: {}", label(from), msg.text),
+                          msg.epoch == epoch ? msg.neededFromOf(i) : 0);  // sequence numbers are per epoch
+        }
         return;
       case CoordKind::kRecover:
         return onRecover(from, msg);

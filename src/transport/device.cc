@@ -104,9 +104,9 @@ void LaneDevice::addPeer(MemberId member, const std::string& address, const std:
   }
   installParkedLocked(member);
   if (auto early = failedBeforeKnown_.find(member); early != failedBeforeKnown_.end()) {
-    auto [code, reason] = early->second;
+    EarlyFailure f = std::move(early->second);
     failedBeforeKnown_.erase(early);
-    failPeerLocked(member, code, reason, /*flood=*/false);
+    failPeerLocked(member, f.code, f.reason, /*flood=*/false, f.neededFrom);
   }
   cv_.notifyAll();  // the accept thread may be waiting for this member
 }

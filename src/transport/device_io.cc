@@ -98,7 +98,7 @@ bool LaneDevice::failIfPeerGoneLocked(const RequestPtr& r, Peer& p) {
   if (p.state != Peer::State::kFailed && p.state != Peer::State::kLeft) return false;
   completeLocked(r, p.failCode, p.failReason);
   if (p.state == Peer::State::kLeft && !r->survivesRevocation)
-    leftPeerNeededLocked(p, FrameHeader::isCollective(r->seq) ? r->seq : 0);
+    leftPeerNeededLocked(p, FrameHeader::isCollective(r->seq) ? r->seq : 0, p.failReason, /*flood=*/true);
   return true;
 }
 

@@ -163,6 +163,15 @@ void LaneDevice::failPeerLocked(MemberId member, ecclResult_t code, const std::s
   if (it == peers_.end()) return;
   Peer& p = it->second;
   if (p.state == Peer::State::kFailed) return;
+  // Someone's collective fromSeq needed a member that left in order: not a
+  // failure of its connections, where its goodbye still follows the last
+  // data it sent for the ops before that one (a slower rank's receive of
+  // it may still be on its way).
+  if (fromSeq > 0) {
+    log::warn("member {}: {}", opt_.self, reason);
+    leftPeerNeededLocked(p, fromSeq, reason, flood);
+    return;
+  }
   bool wasLeft = p.state == Peer::State::kLeft;
   p.state = Peer::State::kFailed;
   p.failCode = code;
@@ -195,9 +204,9 @@ void LaneDevice::failPeerLocked(MemberId member, ecclResult_t code, const std::s
     cv_.notifyAll();
     return;  // not in the view: the coordinator decides what its loss means
   }
-  if (onPeerFailure) onPeerFailure(member, code, reason);
-  revokeLocked(code == ecclTimeout ? ecclTimeout : ecclRemoteError, reason, fromSeq);
-  if (flood) floodNoticeLocked(member, reason, fromSeq);
+  if (onPeerFailure) onPeerFailure(member, code, reason, 0);
+  revokeLocked(code == ecclTimeout ? ecclTimeout : ecclRemoteError, reason, 0);
+  if (flood) floodNoticeLocked(member, reason, 0);
 }
 
 // Tells everyone we are connected to, so ranks that wait on a live
@@ -251,7 +260,7 @@ void LaneDevice::markLeftLocked(Peer& p) {
     }
     box = lost ? inbox_.erase(box) : std::next(box);
   }
-  if (neededFrom) leftPeerNeededLocked(p, *neededFrom);
+  if (neededFrom) leftPeerNeededLocked(p, *neededFrom, p.failReason, /*flood=*/true);
 }
 
 // An op needed a member that left in order (mid-job, not at its end): the
@@ -260,12 +269,12 @@ void LaneDevice::markLeftLocked(Peer& p) {
 // finished every op before it (it left after them), so a slower rank still
 // completing one of those must not lose it. A send or receive that needed
 // it breaks everything (point-to-point traffic has no such order).
-void LaneDevice::leftPeerNeededLocked(Peer& p, uint64_t fromSeq) {
+void LaneDevice::leftPeerNeededLocked(Peer& p, uint64_t fromSeq, const std::string& reason, bool flood) {
   if (p.leftReported || closing_ || p.role == PeerRole::kCandidate) return;
   p.leftReported = true;
-  if (onPeerFailure) onPeerFailure(p.id, ecclRemoteError, p.failReason);
-  revokeLocked(ecclRemoteError, p.failReason, fromSeq);
-  floodNoticeLocked(p.id, p.failReason, fromSeq);
+  if (onPeerFailure) onPeerFailure(p.id, ecclRemoteError, reason, fromSeq);
+  revokeLocked(ecclRemoteError, reason, fromSeq);
+  if (flood) floodNoticeLocked(p.id, reason, fromSeq);
 }
 
 void LaneDevice::queueControlLocked(Lane& lane, FrameType type, std::vector<uint8_t> payload, bool flush) {

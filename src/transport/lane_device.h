@@ -210,19 +210,19 @@ class LaneDevice final : public Device {
     MutexLock lock(mu_);
     serviceLanesLocked();
   }
-  void failPeer(MemberId member, ecclResult_t code, const std::string& reason) override {
+  void failPeer(MemberId member, ecclResult_t code, const std::string& reason, uint64_t neededFrom) override {
     MutexLock lock(mu_);
     // A notice can outrun the view that names the member (the coordinator
     // fails a rank while this process is still entering that view): it is
     // kept and applied when the member is added.
-    if (!peers_.count(member)) failedBeforeKnown_[member] = {code, reason};
+    if (!peers_.count(member)) failedBeforeKnown_[member] = {code, reason, neededFrom};
     // What the member sent before it died is read first: a survivor that
     // reported another's failure and then exited often raced its own
     // notice, and the notice names the real culprit.
     if (auto it = peers_.find(member); it != peers_.end() && it->second.state != Peer::State::kFailed)
       for (auto& lane : it->second.lanes)
         if (lane->conduit && it->second.state != Peer::State::kFailed) readLocked(*lane);
-    failPeerLocked(member, code, reason, /*flood=*/true);
+    failPeerLocked(member, code, reason, /*flood=*/true, neededFrom);
   }
   bool checkAlive(MemberId member, int64_t silentMs) override;
   void cancel(const RequestPtr& request, const std::string& reason) override;
@@ -263,8 +263,9 @@ class LaneDevice final : public Device {
   void setCallerOwnedLocked(bool owned) ECCL_REQUIRES(mu_);
   void serviceLanesLocked(bool sockets = true) ECCL_REQUIRES(mu_);
   void completeLocked(const RequestPtr& r, ecclResult_t code, std::string error) ECCL_REQUIRES(mu_);
-  // fromSeq > 0: collectives below it are unaffected (the member finished
-  // its part of them before it went), like revokeLocked's.
+  // fromSeq > 0: the member left in order and that collective was the first
+  // to need it; those below it are unaffected (it finished its part of them
+  // before it went), like revokeLocked's.
   void failPeerLocked(MemberId member, ecclResult_t code, const std::string& reason, bool flood, uint64_t fromSeq = 0)
       ECCL_REQUIRES(mu_);
   void markLeftLocked(Peer& peer) ECCL_REQUIRES(mu_);
@@ -274,7 +275,7 @@ class LaneDevice final : public Device {
   void installParkedLocked(MemberId member) ECCL_REQUIRES(mu_);
   void dropExpiredParkedLocked() ECCL_REQUIRES(mu_);
   // fromSeq: the first collective that needed it (0: a send or receive did).
-  void leftPeerNeededLocked(Peer& peer, uint64_t fromSeq) ECCL_REQUIRES(mu_);
+  void leftPeerNeededLocked(Peer& peer, uint64_t fromSeq, const std::string& reason, bool flood) ECCL_REQUIRES(mu_);
   void floodNoticeLocked(MemberId member, const std::string& reason, uint64_t fromSeq) ECCL_REQUIRES(mu_);
   void discardOrphanedPayloadsLocked() ECCL_REQUIRES(mu_);
   // flush=false: the caller flushes later (a flood queues on every lane
@@ -353,7 +354,12 @@ class LaneDevice final : public Device {
   SignatureBook<MemberId> signatures_ ECCL_GUARDED_BY(mu_);
   uint64_t lastCheckedSeq_ ECCL_GUARDED_BY(mu_) = 0;  // the collective whose local signature is in the book
   std::map<MemberId, Peer> peers_ ECCL_GUARDED_BY(mu_);
-  std::map<MemberId, std::pair<ecclResult_t, std::string>> failedBeforeKnown_ ECCL_GUARDED_BY(mu_);
+  struct EarlyFailure {
+    ecclResult_t code;
+    std::string reason;
+    uint64_t neededFrom;
+  };
+  std::map<MemberId, EarlyFailure> failedBeforeKnown_ ECCL_GUARDED_BY(mu_);
   std::set<MemberId> candidateFailed_ ECCL_GUARDED_BY(mu_);  // failed while only a candidate
   struct Parked {
     MemberId from;

@@ -131,7 +131,10 @@ class Device {
 
   // A failure notice from outside the transport (or a local decision):
   // fails every pending op on that member and tells the other peers.
-  virtual void failPeer(MemberId member, ecclResult_t code, const std::string& reason) = 0;
+  // neededFrom > 0: the member left in order and the collective of that
+  // sequence number was the first that needed it; earlier ops keep
+  // receiving what it sent before its goodbye.
+  virtual void failPeer(MemberId member, ecclResult_t code, const std::string& reason, uint64_t neededFrom = 0) = 0;
   // Fails every pending and later op; wakes every waiter.
   virtual void abort(const std::string& reason) = 0;
   // Orderly close: says goodbye on every connection, waits for queued
@@ -162,8 +165,8 @@ class Device {
 
   // Called when a peer is declared failed, on whichever thread saw it and
   // with the device lock held: it must only record, never call the device.
-  // Set before the first post.
-  std::function<void(MemberId, ecclResult_t, const std::string&)> onPeerFailure;
+  // Set before the first post. neededFrom as for failPeer (0: a failure).
+  std::function<void(MemberId, ecclResult_t, const std::string&, uint64_t neededFrom)> onPeerFailure;
   // Called, like onPeerFailure, when the communicator is revoked without a
   // member failing (the ranks disagreed about a call).
   std::function<void(ecclResult_t, const std::string&)> onRevoked;

@@ -41,6 +41,7 @@ TEST(CoordMessages, RoundTripAndRejectGarbage) {
   m.text = "rank 2 -> standby";
   m.entries = {{11, "10.1.2.3:5"}, {12, "10.1.2.4:6"}};
   m.members = {12, 13};
+  m.neededFrom = {0, 40};
   auto bytes = encodeCoordMessage(m);
   std::string why;
   auto back = decodeCoordMessage(bytes.data(), bytes.size(), &why);
@@ -50,6 +51,7 @@ TEST(CoordMessages, RoundTripAndRejectGarbage) {
   EXPECT_EQ(back->rank, 2);
   EXPECT_EQ(back->entries, m.entries);
   EXPECT_EQ(back->members, m.members);
+  EXPECT_EQ(back->neededFrom, m.neededFrom);
   for (size_t cut = 0; cut < bytes.size(); ++cut)
     EXPECT_FALSE(decodeCoordMessage(bytes.data(), cut, &why)) << "truncated at " << cut;
   bytes.push_back(0);
@@ -59,6 +61,10 @@ TEST(CoordMessages, RoundTripAndRejectGarbage) {
   bytes[0] = 99;  // unknown kind
   EXPECT_FALSE(decodeCoordMessage(bytes.data(), bytes.size(), &why));
   EXPECT_NE(why.find("unknown coordinator message kind 99"), std::string::npos) << why;
+  m.neededFrom = {40};  // neither empty nor one per member
+  bytes = encodeCoordMessage(m);
+  EXPECT_FALSE(decodeCoordMessage(bytes.data(), bytes.size(), &why));
+  EXPECT_NE(why.find("neededFrom"), std::string::npos) << why;
 }
 
 TEST(Hello, RejectsForeignMagicAndPurpose) {

@@ -62,8 +62,8 @@ struct Pair {
     a = createDevice(o);
     o.self = 1;
     b = createDevice(o);
-    a->onPeerFailure = [this](MemberId, ecclResult_t, const std::string& why) { failure = why; };
-    b->onPeerFailure = [](MemberId, ecclResult_t, const std::string&) {};
+    a->onPeerFailure = [this](MemberId, ecclResult_t, const std::string& why, uint64_t) { failure = why; };
+    b->onPeerFailure = [](MemberId, ecclResult_t, const std::string&, uint64_t) {};
     a->addPeer(1, b->address(), "rank 1");
     b->addPeer(0, a->address(), "rank 0");
     a->setEpoch(1);
@@ -258,8 +258,8 @@ TEST(TcpDevice, ASilentPeerDelaysNoPostAndNoOtherDial) {
   auto a = createDevice(o);
   o.self = 2;
   auto b = createDevice(o);
-  a->onPeerFailure = [](MemberId, ecclResult_t, const std::string&) {};
-  b->onPeerFailure = [](MemberId, ecclResult_t, const std::string&) {};
+  a->onPeerFailure = [](MemberId, ecclResult_t, const std::string&, uint64_t) {};
+  b->onPeerFailure = [](MemberId, ecclResult_t, const std::string&, uint64_t) {};
   a->addPeer(1, "tcp:" + silentAddress.str(), "rank 1 (silent)", Device::PeerRole::kCandidate);
   a->addPeer(2, b->address(), "rank 2", Device::PeerRole::kCandidate);
   a->setEpoch(1);
@@ -294,7 +294,7 @@ TEST(TcpDevice, ALeaverNeededByALaterCollectiveSparesTheEarlierOne) {
   for (MemberId m = 0; m < 3; ++m) {
     o.self = m;
     d.push_back(createDevice(o));
-    d.back()->onPeerFailure = [](MemberId, ecclResult_t, const std::string&) {};
+    d.back()->onPeerFailure = [](MemberId, ecclResult_t, const std::string&, uint64_t) {};
   }
   for (MemberId m = 0; m < 3; ++m) {
     for (MemberId q = 0; q < 3; ++q)
@@ -328,9 +328,50 @@ TEST(TcpDevice, ALeaverNeededByALaterCollectiveSparesTheEarlierOne) {
   }
 }
 
+// The coordinator (or a peer) says a member that left in order was needed
+// from collective 2 on, before the leaver's data for collective 1 reached
+// this slower member: its receive of that data still completes, and only
+// collectives from 2 on fail.
+TEST(TcpDevice, ANoticeOfALeaverNeededLaterSparesAReceiveStillInFlight) {
+  DeviceOptions o = loopbackOptions("tcp", 5, 1);
+  std::vector<uint64_t> reportedFrom;  // declared first: outlives the devices' threads
+  std::vector<std::unique_ptr<Device>> d;
+  for (MemberId m = 0; m < 3; ++m) {
+    o.self = m;
+    d.push_back(createDevice(o));
+    d.back()->onPeerFailure = [&reportedFrom, m](MemberId, ecclResult_t, const std::string&, uint64_t from) {
+      if (m == 1) reportedFrom.push_back(from);
+    };
+  }
+  for (MemberId m = 0; m < 3; ++m) {
+    for (MemberId q = 0; q < 3; ++q)
+      if (q != m) d[m]->addPeer(q, d[q]->address(), "rank " + std::to_string(q));
+    d[m]->setEpoch(1);
+  }
+  connectAll(*d[0], {1, 2}, deadlineAfterMs(5000));
+  connectAll(*d[1], {0, 2}, deadlineAfterMs(5000));
+  connectAll(*d[2], {0, 1}, deadlineAfterMs(5000));
+  int32_t fromLeaver = 0, x = 7, late = 0;
+  auto slow = d[1]->irecv(2, 1, 0, &fromLeaver, 4);
+  d[1]->failPeer(2, ecclRemoteError, "rank 2 failed: reported by rank 0: peer rank 2 has left", /*neededFrom=*/2);
+  EXPECT_EQ(reportedFrom, std::vector<uint64_t>{2});  // what the communicator tells the coordinator
+  d[2]->wait(d[2]->isend(1, 1, 0, &x, 4), deadlineAfterMs(5000), "send");
+  d[2]->close(deadlineAfterMs(200));
+  d[2].reset();
+  d[1]->wait(slow, deadlineAfterMs(5000), "recv");  // collective 1 completes
+  EXPECT_EQ(fromLeaver, 7);
+  auto later = d[1]->irecv(0, 2, 0, &late, 4);
+  try {
+    d[1]->wait(later, deadlineAfterMs(5000), "recv");
+    FAIL() << "collective 2 survived the leaver";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("has left"), std::string::npos) << e.what();
+  }
+}
+
 TEST(TcpDevice, StaleEpochFramesAreDroppedAndCounted) {
   auto dev = memberThreeDevice();
-  dev->onPeerFailure = [](MemberId, ecclResult_t, const std::string&) {};
+  dev->onPeerFailure = [](MemberId, ecclResult_t, const std::string&, uint64_t) {};
   dev->addPeer(0, "tcp:127.0.0.1:1", "rank 0");
   dev->setEpoch(4);
   Intruder peer(*dev, 0);
@@ -346,7 +387,7 @@ TEST(TcpDevice, StaleEpochFramesAreDroppedAndCounted) {
 TEST(TcpDevice, MalformedFrameFailsThatPeerAndRevokesWithItsName) {
   std::string failure;  // declared first: outlives the device's threads
   auto dev = memberThreeDevice();
-  dev->onPeerFailure = [&](MemberId, ecclResult_t, const std::string& why) { failure = why; };
+  dev->onPeerFailure = [&](MemberId, ecclResult_t, const std::string& why, uint64_t) { failure = why; };
   dev->addPeer(0, "tcp:127.0.0.1:1", "rank 0");
   dev->addPeer(1, "tcp:127.0.0.1:1", "rank 1");
   dev->setEpoch(1);
@@ -382,7 +423,7 @@ TEST(TcpDevice, MalformedFrameFailsThatPeerAndRevokesWithItsName) {
 
 TEST(TcpDevice, TruncatedFrameIsAClosedConnection) {
   auto dev = memberThreeDevice();
-  dev->onPeerFailure = [](MemberId, ecclResult_t, const std::string&) {};
+  dev->onPeerFailure = [](MemberId, ecclResult_t, const std::string&, uint64_t) {};
   dev->addPeer(0, "tcp:127.0.0.1:1", "rank 0");
   int64_t v;
   auto r = dev->irecv(0, 1, 0, &v, 8);
@@ -467,7 +508,7 @@ TEST(ShmDevice, ForcedSharedMemoryToAnUnreachableMemberFailsClearly) {
   o.handshakeTimeoutMs = 1000;
   std::string failure;  // declared first: outlives the device's threads
   auto dev = createDevice(o);
-  dev->onPeerFailure = [&](MemberId, ecclResult_t, const std::string& why) { failure = why; };
+  dev->onPeerFailure = [&](MemberId, ecclResult_t, const std::string& why, uint64_t) { failure = why; };
   dev->addPeer(1, "tcp:127.0.0.1:1", "rank 1");
   dev->setEpoch(1);
   int x = 0;
