@@ -8,6 +8,7 @@
 #include "common/log.h"
 #include "common/params.h"
 #include "net_plugin/handle.h"
+#include "net_plugin/job.h"
 #include "transport/backend.h"
 #include "transport/frame.h"
 
@@ -109,6 +110,7 @@ struct PluginRequest {
 
 struct Engine::Impl {
   std::unique_ptr<Device> device;
+  std::unique_ptr<JobLink> job;  // null outside an eccl job
   uint32_t lanes = 1;
   int64_t poolIdleMs = 60000;
   Mutex mu;
@@ -209,6 +211,17 @@ Engine::Engine(const transport::DeviceOptions& options) : impl_(std::make_unique
     impl->failed.emplace_back(peer, why);
   };
   log::info("net plugin: process {:016x} at {}", o.self, impl->device->address());
+  // The coordinator's word that a process died fails our lanes to it at
+  // once (in either direction), and with them every comm over them.
+  impl->job = JobLink::join(o.self, impl->device->address(), [impl](uint64_t process, const std::string& why) {
+    std::string reason = fmt::format("the job's coordinator: {}", why);
+    impl->device->failPeer(process, ecclRemoteError, reason);
+    impl->device->failPeer(Device::inboundPeer(process), ecclRemoteError, reason);
+  });
+  // A process that exits in order (exit(), not a crash) says so, or the
+  // others would take its closed coordinator connection for a failure
+  // and fail their last receives from it.
+  if (impl->job) std::atexit([] { Engine::get().impl_->job->leaveJob(); });
   // Opens and refusals must be answered, and idle lanes closed, even while
   // this process makes no plugin call (its NCCL is busy elsewhere, or done
   // with the peer): a service thread pumps every few milliseconds. The
@@ -607,6 +620,20 @@ Status Engine::closeListen(ListenComm* listen) {
     delete listen;
     std::erase_if(impl_->retired, [](const std::unique_ptr<Link>& l) { return l->channels == 0; });
   });
+}
+
+bool Engine::watchGroup(uint64_t uuid) {
+  if (!impl_->job) return false;
+  impl_->job->watchGroup(uuid);
+  return true;
+}
+
+void Engine::leaveGroup(uint64_t uuid) {
+  if (impl_->job) impl_->job->leaveGroup(uuid);
+}
+
+std::optional<std::string> Engine::groupFailure(uint64_t uuid) {
+  return impl_->job ? impl_->job->groupFailure(uuid) : std::nullopt;
 }
 
 EngineStats Engine::stats() {

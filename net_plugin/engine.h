@@ -28,6 +28,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -82,6 +83,13 @@ class Engine {
 
   EngineStats stats();
   int64_t timeoutMs() const { return timeoutMs_; }
+
+  // Under an eccl job (job.h): asks the coordinator to say when another
+  // member of group `uuid` (an NCCL communicator, named by the preload
+  // shim) fails; false outside a job. groupFailure: why it broke, if it did.
+  bool watchGroup(uint64_t uuid);
+  void leaveGroup(uint64_t uuid);
+  std::optional<std::string> groupFailure(uint64_t uuid);
 
  private:
   struct Impl;

@@ -270,6 +270,44 @@ ECCL_EXPORT const ncclNet_v12_t ncclNetPlugin_v12 = {
 // Not part of NCCL's interface: the pool's counters, for tests and tools
 // (the same figures ECCL_DEBUG=INFO logs). out: connections opened,
 // connects over new lanes, connects over pooled lanes, processes pooled.
+// Not part of NCCL's interface: the preload shim's way in (one engine per
+// process: the shim links this library, and NCCL's dlopen of it later
+// finds the same copy). Watch: 1 when watched (an eccl job), 0 outside a
+// job, -1 on error. Leave: this process is done with the group (its
+// communicator was destroyed or aborted). Failure: 1 and why (truncated
+// to whyBytes) when a member of the group failed, else 0.
+ECCL_EXPORT int ecclNetPluginWatchGroup(uint64_t uuid) {
+  try {
+    return Engine::get().watchGroup(uuid) ? 1 : 0;
+  } catch (const std::exception&) {
+    return -1;
+  }
+}
+
+ECCL_EXPORT int ecclNetPluginLeaveGroup(uint64_t uuid) {
+  try {
+    Engine::get().leaveGroup(uuid);
+    return 0;
+  } catch (const std::exception&) {
+    return -1;
+  }
+}
+
+ECCL_EXPORT int ecclNetPluginGroupFailure(uint64_t uuid, char* why, size_t whyBytes) {
+  try {
+    std::optional<std::string> failure = Engine::get().groupFailure(uuid);
+    if (!failure) return 0;
+    if (why && whyBytes) {
+      size_t n = std::min(whyBytes - 1, failure->size());
+      std::memcpy(why, failure->data(), n);
+      why[n] = '\0';
+    }
+    return 1;
+  } catch (const std::exception&) {
+    return -1;
+  }
+}
+
 ECCL_EXPORT int ecclNetPluginStats(uint64_t out[4]) {
   try {
     EngineStats s = Engine::get().stats();

@@ -54,14 +54,14 @@ cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DECCL_SANIT
 ninja -C build-tsan -j"$jobs" eccl_tsan_suite
 stage "TSan: threaded core"
 (cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest -j"$jobs" --output-on-failure --timeout 900 -L 'threads|unit')
-stage "TSan: the NCCL net plugin (its engine under the device's threads; the two newest versions)"
-(cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest -j"$jobs" --output-on-failure --timeout 900 -L net_plugin -R '/v1[12]$')
+stage "TSan: the NCCL net plugin (its engine under the device's threads; the two newest versions; under a job; the shim's table)"
+(cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest -j"$jobs" --output-on-failure --timeout 900 -L net_plugin -R '/v1[12]$|PluginUnderAJob|CommWatch')
 stage "TSan: multi-process reconfiguration (one at a time: TSan's slowdown on two cores)"
 (cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest -j1 --output-on-failure --timeout 900 -L reconfig -E '@tcp$')
 
 stage "Clang: thread-safety analysis"
 cmake -S . -B build-clang -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
   -DECCL_WITH_CUDA=OFF -DECCL_WITH_FUZZ=OFF >build-clang.configure.log 2>&1 || { cat build-clang.configure.log; exit 1; }
-ninja -C build-clang -j"$jobs" eccl eccl-run ecclcoord nccl-net-eccl
+ninja -C build-clang -j"$jobs" eccl eccl-run ecclcoord nccl-net-eccl eccl-preload
 stage "done"
 echo "all suites passed"

@@ -154,6 +154,7 @@ void Communicator::join(const ecclUniqueId& id, membership::Role role, int rank,
       [this](const std::vector<membership::ViewEntry>& entries) {
         if (eager_) worker_->post([this, entries] { migration_->connectStandbys(entries); });
       },
+      nullptr,  // a communicator watches no groups
   });
 }
 

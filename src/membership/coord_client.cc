@@ -93,6 +93,21 @@ void CoordClient::report(uint64_t failedMember, const std::string& reason, uint6
   post(std::move(m));
 }
 
+void CoordClient::joinGroup(uint64_t uuid) {
+  CoordMessage m;
+  m.kind = CoordKind::kGroup;
+  m.uuid = uuid;
+  post(std::move(m));
+}
+
+void CoordClient::leaveGroup(uint64_t uuid) {
+  CoordMessage m;
+  m.kind = CoordKind::kGroup;
+  m.uuid = uuid;
+  m.policy = 1;
+  post(std::move(m));
+}
+
 void CoordClient::requestRecover(uint32_t epoch, uint32_t policy) {
   CoordMessage m;
   m.kind = CoordKind::kRecover;
@@ -246,6 +261,9 @@ void CoordClient::deliver(CoordMessage m) {
   switch (m.kind) {
     case CoordKind::kFailed:
       if (cb.onFailed) cb.onFailed(m);
+      break;
+    case CoordKind::kGroupFailed:
+      if (cb.onGroupFailed) cb.onGroupFailed(m);
       break;
     case CoordKind::kEvicted:
       if (cb.onEvicted) cb.onEvicted(m.text);

@@ -54,6 +54,8 @@ class CoordClient {
     // an eager one connects to the members at once, whether or not anyone
     // waits on it.
     std::function<void(const std::vector<ViewEntry>&)> onStandbyView;
+    // A watched group (joinGroup) lost a member: uuid, members, text.
+    std::function<void(const CoordMessage&)> onGroupFailed;
   };
 
   // Connects, proves the secret, sends the join; throws naming the coordinator.
@@ -68,6 +70,12 @@ class CoordClient {
   // neededFrom > 0: the member left in order and this member's collective
   // of that sequence number, in `epoch`, was the first to need it (0: it failed).
   void report(uint64_t failedMember, const std::string& reason, uint64_t neededFrom = 0, uint32_t epoch = 0);
+  // Asks the coordinator to tell this member when another member that
+  // joined the group `uuid` fails (onGroupFailed).
+  void joinGroup(uint64_t uuid);
+  // This member is done with the group (its communicator was destroyed):
+  // its exit no longer breaks it for the others.
+  void leaveGroup(uint64_t uuid);
   void requestRecover(uint32_t epoch, uint32_t policy);
   void requestGrow(uint32_t epoch, uint32_t count);
   void requestReconfigure(uint32_t epoch, uint64_t uuid, const std::vector<uint64_t>& members);

@@ -29,6 +29,8 @@ const char* coordKindName(CoordKind kind) {
     case CoordKind::kSwitched: return "switched";
     case CoordKind::kSwitchFailed: return "switch-failed";
     case CoordKind::kReconfigure: return "reconfigure";
+    case CoordKind::kGroup: return "group";
+    case CoordKind::kGroupFailed: return "group failed";
   }
   return "unknown";
 }
@@ -68,7 +70,7 @@ std::optional<CoordMessage> decodeCoordMessage(const uint8_t* p, size_t n, std::
     *why = "coordinator message header is truncated or a field is too long";
     return std::nullopt;
   }
-  if (kind < 1 || kind > static_cast<uint32_t>(CoordKind::kReconfigure)) {
+  if (kind < 1 || kind > static_cast<uint32_t>(CoordKind::kGroupFailed)) {
     *why = fmt::format("unknown coordinator message kind {}", kind);
     return std::nullopt;
   }

@@ -41,6 +41,11 @@ enum class CoordKind : uint32_t {
   // A membership named outright (c10d's reconfigure): every member named in
   // `members` asks with the same list and uuid; the view becomes that list.
   kReconfigure = 22,   // member or standby -> coord: epoch (its view, 0 for a standby), uuid, members (rank order)
+  // Groups the coordinator does not form, only watches (an NCCL communicator
+  // under the preload shim): members name one by a uuid they agree on, and
+  // each hears when another member of it fails.
+  kGroup = 23,         // member -> coord: uuid, policy (0: joins that group, 1: leaves it in order)
+  kGroupFailed = 24,   // coord -> member: uuid, members (the failed), text
 };
 
 enum class Role : uint32_t { kRank = 1, kStandby = 2, kTool = 3 };

@@ -87,6 +87,9 @@ struct Coordinator::State {
   // Those of `failed` that left in order, reported by a member whose
   // collective of this sequence number needed them (CoordMessage::neededFrom).
   std::map<uint64_t, uint64_t> failedNeededFrom;
+  // Watched groups (kGroup): uuid -> members; and why each broken one broke.
+  std::map<uint64_t, std::set<uint64_t>> groups;
+  std::map<uint64_t, std::pair<uint64_t, std::string>> brokenGroups;  // uuid -> (failed member, why)
   std::string lastFailure;
   bool eagerListSent = false;     // the last standby list sent named someone
   std::optional<Pending> pending;
@@ -277,6 +280,48 @@ struct Coordinator::State {
     return f;
   }
 
+  // Every watched group of a failed member is broken: its other members hear
+  // it now, and one that registers later at once.
+  void breakGroupsOf(uint64_t member, const std::string& why) {
+    for (auto& [uuid, group] : groups) {
+      if (!group.count(member) || brokenGroups.count(uuid)) continue;
+      brokenGroups[uuid] = {member, why};
+      for (uint64_t m : group) tellGroupBroken(m, uuid, member, why);
+    }
+  }
+
+  void tellGroupBroken(uint64_t to, uint64_t uuid, uint64_t failedMember, const std::string& why) {
+    auto mm = members.find(to);
+    if (to == failedMember || mm == members.end() || !mm->second.channel) return;
+    CoordMessage g;
+    g.kind = CoordKind::kGroupFailed;
+    g.uuid = uuid;
+    g.members = {failedMember};
+    g.text = why;
+    send(mm->second, g);
+  }
+
+  void onGroup(uint64_t from, const CoordMessage& msg) {
+    constexpr size_t kMaxGroups = 1 << 16;  // an NCCL job makes a few communicators, not thousands
+    if (msg.policy == 1) {  // left in order
+      auto it = groups.find(msg.uuid);
+      if (it != groups.end() && it->second.erase(from) && it->second.empty()) {
+        groups.erase(it);
+        brokenGroups.erase(msg.uuid);
+      }
+      return;
+    }
+    auto& group = groups[msg.uuid];
+    if (groups.size() > kMaxGroups) {
+      groups.erase(msg.uuid);
+      log::warn("coordinator: {} asked to watch a group beyond the limit of {}; not watched", label(from), kMaxGroups);
+      return;
+    }
+    group.insert(from);
+    if (auto broken = brokenGroups.find(msg.uuid); broken != brokenGroups.end())
+      tellGroupBroken(from, msg.uuid, broken->second.first, broken->second.second);
+  }
+
   // neededFrom: as CoordMessage's (0: it failed).
   void declareFailed(uint64_t member, const std::string& reason, uint64_t neededFrom = 0) {
     auto it = members.find(member);
@@ -316,6 +361,7 @@ struct Coordinator::State {
       auto mm = members.find(m);
       if (mm != members.end() && mm->second.channel && !isFailed(m)) send(mm->second, f);
     }
+    breakGroupsOf(member, lastFailure);
     if (voter) {
       decideVote();
       return;
@@ -792,6 +838,8 @@ struct Coordinator::State {
         return onVote(from, msg);
       case CoordKind::kReconfigure:
         return onReconfigure(from, msg);
+      case CoordKind::kGroup:
+        return onGroup(from, msg);
       case CoordKind::kMigrate: {
         std::string refused = startMigration(msg.rank, label(from));
         if (!refused.empty()) {

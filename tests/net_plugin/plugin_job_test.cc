@@ -1,0 +1,122 @@
+// The plugin under an eccl job: each process registers with the job's
+// coordinator, so a SIGKILLed process fails the plugin comms to it, and
+// breaks the groups (NCCL communicators, as the preload shim names them)
+// it was in, long before ECCL_TIMEOUT_MS; a member that left a group
+// first breaks nothing when it exits.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <stdlib.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "eccl.h"
+#include "net_plugin/harness/net_api.h"
+#include "net_plugin/harness/procs.h"
+
+namespace eccl::test {
+namespace {
+
+using namespace std::chrono_literals;
+
+#define CHECK(cond, msg)                                                                             \
+  do {                                                                                               \
+    if (!(cond)) throw std::runtime_error(std::string(__FILE__ ":") + std::to_string(__LINE__) + ": " + #cond + ": " + (msg)); \
+  } while (0)
+
+using WatchFn = int (*)(uint64_t);
+using FailureFn = int (*)(uint64_t, char*, size_t);
+using LeaveFn = int (*)(uint64_t);
+
+constexpr uint64_t kEveryone = 0xa11, kWithoutRank2 = 0xb22;
+
+template <typename F>
+void* until(F&& fn, const char* what) {
+  for (auto stop = std::chrono::steady_clock::now() + 20s;;) {
+    void* out = nullptr;
+    CHECK(fn(&out) == ncclSuccess, what);
+    if (out) return out;
+    CHECK(std::chrono::steady_clock::now() < stop, std::string(what) + " never completed");
+    std::this_thread::yield();
+  }
+}
+
+TEST(PluginUnderAJob, AKilledProcessFailsItsCommsAndBreaksOnlyItsGroupsWithinAHeartbeat) {
+  ecclUniqueId id;
+  ASSERT_EQ(ecclGetUniqueId(&id), ecclSuccess);  // its coordinator runs on a thread of this process
+  char text[512];
+  ASSERT_EQ(ecclUniqueIdToString(&id, text, sizeof(text)), ecclSuccess);
+  setenv("ECCL_UNIQUE_ID", text, 1);
+  setenv("ECCL_SOCKET_IFNAME", "lo", 1);
+  setenv("ECCL_TIMEOUT_MS", "30000", 1);  // the transport alone would take this long
+  auto outcome = Ranks::run(3, [](int rank, int nranks) {
+    setenv("ECCL_RANK", std::to_string(rank).c_str(), 1);
+    setenv("ECCL_NRANKS", std::to_string(nranks).c_str(), 1);
+    NetApi net(ECCL_NET_PLUGIN_PATH, 12);
+    CHECK(net.init() == ncclSuccess, "init");
+    auto watch = reinterpret_cast<WatchFn>(dlsym(net.library(), "ecclNetPluginWatchGroup"));
+    auto failure = reinterpret_cast<FailureFn>(dlsym(net.library(), "ecclNetPluginGroupFailure"));
+    auto leave = reinterpret_cast<LeaveFn>(dlsym(net.library(), "ecclNetPluginLeaveGroup"));
+    CHECK(watch && failure && leave, "the shim's entry points are not exported");
+    CHECK(watch(kEveryone) == 1, "not registered with the job");
+    if (rank != 2) CHECK(watch(kWithoutRank2) == 1, "not registered with the job");
+    // Rank 0 receives from rank 2 over a plugin comm.
+    char handle[kBlob] = {};
+    void* listen = nullptr;
+    CHECK(net.listen(handle, &listen) == ncclSuccess, "listen");
+    auto all = Ranks::allgather(handle);
+    void* comm = nullptr;
+    if (rank == 2) comm = until([&](void** c) { return net.connect(all[0].data(), c); }, "connect");
+    if (rank == 0) comm = until([&](void** c) { return net.accept(listen, c); }, "accept");
+    std::this_thread::sleep_for(300ms);  // the group registrations reach the coordinator
+    char ready[kBlob] = {};
+    Ranks::allgather(ready);
+    if (rank == 2) raise(SIGKILL);
+    std::vector<uint8_t> in(4096);
+    void* request = nullptr;
+    if (rank == 0) {
+      void* data = in.data();
+      size_t cap = in.size();
+      int tag = 0;
+      request = until([&](void** r) { return net.irecv(comm, 1, &data, &cap, &tag, r); }, "irecv");
+    }
+    auto start = std::chrono::steady_clock::now();
+    char why[512] = {};
+    while (failure(kEveryone, why, sizeof(why)) != 1) {
+      CHECK(std::chrono::steady_clock::now() - start < 5s, "the group of everyone never broke");
+      std::this_thread::sleep_for(5ms);
+    }
+    CHECK(std::string(why).find("rank 2") != std::string::npos, why);
+    CHECK(failure(kWithoutRank2, why, sizeof(why)) == 0, "a group without rank 2 broke");
+    if (rank == 0) {
+      for (int done = 0;;) {
+        ncclResult_t rc = net.test(request, &done, nullptr);
+        CHECK(!done, "a receive from a dead process completed");
+        if (rc != ncclSuccess) {
+          CHECK(rc == ncclRemoteError, "result " + std::to_string(rc));
+          break;
+        }
+        CHECK(std::chrono::steady_clock::now() - start < 5s, "the comm to the dead process did not fail");
+        std::this_thread::sleep_for(1ms);
+      }
+    }
+    // Rank 1 is done with the group (its communicator destroyed) and then
+    // exits: that breaks nothing for rank 0, still in it.
+    if (rank == 1) {
+      CHECK(leave(kWithoutRank2) == 0, "leave");
+      std::this_thread::sleep_for(300ms);  // the leave is on the wire before the exit closes the connection
+      return;
+    }
+    std::this_thread::sleep_for(1500ms);
+    CHECK(failure(kWithoutRank2, why, sizeof(why)) == 0, std::string("rank 1's exit after leaving broke it: ") + why);
+  }, 60s);
+  EXPECT_EQ(outcome[0], "");
+  EXPECT_EQ(outcome[1], "");
+  unsetenv("ECCL_UNIQUE_ID");
+}
+
+}  // namespace
+}  // namespace eccl::test
