@@ -184,12 +184,25 @@ def run_batch(names: list[str], backend: str, world: int, workdir: str, timeout:
                 time.sleep(0.2)
             if proc.returncode not in (0, None) or current:
                 log.seek(0)
-                tail = log.read()[-2000:]
+                tail = crash_and_tail(log.read())
                 if current:  # the test that hung or took its parent down
                     todo.remove(current)
                     yield current, "hang" if time.time() - since > timeout else "fail", time.time() - since, tail
                 elif todo:
                     sys.exit(f"torch_suite: the batch runner failed before any test:\n{tail}")
+
+
+CRASH = re.compile(r"SIGSEGV|SIGABRT|SIGBUS|Fatal Python error|Segmentation fault")
+
+
+def crash_and_tail(output: str) -> str:
+    """The end of a batch's output, after the first crash report in it (the
+    crashing thread's stack comes first; the tail only shows the others)."""
+    tail = output[-2000:]
+    m = CRASH.search(output)
+    if m is None or m.start() >= len(output) - 2000:
+        return tail
+    return output[max(0, m.start() - 500):m.start() + 3000] + "\n    ...\n" + tail
 
 
 def load_known() -> dict[str, str]:
@@ -234,7 +247,8 @@ def main() -> int:
                 counts[b][status] += 1
                 print(f"{world} ranks  {b:5s} {status:4s} {took:6.1f} s  {name}", flush=True)
                 if status in ("fail", "hang") and a.show_failures:
-                    print("    | " + "\n    | ".join(tail.splitlines()[-25:]), flush=True)
+                    lines = tail.splitlines()
+                    print("    | " + "\n    | ".join(lines if CRASH.search(tail) else lines[-25:]), flush=True)
 
             if a.batch:
                 for b in backends:
