@@ -117,6 +117,11 @@ struct Engine::Impl {
   std::map<MemberId, std::unique_ptr<Link>> links ECCL_GUARDED_BY(mu);
   std::vector<std::unique_ptr<Link>> retired ECCL_GUARDED_BY(mu);  // replaced, still named by comms
   std::map<uint64_t, ListenComm*> listens ECCL_GUARDED_BY(mu);
+  // The live listen comms' tokens, for the device's handshake gate: under
+  // a leaf lock of their own, so a dial is answered however busy the
+  // engine's lock is (NCCL calls accept in a tight loop while it waits).
+  Mutex tokensMu;
+  std::map<uint64_t, Secret> tokens ECCL_GUARDED_BY(tokensMu);
   EngineStats stats ECCL_GUARDED_BY(mu);
   // Filled by the device's callbacks (under the device's lock): a leaf mutex.
   std::mutex eventsMu;
@@ -192,13 +197,11 @@ Engine::Engine(const transport::DeviceOptions& options) : impl_(std::make_unique
   impl->poolIdleMs = params::netPoolIdleMs();
   impl->lanes = static_cast<uint32_t>(options.lanes);
   transport::DeviceOptions o = options;
-  // Dials prove a live listen comm's token; the lookup reads the listen
-  // table under the engine's lock, which the gate's thread may take (the
-  // engine never waits for the gate while holding it).
+  // Dials prove a live listen comm's token (tokens: a leaf lock).
   o.acceptSecrets = [impl](uint64_t listenId) -> std::optional<Secret> {
-    MutexLock lock(impl->mu);
-    auto it = impl->listens.find(listenId);
-    return it == impl->listens.end() ? std::nullopt : std::optional<Secret>(it->second->token);
+    MutexLock lock(impl->tokensMu);
+    auto it = impl->tokens.find(listenId);
+    return it == impl->tokens.end() ? std::nullopt : std::optional<Secret>(it->second);
   };
   impl->device = transport::createDevice(o);
   impl->device->setEpoch(1);
@@ -375,6 +378,10 @@ Status Engine::listen(void* handle, ListenComm** comm) {
     randomBytes(listen->token.data(), listen->token.size());
     ListenHandle h{impl_->device->self(), listen->listenId, listen->token, impl_->device->address()};
     encodeHandle(h, handle);
+    {
+      MutexLock tokens(impl_->tokensMu);
+      impl_->tokens[listen->listenId] = listen->token;
+    }
     MutexLock lock(impl_->mu);
     impl_->listens[listen->listenId] = listen.get();
     *comm = listen.release();
@@ -611,6 +618,10 @@ Status Engine::closeChannel(Channel* comm) {
 Status Engine::closeListen(ListenComm* listen) {
   return guarded([&] {
     ECCL_CHECK_ARG(listen, "closeListen: null listen comm");
+    {
+      MutexLock tokens(impl_->tokensMu);
+      impl_->tokens.erase(listen->listenId);
+    }
     MutexLock lock(impl_->mu);
     impl_->listens.erase(listen->listenId);
     for (Channel* c : listen->ready) {
