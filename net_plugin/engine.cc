@@ -1,5 +1,7 @@
 #include "net_plugin/engine.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 #include <thread>
@@ -224,7 +226,13 @@ Engine::Engine(const transport::DeviceOptions& options) : impl_(std::make_unique
   // A process that exits in order (exit(), not a crash) says so, or the
   // others would take its closed coordinator connection for a failure
   // and fail their last receives from it.
-  if (impl->job) std::atexit([] { Engine::get().impl_->job->leaveJob(); });
+  // A child forked later (a data loader's worker) inherits the handler
+  // but not the registration: only this process leaves.
+  static const pid_t registered = getpid();
+  if (impl->job)
+    std::atexit([] {
+      if (getpid() == registered) Engine::get().impl_->job->leaveJob();
+    });
   // Opens and refusals must be answered, and idle lanes closed, even while
   // this process makes no plugin call (its NCCL is busy elsewhere, or done
   // with the peer): a service thread pumps every few milliseconds. The
