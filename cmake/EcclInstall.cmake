@@ -8,7 +8,7 @@ install(TARGETS eccl-run ecclcoord RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(TARGETS all_reduce_perf all_gather_perf reduce_scatter_perf broadcast_perf reduce_perf alltoall_perf
                 sendrecv_perf reconfig_perf dispatch_perf log_perf elastic_train
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
-install(FILES include/eccl.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(FILES include/eccl.h include/eccl_net.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(EXPORT ecclTargets NAMESPACE eccl:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/eccl)
 file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/ecclConfig.cmake.in
      "@PACKAGE_INIT@\ninclude(\"\${CMAKE_CURRENT_LIST_DIR}/ecclTargets.cmake\")\n")

@@ -11,6 +11,7 @@
 #include "common/params.h"
 #include "net_plugin/handle.h"
 #include "net_plugin/job.h"
+#include "log/sender_log.h"
 #include "transport/backend.h"
 #include "transport/frame.h"
 
@@ -113,6 +114,9 @@ struct PluginRequest {
 struct Engine::Impl {
   std::unique_ptr<Device> device;
   std::unique_ptr<JobLink> job;  // null outside an eccl job
+  // The boundary-send log: sends to chosen job ranks, teed (docs/nccl.md).
+  log::SenderLog sendLog ECCL_GUARDED_BY(mu);
+  ecclLogFullPolicy_t logPolicy ECCL_GUARDED_BY(mu) = ecclLogOnFullError;
   uint32_t lanes = 1;
   int64_t poolIdleMs = 60000;
   Mutex mu;
@@ -131,6 +135,11 @@ struct Engine::Impl {
   std::vector<std::pair<MemberId, std::string>> failed;
 
   Link& addLinkLocked(MemberId peer, uint64_t process) ECCL_REQUIRES(mu);
+  // The job rank of `process` when sends to it are logged; *wait: nobody
+  // can tell yet (the job's first view has not arrived).
+  std::optional<int> loggedRankLocked(uint64_t process, bool* wait) ECCL_REQUIRES(mu);
+  // A send request's record is kept (it completed) or dropped.
+  void settleLocked(PluginRequest& request, bool ok) ECCL_REQUIRES(mu);
   Link* linkToLocked(uint64_t process) ECCL_REQUIRES(mu);
   // reap=false keeps links with no channel that failed (a caller about to
   // read one's failure holds a pointer to it).
@@ -150,6 +159,7 @@ Status fromError(const Error& e) {
     case ecclInvalidUsage: return Status::kInvalidUsage;
     case ecclSystemError: return Status::kSystemError;
     case ecclInternalError: return Status::kInternalError;
+    case ecclLogFull: return Status::kSystemError;  // this process's log, not a peer
     default: return Status::kRemoteError;  // a peer failed, timed out, refused us, or left
   }
 }
@@ -226,6 +236,7 @@ Engine::Engine(const transport::DeviceOptions& options) : impl_(std::make_unique
   // A process that exits in order (exit(), not a crash) says so, or the
   // others would take its closed coordinator connection for a failure
   // and fail their last receives from it.
+  if (params::netLogBytes() > 0) configureLogFromEnv();
   // A child forked later (a data loader's worker) inherits the handler
   // but not the registration: only this process leaves.
   static const pid_t registered = getpid();
@@ -260,6 +271,19 @@ Link& Engine::Impl::addLinkLocked(MemberId peer, uint64_t process) {
   postControlRecvLocked(*slot);
   stats.linksOpen = links.size();
   return *slot;
+}
+
+std::optional<int> Engine::Impl::loggedRankLocked(uint64_t process, bool* wait) {
+  *wait = false;
+  if (!sendLog.store() || !job) return std::nullopt;
+  std::optional<int> rank = job->rankOf(process);
+  *wait = !rank && !job->formed();
+  return rank && sendLog.logsTo(*rank) ? rank : std::nullopt;
+}
+
+void Engine::Impl::settleLocked(PluginRequest& request, bool ok) {
+  if (!request.channel->sender || !sendLog.store()) return;
+  for (int i = 0; i < request.n; ++i) sendLog.settle(request.parts[i].get(), ok);
 }
 
 // Lanes to a process in either direction serve any channel to it.
@@ -509,10 +533,32 @@ Status Engine::isend(Channel* comm, const void* data, size_t size, int tag, Plug
            comm->group, cts->n);
     if (size > cts->sizes[slot])
       fail(ecclInvalidUsage, "isend: {} bytes for a receive of {} (tag {})", size, cts->sizes[slot], tag);
+    // A logged send reserves its record first: a full log fails it (error
+    // policy) or holds it back until a truncate (block: NCCL calls again).
+    bool unknownYet = false;
+    std::optional<int> loggedRank = impl_->loggedRankLocked(link.process, &unknownYet);
+    if (unknownYet) return;  // whether to log it is known once the job's view arrives: NCCL calls again
+    log::LogStore::Reservation reservation;
+    if (loggedRank) {
+      try {
+        reservation = impl_->sendLog.reserve(1, *loggedRank, ecclUint8, size, Clock::now(),
+                                             fmt::format("isend to job rank {}", *loggedRank));
+      } catch (const Error& e) {
+        bool fits = size <= impl_->sendLog.store()->capacity();
+        if (e.code() == ecclLogFull && impl_->logPolicy == ecclLogOnFullBlock && fits) return;
+        throw;
+      }
+    }
     auto req = std::make_unique<PluginRequest>();
     req->channel = comm;
     req->n = 1;
-    req->parts[0] = impl_->device->isend(link.peer, kDataSeq | (comm->group * kMaxRecvs + slot), comm->id, data, size);
+    try {
+      req->parts[0] = impl_->device->isend(link.peer, kDataSeq | (comm->group * kMaxRecvs + slot), comm->id, data, size);
+    } catch (...) {
+      if (loggedRank) impl_->sendLog.abandon(reservation);
+      throw;
+    }
+    if (loggedRank) impl_->sendLog.copy(req->parts[0].get(), reservation, data, size, [] {});
     comm->usedSlots |= 1u << slot;
     if (comm->usedSlots == (1u << cts->n) - 1) {
       comm->cts.pop_front();
@@ -582,17 +628,23 @@ Status Engine::test(PluginRequest* request, int* done, int* sizes) {
       }
       return any;
     };
-    if (pending()) {
-      // A stopped process never closes its lanes: a liveness ping finds it.
-      if (impl_->device->checkAlive(comm.link->peer, timeoutMs_)) return;
-      // The device read everything the peer sent before it failed, and
-      // failed what was left: the states are final now.
+    try {
       if (pending()) {
-        impl_->pumpLocked();
-        fail(ecclRemoteError, "process {:016x} failed: {}", comm.link->process,
-             comm.link->failure.empty() ? "its lanes are gone" : comm.link->failure);
+        // A stopped process never closes its lanes: a liveness ping finds it.
+        if (impl_->device->checkAlive(comm.link->peer, timeoutMs_)) return;
+        // The device read everything the peer sent before it failed, and
+        // failed what was left: the states are final now.
+        if (pending()) {
+          impl_->pumpLocked();
+          fail(ecclRemoteError, "process {:016x} failed: {}", comm.link->process,
+               comm.link->failure.empty() ? "its lanes are gone" : comm.link->failure);
+        }
       }
+    } catch (const Error&) {
+      impl_->settleLocked(*request, false);
+      throw;
     }
+    impl_->settleLocked(*request, true);
     if (sizes)
       for (int i = 0; i < request->n; ++i) sizes[i] = static_cast<int>(request->parts[i]->bytes);
     *done = 1;
@@ -610,6 +662,7 @@ Status Engine::closeChannel(Channel* comm) {
     // NCCL's abort closes comms with requests in flight and frees their
     // buffers: the device must let go of them first.
     for (PluginRequest* r : comm->requests) {
+      impl_->settleLocked(*r, false);
       for (int i = 0; i < r->n; ++i) impl_->device->cancel(r->parts[i], "the comm was closed");
       if (r->ctsSend) impl_->device->cancel(r->ctsSend, "the comm was closed");
       delete r;
@@ -645,6 +698,68 @@ bool Engine::watchGroup(uint64_t uuid) {
   if (!impl_->job) return false;
   impl_->job->watchGroup(uuid);
   return true;
+}
+
+// ECCL_NET_LOG_BYTES, ECCL_NET_LOG_RANKS and ECCL_NET_LOG_WHEN_FULL, for a
+// program that cannot call ecclNetLogConfigure. A bad setting is logged,
+// never fatal to NCCL's init.
+void Engine::configureLogFromEnv() {
+  try {
+    ecclLogConfig_t c{};
+    c.size = sizeof(c);
+    c.capacityBytes = static_cast<size_t>(params::netLogBytes());
+    std::string policy = params::netLogWhenFull();
+    if (policy == "block") c.whenFull = ecclLogOnFullBlock;
+    else if (policy == "evict") c.whenFull = ecclLogOnFullEvict;
+    else if (policy != "error") fail(ecclInvalidArgument, "ECCL_NET_LOG_WHEN_FULL='{}' must be error, block or evict", policy);
+    std::vector<int> ranks;
+    std::string list = params::netLogRanks();
+    for (size_t at = 0; at < list.size();) {
+      size_t end = std::min(list.find(',', at), list.size());
+      std::string item = list.substr(at, end - at);
+      char* stop = nullptr;
+      long r = std::strtol(item.c_str(), &stop, 10);
+      if (item.empty() || *stop != '\0' || r < 0 || r > INT32_MAX)
+        fail(ecclInvalidArgument, "ECCL_NET_LOG_RANKS='{}': '{}' is not a rank", list, item);
+      ranks.push_back(static_cast<int>(r));
+      at = end + 1;
+    }
+    if (ranks.empty()) fail(ecclInvalidArgument, "ECCL_NET_LOG_BYTES is set but ECCL_NET_LOG_RANKS names no rank");
+    c.peers = ranks.data();
+    c.numPeers = static_cast<int>(ranks.size());
+    logConfigure(c);
+  } catch (const std::exception& e) {
+    log::warn("net plugin: sends are not logged: {}", e.what());
+  }
+}
+
+void Engine::logConfigure(const ecclLogConfig_t& config) {
+  MutexLock lock(impl_->mu);
+  if (!impl_->job)
+    fail(ecclInvalidUsage, "the plugin's send log names job ranks: it needs an eccl job (ECCL_UNIQUE_ID and this "
+                           "process's rank), and this process is not registered with one");
+  impl_->sendLog.configure(config, impl_->job->nranks());
+  impl_->logPolicy = config.whenFull;
+}
+
+void Engine::logSetTag(int64_t iteration, int32_t microbatch) {
+  MutexLock lock(impl_->mu);
+  impl_->sendLog.setTag(iteration, microbatch);
+}
+
+size_t Engine::logTruncate(int64_t iteration) {
+  MutexLock lock(impl_->mu);
+  return impl_->sendLog.truncate(iteration);
+}
+
+void Engine::logStats(ecclLogStats_t* out) {
+  MutexLock lock(impl_->mu);
+  impl_->sendLog.fillStats(out);
+}
+
+void Engine::logRead(int rank, size_t index, ecclLogRecord_t* record, void* buffer, size_t bufferBytes) {
+  MutexLock lock(impl_->mu);
+  impl_->sendLog.read(rank, index, record, buffer, bufferBytes);
 }
 
 void Engine::leaveGroup(uint64_t uuid) {

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "common/crypto.h"
+#include "eccl.h"
 #include "common/mutex.h"
 #include "transport/device.h"
 
@@ -88,10 +89,19 @@ class Engine {
   // member of group `uuid` (an NCCL communicator, named by the preload
   // shim) fails; false outside a job. groupFailure: why it broke, if it did.
   bool watchGroup(uint64_t uuid);
+  // The boundary-send log, as ecclLog* but keyed by job rank: sends to the
+  // configured ranks are copied into a host-memory log, tagged, truncated
+  // at durable checkpoints, read back (throw eccl::Error).
+  void logConfigure(const ecclLogConfig_t& config);
+  void logSetTag(int64_t iteration, int32_t microbatch);
+  size_t logTruncate(int64_t iteration);
+  void logStats(ecclLogStats_t* out);
+  void logRead(int rank, size_t index, ecclLogRecord_t* record, void* buffer, size_t bufferBytes);
   void leaveGroup(uint64_t uuid);
   std::optional<std::string> groupFailure(uint64_t uuid);
 
  private:
+  void configureLogFromEnv();
   struct Impl;
   std::unique_ptr<Impl> impl_;
   int64_t timeoutMs_;

@@ -49,6 +49,7 @@ std::unique_ptr<JobLink> JobLink::join(uint64_t self, const std::string& address
     log::warn("net plugin: not registered with the job's coordinator as rank {} of {}: {}", rank, nranks, e.what());
     return nullptr;
   }
+  link->nranks_ = nranks;
   JobLink* raw = link.get();
   link->client_->setCallbacks({
       [onFailed](const membership::CoordMessage& f) {
@@ -72,6 +73,29 @@ JobLink::~JobLink() = default;
 void JobLink::watchGroup(uint64_t uuid) { client_->joinGroup(uuid); }
 void JobLink::leaveGroup(uint64_t uuid) { client_->leaveGroup(uuid); }
 void JobLink::leaveJob() { client_->leave(); }
+
+bool JobLink::formed() {
+  rankOf(0);  // takes any view that came
+  MutexLock lock(mu_);
+  return !ranks_.empty();
+}
+
+std::optional<int> JobLink::rankOf(uint64_t process) {
+  MutexLock lock(mu_);
+  // Views the coordinator sent since the last look (formation, recovery):
+  // taken without waiting.
+  for (;;) {
+    try {
+      membership::ViewUpdate v = client_->awaitView(Clock::now(), "the job's view");
+      ranks_.clear();
+      for (size_t r = 0; r < v.entries.size(); ++r) ranks_[v.entries[r].member] = static_cast<int>(r);
+    } catch (const Error&) {
+      break;  // none queued (or the coordinator is gone: the last view stands)
+    }
+  }
+  auto it = ranks_.find(process);
+  return it == ranks_.end() ? std::nullopt : std::optional<int>(it->second);
+}
 
 std::optional<std::string> JobLink::groupFailure(uint64_t uuid) {
   MutexLock lock(mu_);

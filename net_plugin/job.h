@@ -43,11 +43,20 @@ class JobLink {
   // Why group `uuid` broke, if it did.
   std::optional<std::string> groupFailure(uint64_t uuid);
 
+  // The job rank a process holds in the latest view this process has
+  // heard of (none before the job forms, or for a process not in it).
+  std::optional<int> rankOf(uint64_t process);
+  // Whether a view has arrived yet (before it, rankOf knows nobody).
+  bool formed();
+  int nranks() const { return nranks_; }
+
  private:
   JobLink() = default;
   std::unique_ptr<membership::CoordClient> client_;
   Mutex mu_;
   std::map<uint64_t, std::string> broken_ ECCL_GUARDED_BY(mu_);
+  std::map<uint64_t, int> ranks_ ECCL_GUARDED_BY(mu_);  // process -> job rank
+  int nranks_ = 0;
 };
 
 }  // namespace eccl::netplugin

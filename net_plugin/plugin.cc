@@ -8,6 +8,7 @@
 #include <cstring>
 #include <vector>
 
+#include "common/error.h"
 #include "common/log.h"
 #include "net_plugin/engine.h"
 #include "net_plugin/nccl_net_abi.h"
@@ -306,6 +307,53 @@ ECCL_EXPORT int ecclNetPluginGroupFailure(uint64_t uuid, char* why, size_t whyBy
   } catch (const std::exception&) {
     return -1;
   }
+}
+
+// The boundary-send log's calls (include/eccl_net.h): ecclLog*'s contract,
+// with job ranks for peers.
+namespace {
+
+template <typename F>
+ecclResult_t logCall(const char* name, F&& body) {
+  try {
+    body(Engine::get());
+    return ecclSuccess;
+  } catch (const eccl::Error& e) {
+    eccl::log::warn("{}: {}", name, e.what());
+    return e.code();
+  } catch (const std::exception& e) {
+    eccl::log::warn("{}: {}", name, e.what());
+    return ecclInternalError;
+  }
+}
+
+}  // namespace
+
+ECCL_EXPORT ecclResult_t ecclNetLogConfigure(const ecclLogConfig_t* config) {
+  return logCall("ecclNetLogConfigure", [&](Engine& e) {
+    if (!config) eccl::fail(ecclInvalidArgument, "config is NULL");
+    e.logConfigure(*config);
+  });
+}
+
+ECCL_EXPORT ecclResult_t ecclNetLogSetTag(int64_t iteration, int32_t microbatch) {
+  return logCall("ecclNetLogSetTag", [&](Engine& e) { e.logSetTag(iteration, microbatch); });
+}
+
+ECCL_EXPORT ecclResult_t ecclNetLogTruncate(int64_t iteration) {
+  return logCall("ecclNetLogTruncate", [&](Engine& e) { e.logTruncate(iteration); });
+}
+
+ECCL_EXPORT ecclResult_t ecclNetLogStats(ecclLogStats_t* stats) {
+  return logCall("ecclNetLogStats", [&](Engine& e) {
+    if (!stats) eccl::fail(ecclInvalidArgument, "stats is NULL");
+    e.logStats(stats);
+  });
+}
+
+ECCL_EXPORT ecclResult_t ecclNetLogRead(int rank, size_t index, ecclLogRecord_t* record, void* buffer,
+                                        size_t bufferBytes) {
+  return logCall("ecclNetLogRead", [&](Engine& e) { e.logRead(rank, index, record, buffer, bufferBytes); });
 }
 
 ECCL_EXPORT int ecclNetPluginStats(uint64_t out[4]) {

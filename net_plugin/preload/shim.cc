@@ -11,14 +11,11 @@
 #include <string>
 
 #include "common/log.h"
-#include "net_plugin/preload/comm_watch.h"
-#include "net_plugin/preload/nccl_api_abi.h"
-
 // The net plugin's own entry points (libnccl-net-eccl.so, which the shim
 // links: NCCL's later dlopen of the plugin finds this same copy).
-extern "C" int ecclNetPluginWatchGroup(uint64_t uuid);
-extern "C" int ecclNetPluginLeaveGroup(uint64_t uuid);
-extern "C" int ecclNetPluginGroupFailure(uint64_t uuid, char* why, size_t whyBytes);
+#include "eccl_net.h"
+#include "net_plugin/preload/comm_watch.h"
+#include "net_plugin/preload/nccl_api_abi.h"
 
 namespace {
 

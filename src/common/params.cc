@@ -43,6 +43,14 @@ const std::vector<Param>& all() {
       {"ECCL_NET_POOL_IDLE_MS", "int", "60000",
        "NCCL net plugin: pooled connections to a process that no NCCL comm has used for this long are closed "
        "(a re-created communicator within it reconnects nothing)."},
+      {"ECCL_NET_LOG_BYTES", "int", "0",
+       "NCCL net plugin: the boundary-send log's arena (0: no log); sends to the job ranks of ECCL_NET_LOG_RANKS "
+       "are copied into it (needs an eccl job; ecclNetLogConfigure does the same from code)."},
+      {"ECCL_NET_LOG_RANKS", "string", "",
+       "NCCL net plugin: comma-separated job ranks: this process's sends to them are logged."},
+      {"ECCL_NET_LOG_WHEN_FULL", "string", "error",
+       "NCCL net plugin: a full send log fails the send (error), holds it back until ecclNetLogTruncate (block: "
+       "NCCL retries), or drops the oldest records (evict)."},
       {"ECCL_SHM_RING_BYTES", "int", "1048576",
        "Shared-memory ring per lane and direction, a power of two from 4096 to 1 GiB: a pair of members "
        "holds 2 x this x ECCL_NSOCKS_PERPEER (2 MiB by default; 8 ranks on a host: 56 MiB in all)."},
@@ -134,6 +142,9 @@ int64_t handshakeTimeoutMs() { return getInt("ECCL_HANDSHAKE_TIMEOUT_MS"); }
 int64_t maxUnauthenticated() { return getInt("ECCL_MAX_UNAUTHENTICATED"); }
 int64_t spinUs() { return getInt("ECCL_SPIN_US"); }
 int64_t netPoolIdleMs() { return getInt("ECCL_NET_POOL_IDLE_MS"); }
+int64_t netLogBytes() { return getInt("ECCL_NET_LOG_BYTES"); }
+std::string netLogRanks() { return getString("ECCL_NET_LOG_RANKS"); }
+std::string netLogWhenFull() { return getString("ECCL_NET_LOG_WHEN_FULL"); }
 std::string transport() { return getString("ECCL_TRANSPORT"); }
 int64_t gpuChunkBytes() { return getInt("ECCL_GPU_CHUNK_BYTES"); }
 std::string cudaDriverLibrary() { return getString("ECCL_CUDA_DRIVER"); }

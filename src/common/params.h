@@ -38,6 +38,9 @@ int64_t maxUnauthenticated();
 int pinProgressThread();
 int64_t spinUs();
 int64_t netPoolIdleMs();
+int64_t netLogBytes();
+std::string netLogRanks();
+std::string netLogWhenFull();
 std::string transport();  // checked by transport::parseBackendList
 int64_t shmRingBytes();
 int64_t gpuChunkBytes();

@@ -159,3 +159,101 @@ TEST(PluginUnderAJob, AKilledProcessFailsItsCommsAndBreaksOnlyItsGroupsWithinAHe
 
 }  // namespace
 }  // namespace eccl::test
+
+namespace eccl::test {
+namespace {
+
+using SetTagFn = ecclResult_t (*)(int64_t, int32_t);
+using TruncateFn = ecclResult_t (*)(int64_t);
+using StatsFn = ecclResult_t (*)(ecclLogStats_t*);
+using ReadFn = ecclResult_t (*)(int, size_t, ecclLogRecord_t*, void*, size_t);
+
+std::vector<uint8_t> pattern(size_t n, int seed) {
+  std::vector<uint8_t> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint8_t>(i * 31 + seed * 7);
+  return v;
+}
+
+template <typename T>
+T symbol(NetApi& net, const char* name) {
+  auto f = reinterpret_cast<T>(dlsym(net.library(), name));
+  CHECK(f, std::string(name) + " is not exported");
+  return f;
+}
+
+// Rank 0's sends to rank 1 (its pipeline neighbour, ECCL_NET_LOG_RANKS=1)
+// are teed into its log, tagged by iteration, read back byte for byte and
+// truncated at a checkpoint; rank 1's sends to rank 0 are not logged.
+TEST(PluginUnderAJob, SendsToALoggedRankAreTeedTaggedReadAndTruncated) {
+  Coordinator coordinator;
+  setenv("ECCL_UNIQUE_ID", coordinator.id().c_str(), 1);
+  setenv("ECCL_SOCKET_IFNAME", "lo", 1);
+  setenv("ECCL_NET_LOG_BYTES", "1048576", 1);
+  setenv("ECCL_NET_LOG_RANKS", "1", 1);
+  constexpr size_t kBytes = 64 << 10;
+  auto outcome = Ranks::run(2, [](int rank, int nranks) {
+    setenv("ECCL_RANK", std::to_string(rank).c_str(), 1);
+    setenv("ECCL_NRANKS", std::to_string(nranks).c_str(), 1);
+    NetApi net(ECCL_NET_PLUGIN_PATH, 12);
+    CHECK(net.init() == ncclSuccess, "init");
+    auto setTag = symbol<SetTagFn>(net, "ecclNetLogSetTag");
+    auto truncate = symbol<TruncateFn>(net, "ecclNetLogTruncate");
+    auto stats = symbol<StatsFn>(net, "ecclNetLogStats");
+    auto read = symbol<ReadFn>(net, "ecclNetLogRead");
+    char handle[kBlob] = {};
+    void* listen = nullptr;
+    CHECK(net.listen(handle, &listen) == ncclSuccess, "listen");
+    auto all = Ranks::allgather(handle);
+    void *send = nullptr, *recv = nullptr;
+    for (auto stop = std::chrono::steady_clock::now() + 20s; !send || !recv;) {
+      if (!send) CHECK(net.connect(all[1 - rank].data(), &send) == ncclSuccess, "connect");
+      if (!recv) CHECK(net.accept(listen, &recv) == ncclSuccess, "accept");
+      CHECK(std::chrono::steady_clock::now() < stop, "the pair did not connect");
+    }
+    auto finish = [&](void* request) {
+      for (int done = 0; !done;) CHECK(net.test(request, &done, nullptr) == ncclSuccess, "test");
+    };
+    for (int iteration = 1; iteration <= 3; ++iteration) {
+      CHECK(setTag(iteration, 0) == ecclSuccess, "setTag");
+      std::vector<uint8_t> out = pattern(kBytes, iteration + rank * 10), in(kBytes);
+      void* data = in.data();
+      size_t cap = in.size();
+      int tag = 0;
+      void* r = until([&](void** q) { return net.irecv(recv, 1, &data, &cap, &tag, q); }, "irecv");
+      void* s = until([&](void** q) { return net.isend(send, out.data(), out.size(), 0, q); }, "isend");
+      finish(s);
+      finish(r);
+      CHECK(in == pattern(kBytes, iteration + (1 - rank) * 10), "a message arrived changed");
+    }
+    ecclLogStats_t st{};
+    st.size = sizeof(st);
+    CHECK(stats(&st) == ecclSuccess, "stats");
+    if (rank == 1) {
+      CHECK(st.records == 0, "rank 1 logged " + std::to_string(st.records) + " sends to an unlogged rank");
+      return;
+    }
+    CHECK(st.records == 3 && st.bytes == 3 * kBytes, "records " + std::to_string(st.records));
+    CHECK(st.oldestIteration == 1 && st.newestIteration == 3, "iterations");
+    for (size_t i = 0; i < 3; ++i) {
+      ecclLogRecord_t rec{};
+      rec.size = sizeof(rec);
+      std::vector<uint8_t> payload(kBytes);
+      CHECK(read(1, i, &rec, payload.data(), payload.size()) == ecclSuccess, "read");
+      CHECK(rec.peer == 1 && rec.iteration == static_cast<int64_t>(i + 1) && rec.count == kBytes, "record");
+      CHECK(payload == pattern(kBytes, static_cast<int>(i) + 1), "a logged payload differs from what was sent");
+    }
+    CHECK(truncate(3) == ecclSuccess, "truncate");
+    CHECK(stats(&st) == ecclSuccess && st.records == 1 && st.oldestIteration == 3, "after the truncate");
+    ecclLogRecord_t rec{};
+    rec.size = sizeof(rec);
+    CHECK(read(0, 0, &rec, nullptr, 0) != ecclSuccess, "rank 0's own log to rank 0 exists");
+  }, 60s);
+  EXPECT_EQ(outcome[0], "");
+  EXPECT_EQ(outcome[1], "");
+  unsetenv("ECCL_NET_LOG_BYTES");
+  unsetenv("ECCL_NET_LOG_RANKS");
+  unsetenv("ECCL_UNIQUE_ID");
+}
+
+}  // namespace
+}  // namespace eccl::test
