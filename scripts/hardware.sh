@@ -12,6 +12,9 @@
 #   device    device collectives against the host path (2-4 ranks on the
 #             GPU), and device_perf: the stream-path allreduce against
 #             NCCL (one GPU per rank) and against eccl's host path
+#   nccl      real NCCL over eccl's net plugin against NCCL's own sockets
+#             (2 ranks on the GPU, one NCCL_HOSTID each, alternating runs),
+#             pooled re-creation, and the preload shim with a rank killed
 # No stage: all of them. Everything measured goes under $OUT (or
 # hardware-out/), with a dated report, report-<UTC time>.md, whose figures
 # go to docs/hardware.md.
@@ -23,7 +26,7 @@ build=${ECCL_HW_BUILD:-build-hw}
 report="$out/report-$(date -u +%Y%m%dT%H%M%SZ).md"
 export ECCL_SOCKET_IFNAME=${ECCL_SOCKET_IFNAME:-lo}
 stages=("$@")
-[ ${#stages[@]} -gt 0 ] || stages=(build cuda dispatch reconfig logs device)
+[ ${#stages[@]} -gt 0 ] || stages=(build cuda dispatch reconfig logs device nccl)
 
 note() { echo "$*" | tee -a "$report"; }
 section() { note ""; note "## $1 ($(date -u +%T) UTC)"; }
@@ -65,7 +68,8 @@ for stage in "${stages[@]}"; do
       grep -E '^-- eccl' "$out/configure.txt" | tee -a "$report" || true
       if grep -q 'kernels for sm' "$out/configure.txt"; then
         targets+=(moe_cuda_test reduce_cuda_test device_collectives_test)
-        grep -q 'device_perf .* is not built' "$out/configure.txt" || targets+=(device_perf)
+        grep -q 'device_perf .* is not built' "$out/configure.txt" ||
+          targets+=(device_perf nccl_net_perf nccl_failover nccl-net-eccl eccl-preload)
       fi
       record build ninja -C "$build" -j"$(nproc)" "${targets[@]}"
       ;;
@@ -118,8 +122,29 @@ for stage in "${stages[@]}"; do
         note "device_perf: not built (needs CUDA and NCCL at configure time)"
       fi
       ;;
+    nccl)
+      section "NCCL over eccl's net plugin (targets: busbw >= 0.9x NCCL's sockets; pooled re-creation >= 10x faster; a killed rank reported within 2 s)"
+      if [ -x "$build/perf/nccl_net_perf" ]; then
+        # Both transports on the network path: NCCL's own P2P and SHM are off,
+        # and each rank is its own host. Alternating runs, three each.
+        common=(env NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_SOCKET_IFNAME=lo)
+        plugin=("${common[@]}" NCCL_NET_PLUGIN=eccl NCCL_NET=eccl LD_LIBRARY_PATH="$(cd "$build/net_plugin" && pwd)")
+        socket=("${common[@]}" NCCL_NET_PLUGIN=none NCCL_NET=Socket)
+        args=(-b 64K -e 128M -f 4 -n 20 -w 5 --recreate 5 --distinct-hosts)
+        for i in 1 2 3; do
+          record "nccl_plugin_$i" "$build/bootstrap/eccl-run" -np 2 --timeout 300 "${plugin[@]}" \
+            "$build/perf/nccl_net_perf" "${args[@]}" --label eccl-plugin
+          record "nccl_socket_$i" "$build/bootstrap/eccl-run" -np 2 --timeout 300 "${socket[@]}" \
+            "$build/perf/nccl_net_perf" "${args[@]}" --label nccl-socket
+        done
+        record nccl_failover tests/net_plugin/nccl_failover.sh "$build/bootstrap/eccl-run" \
+          "$build/tests/nccl_failover" "$build/net_plugin/libeccl-preload.so"
+      else
+        note "nccl_net_perf: not built (needs CUDA and NCCL at configure time)"
+      fi
+      ;;
     *)
-      echo "hardware.sh: unknown stage '$stage' (build cuda dispatch reconfig logs device)" >&2
+      echo "hardware.sh: unknown stage '$stage' (build cuda dispatch reconfig logs device nccl)" >&2
       exit 2
       ;;
   esac
