@@ -1,0 +1,145 @@
+// The engine's state, shared by its files (engine.cc: channels over the
+// device; engine_job.cc: the job, its groups and the send log). Internal.
+#pragma once
+
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/crypto.h"
+#include "common/mutex.h"
+#include "log/sender_log.h"
+#include "net_plugin/engine.h"
+#include "net_plugin/job.h"
+#include "transport/device.h"
+#include "transport/frame.h"
+
+namespace eccl::netplugin {
+
+using transport::Device;
+using transport::MemberId;
+using transport::Request;
+using transport::RequestPtr;
+
+// Device addressing. Every message of the plugin is point to point; the
+// kind sits under the p2p bit so the three sequences never meet:
+//   control (open, refuse): tag 0, a counter per direction of a link;
+//   clear-to-send of channel c, group g: tag c | kCtsTag, seq g;
+//   data of channel c, group g, buffer i: tag c, seq g * kMaxRecvs + i.
+constexpr uint64_t kControlSeq = transport::FrameHeader::kP2pBit | (1ull << 56);
+constexpr uint64_t kCtsSeq = transport::FrameHeader::kP2pBit | (2ull << 56);
+constexpr uint64_t kDataSeq = transport::FrameHeader::kP2pBit | (3ull << 56);
+constexpr uint32_t kControlTag = 0;
+constexpr uint32_t kCtsTag = 1u << 31;
+constexpr uint64_t kCommId = 0x504c4e4c43434545;  // every plugin device's frames: "EECCLNLP"
+constexpr int kCtsAhead = kMaxRequests;           // clear-to-send receives a sender keeps posted
+
+enum class ControlType : uint32_t { kOpen = 1, kRefuse = 2 };
+
+struct ControlMessage {
+  uint32_t type = 0;
+  uint32_t channel = 0;
+  uint64_t listenId = 0;
+  uint64_t from = 0, to = 0;  // the processes, as the proof binds them
+  Mac proof{};
+};
+static_assert(sizeof(ControlMessage) == 64);
+
+struct ClearToSend {
+  uint64_t group = 0;
+  int32_t n = 0;
+  int32_t reserved = 0;
+  int32_t tags[kMaxRecvs] = {};
+  uint64_t sizes[kMaxRecvs] = {};
+};
+
+// A remote process and the lanes to it (one device peer).
+struct Link {
+  MemberId peer = 0;     // the device's name for it (inbound or outbound)
+  uint64_t process = 0;  // the remote process's own id
+  bool lanesUp = false;  // once, so opens count as new or pooled
+  uint32_t nextChannel = 1;
+  uint64_t controlSent = 0, controlExpected = 0;
+  RequestPtr controlRecv;
+  ControlMessage controlIn;
+  std::vector<std::unique_ptr<ControlMessage>> controlOut;  // alive until their sends complete
+  std::vector<RequestPtr> controlOutRequests;
+  int channels = 0;
+  Clock::time_point idleSince = Clock::now();
+  std::string failure;                    // the process failed or went away
+  std::map<uint32_t, std::string> refused;  // our channels the listener refused
+};
+
+struct Channel {
+  Link* link = nullptr;
+  uint32_t id = 0;
+  bool sender = false;
+  int inflight = 0;
+  std::string failure;  // refused, or closed under it
+  // Sender: clear-to-send receives for groups [group, ctsPosted).
+  uint64_t group = 0, ctsPosted = 0;
+  std::deque<std::pair<RequestPtr, std::unique_ptr<ClearToSend>>> cts;
+  uint32_t usedSlots = 0;  // of the current group
+  // Receiver.
+  uint64_t nextGroup = 0;
+  std::vector<PluginRequest*> requests;  // in flight, NCCL's until test() says done
+};
+
+struct ListenComm {
+  uint64_t listenId = 0;
+  Secret token{};
+  std::deque<Channel*> ready;
+};
+
+struct PluginRequest {
+  Channel* channel = nullptr;
+  int n = 0;
+  RequestPtr parts[kMaxRecvs];
+  RequestPtr ctsSend;  // a receive's clear-to-send
+  std::unique_ptr<ClearToSend> ctsMessage;
+};
+
+struct Engine::Impl {
+  std::unique_ptr<Device> device;
+  std::unique_ptr<JobLink> job;  // null outside an eccl job
+  // The boundary-send log: sends to chosen job ranks, teed (docs/nccl.md).
+  log::SenderLog sendLog ECCL_GUARDED_BY(mu);
+  ecclLogFullPolicy_t logPolicy ECCL_GUARDED_BY(mu) = ecclLogOnFullError;
+  uint32_t lanes = 1;
+  int64_t poolIdleMs = 60000;
+  Mutex mu;
+  std::map<MemberId, std::unique_ptr<Link>> links ECCL_GUARDED_BY(mu);
+  std::vector<std::unique_ptr<Link>> retired ECCL_GUARDED_BY(mu);  // replaced, still named by comms
+  std::map<uint64_t, ListenComm*> listens ECCL_GUARDED_BY(mu);
+  // The live listen comms' tokens, for the device's handshake gate: under
+  // a leaf lock of their own, so a dial is answered however busy the
+  // engine's lock is (NCCL calls accept in a tight loop while it waits).
+  Mutex tokensMu;
+  std::map<uint64_t, Secret> tokens ECCL_GUARDED_BY(tokensMu);
+  EngineStats stats ECCL_GUARDED_BY(mu);
+  // Filled by the device's callbacks (under the device's lock): a leaf mutex.
+  std::mutex eventsMu;
+  std::vector<MemberId> arrived;
+  std::vector<std::pair<MemberId, std::string>> failed;
+
+  Link& addLinkLocked(MemberId peer, uint64_t process) ECCL_REQUIRES(mu);
+  // The job rank of `process` when sends to it are logged; *wait: nobody
+  // can tell yet (the job's first view has not arrived).
+  std::optional<int> loggedRankLocked(uint64_t process, bool* wait) ECCL_REQUIRES(mu);
+  // A send request's record is kept (it completed) or dropped.
+  void settleLocked(PluginRequest& request, bool ok) ECCL_REQUIRES(mu);
+  Link* linkToLocked(uint64_t process) ECCL_REQUIRES(mu);
+  // reap=false keeps links with no channel that failed (a caller about to
+  // read one's failure holds a pointer to it).
+  void pumpLocked(bool reap = true) ECCL_REQUIRES(mu);
+  void postControlRecvLocked(Link& link) ECCL_REQUIRES(mu);
+  void sendControlLocked(Link& link, const ControlMessage& m) ECCL_REQUIRES(mu);
+  void onControlLocked(Link& link, const ControlMessage& m) ECCL_REQUIRES(mu);
+  void reapIdleLocked() ECCL_REQUIRES(mu);
+};
+
+}  // namespace eccl::netplugin
