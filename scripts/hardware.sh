@@ -139,6 +139,17 @@ for stage in "${stages[@]}"; do
         done
         record nccl_failover tests/net_plugin/nccl_failover.sh "$build/bootstrap/eccl-run" \
           "$build/tests/nccl_failover" "$build/net_plugin/libeccl-preload.so"
+        # DDP under the shim, where this machine has torch (python3, or .venv's).
+        py=python3
+        [ -x .venv/bin/python ] && py=.venv/bin/python
+        if "$py" -c "import torch" 2>/dev/null; then
+          rdv=$(mktemp -u)
+          record ddp_failover "$build/bootstrap/eccl-run" -np 2 --timeout 180 --kill-when '1:ready to die' \
+            "${plugin[@]}" LD_PRELOAD="$(cd "$build/net_plugin" && pwd)/libeccl-preload.so" \
+            "$py" tests/net_plugin/ddp_failover.py "$rdv"
+        else
+          note "ddp_failover: not run (no torch on this machine)"
+        fi
       else
         note "nccl_net_perf: not built (needs CUDA and NCCL at configure time)"
       fi
