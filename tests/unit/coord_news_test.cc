@@ -21,12 +21,13 @@ namespace {
 
 using namespace std::chrono_literals;
 
-// One member's client and what it heard.
+// One member's client and what it heard. The client is declared last: it
+// is destroyed first, stopping its thread before what the callbacks fill.
 struct Member {
-  std::unique_ptr<CoordClient> client;
   std::mutex mu;
   std::condition_variable cv;
   std::vector<CoordMessage> failed, groupFailed;
+  std::unique_ptr<CoordClient> client;
 
   Member(const UniqueIdData& id, int rank, int nranks) {
     JoinRequest join{Role::kRank, rank, nranks, 100u + static_cast<uint64_t>(rank), "tcp:127.0.0.1:1", false};
