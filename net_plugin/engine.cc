@@ -127,7 +127,11 @@ Engine::Engine(const transport::DeviceOptions& options) : impl_(std::make_unique
     for (;;) {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
       MutexLock lock(impl->mu);
-      impl->pumpLocked();
+      try {
+        impl->pumpLocked();
+      } catch (const std::exception& e) {  // one pass lost, never the process
+        log::warn("net plugin: service thread: {}", e.what());
+      }
     }
   }).detach();
 }
@@ -148,13 +152,32 @@ Link& Engine::Impl::addLinkLocked(MemberId peer, uint64_t process) {
   return *slot;
 }
 
-// Lanes to a process in either direction serve any channel to it.
+// Lanes to a process in either direction serve any channel to it, unless
+// they are being closed.
 Link* Engine::Impl::linkToLocked(uint64_t process) {
   for (MemberId id : {process, Device::inboundPeer(process)}) {
     auto it = links.find(id);
-    if (it != links.end() && it->second->failure.empty() && device->hasPeer(id)) return it->second.get();
+    if (it != links.end() && it->second->failure.empty() && device->hasPeer(id) &&
+        it->second->closing == Link::Closing::kNo)
+      return it->second.get();
   }
   return nullptr;
+}
+
+bool Engine::Impl::closingLinkToLocked(uint64_t process) {
+  for (MemberId id : {process, Device::inboundPeer(process)}) {
+    auto it = links.find(id);
+    if (it != links.end() && it->second->failure.empty() && it->second->closing != Link::Closing::kNo) return true;
+  }
+  return false;
+}
+
+void Engine::Impl::sendControlTypeLocked(Link& link, ControlType type) {
+  ControlMessage m;
+  m.type = static_cast<uint32_t>(type);
+  m.from = device->self();
+  m.to = link.process;
+  sendControlLocked(link, m);
 }
 
 void Engine::Impl::postControlRecvLocked(Link& link) {
@@ -195,6 +218,27 @@ void Engine::Impl::onControlLocked(Link& link, const ControlMessage& m) {
     it->second->ready.push_back(channel);
     return;
   }
+  if (m.type == static_cast<uint32_t>(ControlType::kClosing)) {
+    // Agreed only with no channel of ours over these lanes (an open we
+    // sent is one): we use them no more; they go with the asker's goodbye.
+    if (link.channels > 0) {
+      sendControlTypeLocked(link, ControlType::kStay);
+      return;
+    }
+    sendControlTypeLocked(link, ControlType::kCloseOk);
+    link.closing = Link::Closing::kAgreed;
+    return;
+  }
+  if (m.type == static_cast<uint32_t>(ControlType::kCloseOk)) {
+    if (link.channels == 0) link.closeNow = true;
+    else link.closing = Link::Closing::kNo;  // an open of theirs came first: they stay
+    return;
+  }
+  if (m.type == static_cast<uint32_t>(ControlType::kStay)) {
+    link.closing = Link::Closing::kNo;
+    link.idleSince = Clock::now();
+    return;
+  }
   if (m.type == static_cast<uint32_t>(ControlType::kRefuse)) {
     // The lanes are fine; only that channel is refused.
     link.refused[m.channel] = fmt::format("{} refused the connection (a wrong token, or its listen comm is closed)", who);
@@ -214,6 +258,12 @@ void Engine::Impl::pumpLocked(bool reap) {
     newPeers.swap(arrived);
     failures.swap(failed);
   }
+  // A control receive that failed: the lanes are gone (the other side said
+  // goodbye, or failed), whether or not the device called it a failure. Seen
+  // before arrivals, so the same process dialing anew gets a new link.
+  for (auto& [peer, link] : links)
+    if (link->failure.empty() && link->controlRecv && link->controlRecv->state.load() == Request::kFailed)
+      link->failure = link->controlRecv->error.empty() ? "its lanes closed" : link->controlRecv->error;
   for (MemberId peer : newPeers) {
     if (auto it = links.find(peer); it != links.end() && it->second->failure.empty()) continue;
     addLinkLocked(peer, peer & ~Device::kInboundPeerBit).lanesUp = true;
@@ -244,14 +294,29 @@ void Engine::Impl::pumpLocked(bool reap) {
   if (reap) reapIdleLocked();
 }
 
-// Pooled lanes nobody has used for a while are closed (the device says
-// goodbye on them, so the other side closes its end quietly).
+// Pooled lanes nobody has used for a while are closed, once both sides
+// agree: we ask (kClosing); the other side agrees (kCloseOk) only if no
+// channel of its own uses them, an open it sent included, and from then on
+// neither side opens channels over them (a connect waits, then dials
+// anew). The device says goodbye on them, so the other end closes quietly.
 void Engine::Impl::reapIdleLocked() {
   const auto now = Clock::now();
+  const auto bound = std::chrono::milliseconds(poolIdleMs);
   for (auto it = links.begin(); it != links.end();) {
     Link& link = *it->second;
-    bool idle = link.channels == 0 && now - link.idleSince >= std::chrono::milliseconds(poolIdleMs);
     bool dead = !link.failure.empty() && link.channels == 0;
+    if (!dead && link.failure.empty() && link.channels == 0 && link.closing == Link::Closing::kNo &&
+        now - link.idleSince >= bound && device->hasPeer(link.peer)) {
+      sendControlTypeLocked(link, ControlType::kClosing);
+      link.closing = Link::Closing::kAsked;
+      link.closeAsked = now;
+    }
+    // No answer within the bound: the other side is gone or hung. (An
+    // agreeing side waits for the asker's goodbye: until then a dial of
+    // ours could meet its old lanes.)
+    bool unanswered = link.closing == Link::Closing::kAsked &&
+                      now - link.closeAsked >= std::max(bound, std::chrono::milliseconds(1000));
+    bool idle = link.channels == 0 && (link.closeNow || unanswered);
     if (!idle && !dead) {
       ++it;
       continue;
@@ -294,6 +359,7 @@ Status Engine::connect(const void* handle, Channel** comm) {
     MutexLock lock(impl_->mu);
     impl_->pumpLocked();
     Link* link = impl_->linkToLocked(h.process);
+    if (!link && impl_->closingLinkToLocked(h.process)) return;  // the pair is agreeing on a close: call again
     if (!link) {
       if (auto old = impl_->links.find(h.process); old != impl_->links.end()) {
         // Lanes that failed or were closed: dial anew (a new peer entry).

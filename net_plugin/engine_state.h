@@ -38,7 +38,9 @@ constexpr uint32_t kCtsTag = 1u << 31;
 constexpr uint64_t kCommId = 0x504c4e4c43434545;  // every plugin device's frames: "EECCLNLP"
 constexpr int kCtsAhead = kMaxRequests;           // clear-to-send receives a sender keeps posted
 
-enum class ControlType : uint32_t { kOpen = 1, kRefuse = 2 };
+// kClosing / kCloseOk / kStay: idle pooled lanes are closed only when both
+// sides agree (engine.cc, reapIdleLocked), so a reap never crosses a new comm.
+enum class ControlType : uint32_t { kOpen = 1, kRefuse = 2, kClosing = 3, kCloseOk = 4, kStay = 5 };
 
 struct ControlMessage {
   uint32_t type = 0;
@@ -70,6 +72,11 @@ struct Link {
   std::vector<RequestPtr> controlOutRequests;
   int channels = 0;
   Clock::time_point idleSince = Clock::now();
+  // Closing idle lanes: we asked (kAsked, since closeAsked), or agreed to
+  // the other side's ask (kAgreed: they go when its goodbye comes).
+  enum class Closing { kNo, kAsked, kAgreed } closing = Closing::kNo;
+  Clock::time_point closeAsked{};
+  bool closeNow = false;  // we asked and the other side agreed
   std::string failure;                    // the process failed or went away
   std::map<uint32_t, std::string> refused;  // our channels the listener refused
 };
@@ -127,6 +134,10 @@ struct Engine::Impl {
   std::vector<std::pair<MemberId, std::string>> failed;
 
   Link& addLinkLocked(MemberId peer, uint64_t process) ECCL_REQUIRES(mu);
+  // Whether lanes to `process` are being closed by agreement: a connect
+  // waits for the outcome (the lanes stay, or go and it dials anew).
+  bool closingLinkToLocked(uint64_t process) ECCL_REQUIRES(mu);
+  void sendControlTypeLocked(Link& link, ControlType type) ECCL_REQUIRES(mu);
   // The job rank of `process` when sends to it are logged; *wait: nobody
   // can tell yet (the job's first view has not arrived).
   std::optional<int> loggedRankLocked(uint64_t process, bool* wait) ECCL_REQUIRES(mu);

@@ -429,7 +429,7 @@ void LaneDevice::acceptOne(Backend& backend, membership::Admitted admitted) {
     auto conduit = backend.openAccepted(std::move(admitted.fd), deadline, what);
     MutexLock lock(mu_);
     if (opt_.peersFromConnections) {
-      Peer& p = arrivedPeerLocked(hello.fromMember, hello.jobId, admitted.from);
+      Peer& p = arrivedPeerLocked(hello.fromMember, hello.lane, hello.jobId, admitted.from);
       acceptLaneLocked(p.id, hello.lane, &backend, std::move(conduit), what);
       return;
     }
@@ -459,13 +459,31 @@ void LaneDevice::acceptLaneLocked(MemberId from, uint32_t laneIndex, Backend* ba
 }
 
 // A member that dialed in unannounced (peers from connections): its lanes
-// go to a candidate peer of their own, created by its first lane.
-Peer& LaneDevice::arrivedPeerLocked(MemberId member, uint64_t jobId, const std::string& from) {
+// go to a candidate peer of their own, created by its first lane. A lane
+// whose place is taken is a new dial: that process dropped the lanes we
+// hold (it dials only when it has none), so they are failed and replaced,
+// even if their goodbye has not been read yet.
+Peer& LaneDevice::arrivedPeerLocked(MemberId member, uint32_t lane, uint64_t jobId, const std::string& from) {
   const MemberId id = inboundPeer(member);
   auto it = peers_.find(id);
-  if (it != peers_.end() && it->second.state != Peer::State::kFailed && it->second.state != Peer::State::kLeft)
-    return it->second;
-  if (it != peers_.end()) peers_.erase(it);  // a new process reusing an id gets a fresh peer
+  bool dead = it != peers_.end() && (it->second.state == Peer::State::kFailed || it->second.state == Peer::State::kLeft);
+  bool redialed = it != peers_.end() && !dead && lane < it->second.lanes.size() && it->second.lanes[lane]->opened;
+  if (it != peers_.end() && !dead && !redialed) return it->second;
+  if (redialed)
+    failPeerLocked(id, ecclRemoteError, fmt::format("{} dialed anew (its earlier lanes were dropped)", it->second.label),
+                   /*flood=*/false);
+  if (auto old = peers_.find(id); old != peers_.end()) {
+    // A fresh peer for the new lanes: nothing the old ones carried may be
+    // matched by receives meant for the new (their numbering starts over).
+    for (auto box = inbox_.begin(); box != inbox_.end();) {
+      bool mine = box->first.peer == id;
+      if (mine && box->second.request) completeLocked(box->second.request, ecclRemoteError, "its lanes were replaced");
+      box = mine ? inbox_.erase(box) : std::next(box);
+    }
+    discardOrphanedPayloadsLocked();
+    candidateFailed_.erase(id);
+    peers_.erase(old);
+  }
   Peer& p = peers_[id];
   p.id = id;
   p.label = fmt::format("process {:016x} ({})", member, from);

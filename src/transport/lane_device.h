@@ -301,7 +301,7 @@ class LaneDevice final : public Device {
   static bool fitsLocked(const Inbox& box, uint64_t total) {
     return box.upTo ? total <= box.capacity : total == box.total;
   }
-  Peer& arrivedPeerLocked(MemberId member, uint64_t jobId, const std::string& from) ECCL_REQUIRES(mu_);
+  Peer& arrivedPeerLocked(MemberId member, uint32_t lane, uint64_t jobId, const std::string& from) ECCL_REQUIRES(mu_);
   void progressLoop();
   void acceptLoop();
   static RequestPtr newRequest(MemberId member, uint64_t seq, bool isSend);

@@ -347,6 +347,44 @@ TEST_P(EachVersion, AReCreatedCommunicatorReusesThePoolAcrossAnUnload) {
   });
 }
 
+// Pooled lanes are reaped after ECCL_NET_POOL_IDLE_MS (30 ms here) while
+// the pair keeps re-creating its comms at intervals around that bound: a
+// reap that crosses a new comm must never fail it (the two sides agree on
+// a close first, a connect waits for their answer, and a process's fresh
+// dial replaces the lanes it dropped). The engine is the same under every
+// version: the newest drives it.
+TEST(Pool, CommsMadeWhileThePoolIsReapedNeverFail) {
+  const int version = 12;
+  setenv("ECCL_SOCKET_IFNAME", "lo", 1);
+  setenv("ECCL_NET_POOL_IDLE_MS", "30", 1);
+  auto outcome = Ranks::run(2, [version](int rank, int nranks) {
+    NetApi net(pluginPath().c_str(), version);
+    NET_OK(net.init());
+    std::mt19937 rng(1234);  // the same pauses on both sides: they meet around the bound
+    for (int round = 0; round < 60; ++round) {
+      Pair p = ring(net, rank, nranks);
+      int x = round * 2 + rank, y = -1, tag = 0;
+      void* data = &y;
+      size_t cap = sizeof(y);
+      void* r = until([&](void** q) { return net.irecv(p.recv, 1, &data, &cap, &tag, q); }, "irecv");
+      void* s = until([&](void** q) { return net.isend(p.send, &x, sizeof(x), 0, q); }, "isend");
+      finish(net, s, 1, 10000ms);
+      finish(net, r, 1, 10000ms);
+      CHECK(y == round * 2 + (1 - rank), "round " + std::to_string(round) + ": got " + std::to_string(y));
+      NET_OK(net.closeSend(p.send));
+      NET_OK(net.closeRecv(p.recv));
+      NET_OK(net.closeListen(p.listen));
+      std::this_thread::sleep_for(std::chrono::milliseconds(20 + rng() % 25));
+    }
+    uint64_t stats[4];
+    net.stats(stats);
+    CHECK(stats[1] > 1 && stats[2] > 1, "new and pooled lanes were not both exercised (new " +
+                                            std::to_string(stats[1]) + ", pooled " + std::to_string(stats[2]) + ")");
+  }, 120s);
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(outcome[r], "") << "rank " << r;
+  setenv("ECCL_NET_POOL_IDLE_MS", "60000", 1);
+}
+
 // A connect with a handle the listener will not honour fails: at connect
 // (new lanes: the dial cannot prove the token) or at the first send (pooled
 // lanes: the listener refuses the open).
