@@ -55,7 +55,7 @@ ninja -C build-tsan -j"$jobs" eccl_tsan_suite
 stage "TSan: threaded core"
 (cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest -j"$jobs" --output-on-failure --timeout 900 -L 'threads|unit')
 stage "TSan: the NCCL net plugin (its engine under the device's threads; the two newest versions; under a job; the shim's table)"
-(cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest -j"$jobs" --output-on-failure --timeout 900 -L net_plugin -R '/v1[12]$|PluginUnderAJob|CommWatch|Pool\.')
+(cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest -j"$jobs" --output-on-failure --timeout 900 -L net_plugin -R '/v1[12]( |$)|PluginUnderAJob|CommWatch|Pool\.')
 stage "TSan: multi-process reconfiguration (one at a time: TSan's slowdown on two cores)"
 (cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest -j1 --output-on-failure --timeout 900 -L reconfig -E '@tcp$')
 

@@ -144,11 +144,7 @@ void LaneDevice::connectPeer(MemberId member) {
     label = p.label;
     credentials = p.credentials.value_or(std::make_pair(opt_.jobId, opt_.secret));
     if (opt_.peersFromConnections) {
-      std::erase_if(dials_, [](Dial& d) {
-        if (!*d.finished) return false;
-        d.thread.join();
-        return true;
-      });
+      joinFinishedDialsLocked();
       auto finished = std::make_shared<std::atomic<bool>>(false);
       dials_.push_back({std::thread([this, member, address, label, credentials, finished] {
                           dialPeer(member, address, label, credentials);
@@ -160,6 +156,17 @@ void LaneDevice::connectPeer(MemberId member) {
     }
   }
   dialPeer(member, address, label, credentials);
+}
+
+// A dial's thread is joined soon after it ends (here and from the progress
+// loop), not only at close: a device that lives as long as its process (the
+// net plugin's) would otherwise end it holding finished, unjoined threads.
+void LaneDevice::joinFinishedDialsLocked() {
+  std::erase_if(dials_, [](Dial& d) {
+    if (!*d.finished) return false;
+    d.thread.join();
+    return true;
+  });
 }
 
 void LaneDevice::dialPeer(MemberId member, const std::vector<std::pair<std::string, std::string>>& addr,

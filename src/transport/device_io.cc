@@ -373,6 +373,7 @@ void LaneDevice::progressLoop() {
       [[maybe_unused]] ssize_t rc = ::read(eventFd_.get(), &drained, sizeof(drained));
     }
     MutexLock lock(mu_);
+    joinFinishedDialsLocked();
     // Take the lanes back once their lease has run out with nobody driving.
     if (callerOwned_ && drivers_ == 0 && Clock::now() >= leaseUntil_) setCallerOwnedLocked(false);
     timeoutMs = callerOwned_ ? kLeaseMs : 200;

@@ -371,6 +371,7 @@ class LaneDevice final : public Device {
   };
   std::vector<Parked> parked_ ECCL_GUARDED_BY(mu_);  // authenticated, from a member not known yet
   std::vector<Dial> dials_ ECCL_GUARDED_BY(mu_);  // one thread per member being dialed
+  void joinFinishedDialsLocked() ECCL_REQUIRES(mu_);
   std::map<uint64_t, Lane*> lanesByToken_ ECCL_GUARDED_BY(mu_);
   std::vector<Lane*> memoryLanes_ ECCL_GUARDED_BY(mu_);  // lanes that pollsMemory()
   uint64_t nextToken_ ECCL_GUARDED_BY(mu_) = 1;
