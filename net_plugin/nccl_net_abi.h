@@ -19,6 +19,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "net_plugin/nccl_result_abi.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -28,19 +30,6 @@ extern "C" {
 #define NCCL_PTR_HOST 0x1
 #define NCCL_PTR_CUDA 0x2
 #define NCCL_PTR_DMABUF 0x4
-
-/* NCCL's own result codes (nccl.h); the same values as eccl's first seven. */
-typedef enum {
-  ncclSuccess = 0,
-  ncclUnhandledCudaError = 1,
-  ncclSystemError = 2,
-  ncclInternalError = 3,
-  ncclInvalidArgument = 4,
-  ncclInvalidUsage = 5,
-  ncclRemoteError = 6,
-  ncclInProgress = 7,
-  ncclNumResults = 8
-} ncclResult_t;
 
 typedef enum {
   NCCL_LOG_NONE = 0,

@@ -4,21 +4,12 @@
 // value; ncclConfig_t only through pointers, so its version never matters).
 #pragma once
 
+#include "net_plugin/nccl_result_abi.h"
+
 extern "C" {
 
 typedef struct ncclComm* ncclComm_t;
 typedef struct ncclConfig_opaque ncclConfig_t;
-
-typedef enum {
-  ncclSuccess = 0,
-  ncclUnhandledCudaError = 1,
-  ncclSystemError = 2,
-  ncclInternalError = 3,
-  ncclInvalidArgument = 4,
-  ncclInvalidUsage = 5,
-  ncclRemoteError = 6,
-  ncclInProgress = 7,
-} ncclResult_t;
 
 #define NCCL_UNIQUE_ID_BYTES 128
 typedef struct {

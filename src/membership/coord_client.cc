@@ -93,18 +93,14 @@ void CoordClient::report(uint64_t failedMember, const std::string& reason, uint6
   post(std::move(m));
 }
 
-void CoordClient::joinGroup(uint64_t uuid) {
-  CoordMessage m;
-  m.kind = CoordKind::kGroup;
-  m.uuid = uuid;
-  post(std::move(m));
-}
+void CoordClient::joinGroup(uint64_t uuid) { postGroup(uuid, /*leave=*/false); }
+void CoordClient::leaveGroup(uint64_t uuid) { postGroup(uuid, /*leave=*/true); }
 
-void CoordClient::leaveGroup(uint64_t uuid) {
+void CoordClient::postGroup(uint64_t uuid, bool leave) {
   CoordMessage m;
   m.kind = CoordKind::kGroup;
   m.uuid = uuid;
-  m.policy = 1;
+  m.policy = leave ? 1 : 0;
   post(std::move(m));
 }
 

@@ -93,6 +93,7 @@ class CoordClient {
  private:
   void run();
   void post(CoordMessage m, bool wake = true);
+  void postGroup(uint64_t uuid, bool leave);
   void deliver(CoordMessage m);
 
   const uint64_t self_;

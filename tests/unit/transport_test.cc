@@ -285,16 +285,17 @@ TEST(TcpDevice, ASilentPeerDelaysNoPostAndNoOtherDial) {
   }
 }
 
-// A member that finished collective 1 and destroyed its communicator
-// breaks the view from the first collective that needs it (2), not before:
-// a slower member still finishing collective 1 with the others keeps it.
-TEST(TcpDevice, ALeaverNeededByALaterCollectiveSparesTheEarlierOne) {
+using FailureHook = decltype(Device::onPeerFailure);
+
+// Members 0-2 over TCP at epoch 1, each connected to the others; member m's
+// onPeerFailure is hookFor(m).
+std::vector<std::unique_ptr<Device>> connectedTrio(const std::function<FailureHook(MemberId)>& hookFor) {
   DeviceOptions o = loopbackOptions("tcp", 5, 1);
   std::vector<std::unique_ptr<Device>> d;
   for (MemberId m = 0; m < 3; ++m) {
     o.self = m;
     d.push_back(createDevice(o));
-    d.back()->onPeerFailure = [](MemberId, ecclResult_t, const std::string&, uint64_t) {};
+    d.back()->onPeerFailure = hookFor(m);
   }
   for (MemberId m = 0; m < 3; ++m) {
     for (MemberId q = 0; q < 3; ++q)
@@ -304,6 +305,14 @@ TEST(TcpDevice, ALeaverNeededByALaterCollectiveSparesTheEarlierOne) {
   connectAll(*d[0], {1, 2}, deadlineAfterMs(5000));
   connectAll(*d[1], {0, 2}, deadlineAfterMs(5000));
   connectAll(*d[2], {0, 1}, deadlineAfterMs(5000));
+  return d;
+}
+
+// A member that finished collective 1 and destroyed its communicator
+// breaks the view from the first collective that needs it (2), not before:
+// a slower member still finishing collective 1 with the others keeps it.
+TEST(TcpDevice, ALeaverNeededByALaterCollectiveSparesTheEarlierOne) {
+  auto d = connectedTrio([](MemberId) { return [](MemberId, ecclResult_t, const std::string&, uint64_t) {}; });
   int32_t fromLeaver = 0, fromZero = 0, x = 7, late = 0;
   auto r0 = d[0]->irecv(2, 1, 0, &fromLeaver, 4);
   d[2]->wait(d[2]->isend(0, 1, 0, &x, 4), deadlineAfterMs(5000), "send");
@@ -333,24 +342,11 @@ TEST(TcpDevice, ALeaverNeededByALaterCollectiveSparesTheEarlierOne) {
 // this slower member: its receive of that data still completes, and only
 // collectives from 2 on fail.
 TEST(TcpDevice, ANoticeOfALeaverNeededLaterSparesAReceiveStillInFlight) {
-  DeviceOptions o = loopbackOptions("tcp", 5, 1);
   std::vector<uint64_t> reportedFrom;  // declared first: outlives the devices' threads
-  std::vector<std::unique_ptr<Device>> d;
-  for (MemberId m = 0; m < 3; ++m) {
-    o.self = m;
-    d.push_back(createDevice(o));
-    d.back()->onPeerFailure = [&reportedFrom, m](MemberId, ecclResult_t, const std::string&, uint64_t from) {
-      if (m == 1) reportedFrom.push_back(from);
-    };
-  }
-  for (MemberId m = 0; m < 3; ++m) {
-    for (MemberId q = 0; q < 3; ++q)
-      if (q != m) d[m]->addPeer(q, d[q]->address(), "rank " + std::to_string(q));
-    d[m]->setEpoch(1);
-  }
-  connectAll(*d[0], {1, 2}, deadlineAfterMs(5000));
-  connectAll(*d[1], {0, 2}, deadlineAfterMs(5000));
-  connectAll(*d[2], {0, 1}, deadlineAfterMs(5000));
+  auto d = connectedTrio([&reportedFrom](MemberId m) -> FailureHook {
+    if (m != 1) return [](MemberId, ecclResult_t, const std::string&, uint64_t) {};
+    return [&reportedFrom](MemberId, ecclResult_t, const std::string&, uint64_t from) { reportedFrom.push_back(from); };
+  });
   int32_t fromLeaver = 0, x = 7, late = 0;
   auto slow = d[1]->irecv(2, 1, 0, &fromLeaver, 4);
   d[1]->failPeer(2, ecclRemoteError, "rank 2 failed: reported by rank 0: peer rank 2 has left", /*neededFrom=*/2);
