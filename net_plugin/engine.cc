@@ -147,6 +147,8 @@ Link& Engine::Impl::addLinkLocked(MemberId peer, uint64_t process) {
   slot = std::make_unique<Link>();
   slot->peer = peer;
   slot->process = process;
+  slot->incarnation = device->peerIncarnation(peer);
+  log::trace("net plugin: link to process {:016x} via peer {:016x}", process, peer);
   postControlRecvLocked(*slot);
   stats.linksOpen = links.size();
   return *slot;
@@ -194,6 +196,8 @@ void Engine::Impl::sendControlLocked(Link& link, const ControlMessage& m) {
 
 void Engine::Impl::onControlLocked(Link& link, const ControlMessage& m) {
   const std::string who = fmt::format("process {:016x}", link.process);
+  log::trace("net plugin: control {} (channel {}) from {} via peer {:016x}, {} channels", m.type, m.channel, who,
+             link.peer, link.channels);
   if (m.type == static_cast<uint32_t>(ControlType::kOpen)) {
     auto it = listens.find(m.listenId);
     std::string refusal;
@@ -230,8 +234,17 @@ void Engine::Impl::onControlLocked(Link& link, const ControlMessage& m) {
     return;
   }
   if (m.type == static_cast<uint32_t>(ControlType::kCloseOk)) {
-    if (link.channels == 0) link.closeNow = true;
-    else link.closing = Link::Closing::kNo;  // an open of theirs came first: they stay
+    if (link.channels == 0 && link.closing != Link::Closing::kNo) {
+      link.closeNow = true;
+      return;
+    }
+    // A channel of theirs opened after we asked and is still ours to close
+    // (they may be done with their end and agreed since), or we stopped
+    // asking: the lanes stay, and they must hear it, or they wait for our
+    // goodbye for ever.
+    link.closing = Link::Closing::kNo;
+    link.idleSince = Clock::now();
+    sendControlTypeLocked(link, ControlType::kStay);
     return;
   }
   if (m.type == static_cast<uint32_t>(ControlType::kStay)) {
@@ -262,17 +275,31 @@ void Engine::Impl::pumpLocked(bool reap) {
   // goodbye, or failed), whether or not the device called it a failure. Seen
   // before arrivals, so the same process dialing anew gets a new link.
   for (auto& [peer, link] : links)
-    if (link->failure.empty() && link->controlRecv && link->controlRecv->state.load() == Request::kFailed)
+    if (link->failure.empty() && link->controlRecv && link->controlRecv->state.load() == Request::kFailed) {
       link->failure = link->controlRecv->error.empty() ? "its lanes closed" : link->controlRecv->error;
-  for (MemberId peer : newPeers) {
-    if (auto it = links.find(peer); it != links.end() && it->second->failure.empty()) continue;
-    addLinkLocked(peer, peer & ~Device::kInboundPeerBit).lanesUp = true;
-  }
+      log::trace("net plugin: lanes to process {:016x} via peer {:016x} gone: {}", link->process, peer, link->failure);
+    }
   for (auto& [peer, why] : failures) {
     auto it = links.find(peer);
     if (it == links.end() || !it->second->failure.empty()) continue;
     it->second->failure = why;
     log::warn("net plugin: lanes to process {:016x} failed: {}", it->second->process, why);
+  }
+  // A failed link's device peer is let go of at once (comms naming the
+  // link fail by its failure): a fresh dial from that process waits in the
+  // device until then, so nothing done with the old link reaches it.
+  for (auto& [peer, link] : links)
+    if (!link->failure.empty() && !link->released) {
+      device->removePeerIncarnation(link->peer, link->incarnation);
+      link->released = true;
+    }
+  // An arrival is a new device peer: the link we hold under its name, if
+  // any, failed and was let go of above, or the news is one we acted on.
+  for (MemberId peer : newPeers) {
+    auto it = links.find(peer);
+    if (it != links.end() && it->second->failure.empty() && it->second->incarnation == device->peerIncarnation(peer))
+      continue;
+    addLinkLocked(peer, peer & ~Device::kInboundPeerBit).lanesUp = true;
   }
   for (auto& [peer, link] : links) {
     if (!link->failure.empty()) continue;
@@ -307,6 +334,7 @@ void Engine::Impl::reapIdleLocked() {
     bool dead = !link.failure.empty() && link.channels == 0;
     if (!dead && link.failure.empty() && link.channels == 0 && link.closing == Link::Closing::kNo &&
         now - link.idleSince >= bound && device->hasPeer(link.peer)) {
+      log::trace("net plugin: asking process {:016x} to close peer {:016x}", link.process, link.peer);
       sendControlTypeLocked(link, ControlType::kClosing);
       link.closing = Link::Closing::kAsked;
       link.closeAsked = now;
@@ -322,7 +350,9 @@ void Engine::Impl::reapIdleLocked() {
       continue;
     }
     if (idle) log::info("net plugin: closing idle pooled lanes to process {:016x}", link.process);
-    device->removePeer(link.peer);
+    // Only the lanes this link knew: the process may have dialed anew
+    // since this pass read the device's news.
+    device->removePeerIncarnation(link.peer, link.incarnation);
     it = links.erase(it);
   }
   stats.linksOpen = links.size();

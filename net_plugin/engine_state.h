@@ -62,6 +62,7 @@ struct ClearToSend {
 // A remote process and the lanes to it (one device peer).
 struct Link {
   MemberId peer = 0;     // the device's name for it (inbound or outbound)
+  uint64_t incarnation = 0;  // of that device peer: a fresh dial is a new one
   uint64_t process = 0;  // the remote process's own id
   bool lanesUp = false;  // once, so opens count as new or pooled
   uint32_t nextChannel = 1;
@@ -78,6 +79,7 @@ struct Link {
   Clock::time_point closeAsked{};
   bool closeNow = false;  // we asked and the other side agreed
   std::string failure;                    // the process failed or went away
+  bool released = false;  // the device peer let go of, once failed (a fresh dial waits for it)
   std::map<uint32_t, std::string> refused;  // our channels the listener refused
 };
 

@@ -82,6 +82,7 @@ void LaneDevice::addPeer(MemberId member, const std::string& address, const std:
   auto addr = splitAddress(address);
   MutexLock lock(mu_);
   Peer& p = peers_[member];
+  if (p.incarnation == 0) p.incarnation = ++incarnations_;
   p.id = member;
   p.address = addr;
   p.label = label;
@@ -288,8 +289,17 @@ void LaneDevice::setCallerOwnedLocked(bool owned) {
 
 void LaneDevice::removePeer(MemberId member) {
   MutexLock lock(mu_);
+  removePeerLocked(member, 0);
+}
+
+bool LaneDevice::removePeerIncarnation(MemberId member, uint64_t incarnation) {
+  MutexLock lock(mu_);
+  return removePeerLocked(member, incarnation);
+}
+
+bool LaneDevice::removePeerLocked(MemberId member, uint64_t incarnation) {
   auto it = peers_.find(member);
-  if (it == peers_.end()) return;
+  if (it == peers_.end() || (incarnation != 0 && it->second.incarnation != incarnation)) return false;
   Peer& p = it->second;
   std::string reason = fmt::format("peer {} is not in the new view", p.label);
   for (auto& lane : p.lanes) {
@@ -308,6 +318,8 @@ void LaneDevice::removePeer(MemberId member) {
   }
   discardOrphanedPayloadsLocked();
   peers_.erase(it);
+  if (opt_.peersFromConnections) installRedialsLocked(member);
+  return true;
 }
 
 void LaneDevice::beginEpoch(uint32_t epoch) {
@@ -436,12 +448,17 @@ void LaneDevice::acceptOne(Backend& backend, membership::Admitted admitted) {
     auto conduit = backend.openAccepted(std::move(admitted.fd), deadline, what);
     MutexLock lock(mu_);
     if (opt_.peersFromConnections) {
-      Peer& p = arrivedPeerLocked(hello.fromMember, hello.lane, hello.jobId, admitted.from);
-      acceptLaneLocked(p.id, hello.lane, &backend, std::move(conduit), what);
+      Peer* p = arrivedPeerLocked(hello.fromMember, hello.lane, hello.jobId, admitted.from);
+      if (!p) {
+        parked_.push_back({hello.fromMember, hello.lane, &backend, std::move(conduit), deadline, what,
+                           /*redial=*/true, hello.jobId, admitted.from});
+        return;
+      }
+      acceptLaneLocked(p->id, hello.lane, &backend, std::move(conduit), what);
       return;
     }
     if (!peers_.count(hello.fromMember)) {
-      parked_.push_back({hello.fromMember, hello.lane, &backend, std::move(conduit), deadline, what});
+      parked_.push_back({hello.fromMember, hello.lane, &backend, std::move(conduit), deadline, what, false, 0, {}});
       return;
     }
     acceptLaneLocked(hello.fromMember, hello.lane, &backend, std::move(conduit), what);
@@ -468,30 +485,48 @@ void LaneDevice::acceptLaneLocked(MemberId from, uint32_t laneIndex, Backend* ba
 // A member that dialed in unannounced (peers from connections): its lanes
 // go to a candidate peer of their own, created by its first lane. A lane
 // whose place is taken is a new dial: that process dropped the lanes we
-// hold (it dials only when it has none), so they are failed and replaced,
-// even if their goodbye has not been read yet.
-Peer& LaneDevice::arrivedPeerLocked(MemberId member, uint32_t lane, uint64_t jobId, const std::string& from) {
+// hold (it dials only when it has none), so they are failed, even if their
+// goodbye has not been read yet. The new lanes wait (parked) until the
+// consumer lets go of the old peer (removePeer): until then the name means
+// the old lanes, and nothing the consumer still does with them (a reply,
+// a receive re-posted, a close) may reach the new ones.
+Peer* LaneDevice::arrivedPeerLocked(MemberId member, uint32_t lane, uint64_t jobId, const std::string& from) {
   const MemberId id = inboundPeer(member);
   auto it = peers_.find(id);
-  bool dead = it != peers_.end() && (it->second.state == Peer::State::kFailed || it->second.state == Peer::State::kLeft);
-  bool redialed = it != peers_.end() && !dead && lane < it->second.lanes.size() && it->second.lanes[lane]->opened;
-  if (it != peers_.end() && !dead && !redialed) return it->second;
+  if (it == peers_.end()) return &newArrivedPeerLocked(member, jobId, from);
+  bool dead = it->second.state == Peer::State::kFailed || it->second.state == Peer::State::kLeft;
+  bool redialed = !dead && lane < it->second.lanes.size() && it->second.lanes[lane]->opened;
+  if (!dead && !redialed) return &it->second;
   if (redialed)
     failPeerLocked(id, ecclRemoteError, fmt::format("{} dialed anew (its earlier lanes were dropped)", it->second.label),
                    /*flood=*/false);
-  if (auto old = peers_.find(id); old != peers_.end()) {
-    // A fresh peer for the new lanes: nothing the old ones carried may be
-    // matched by receives meant for the new (their numbering starts over).
-    for (auto box = inbox_.begin(); box != inbox_.end();) {
-      bool mine = box->first.peer == id;
-      if (mine && box->second.request) completeLocked(box->second.request, ecclRemoteError, "its lanes were replaced");
-      box = mine ? inbox_.erase(box) : std::next(box);
+  return nullptr;
+}
+
+// The consumer let go of `id`: a fresh dial parked under it gets the name.
+void LaneDevice::installRedialsLocked(MemberId id) {
+  Peer* p = nullptr;
+  for (auto it = parked_.begin(); it != parked_.end();) {
+    if (!it->redial || inboundPeer(it->from) != id) {
+      ++it;
+      continue;
     }
-    discardOrphanedPayloadsLocked();
-    candidateFailed_.erase(id);
-    peers_.erase(old);
+    try {
+      if (!p) p = &newArrivedPeerLocked(it->from, it->jobId, it->address);
+      acceptLaneLocked(id, it->lane, it->backend, std::move(it->conduit), it->what);
+    } catch (const Error& e) {
+      stats_.connectionsRejected++;
+      log::warn("rejected {}", e.what());
+    }
+    it = parked_.erase(it);
   }
+}
+
+Peer& LaneDevice::newArrivedPeerLocked(MemberId member, uint64_t jobId, const std::string& from) {
+  const MemberId id = inboundPeer(member);
+  candidateFailed_.erase(id);
   Peer& p = peers_[id];
+  p.incarnation = ++incarnations_;
   p.id = id;
   p.label = fmt::format("process {:016x} ({})", member, from);
   p.role = PeerRole::kCandidate;
@@ -506,7 +541,7 @@ Peer& LaneDevice::arrivedPeerLocked(MemberId member, uint32_t lane, uint64_t job
 
 void LaneDevice::installParkedLocked(MemberId member) {
   for (auto it = parked_.begin(); it != parked_.end();) {
-    if (it->from != member) {
+    if (it->from != member || it->redial) {
       ++it;
       continue;
     }
@@ -527,7 +562,10 @@ void LaneDevice::dropExpiredParkedLocked() {
       continue;
     }
     stats_.connectionsRejected++;
-    log::warn("rejected {}: member {} is not a member of this communicator", it->what, it->from);
+    if (it->redial)
+      log::warn("rejected {}: the lanes it replaces were never let go of", it->what);
+    else
+      log::warn("rejected {}: member {} is not a member of this communicator", it->what, it->from);
     it = parked_.erase(it);
   }
 }

@@ -155,6 +155,7 @@ struct Peer {
   Clock::time_point lastPong{};  // the peer's progress thread answered a ping
   Clock::time_point pingSent{};  // checkAlive's ping, until a pong answers it
   bool leftReported = false;     // left in order, then an op needed it
+  uint64_t incarnation = 0;      // Device::peerIncarnation
 };
 
 class LaneDevice final : public Device {
@@ -177,6 +178,11 @@ class LaneDevice final : public Device {
     MutexLock lock(mu_);
     auto it = peers_.find(member);
     return it != peers_.end() && it->second.state != Peer::State::kFailed && it->second.state != Peer::State::kLeft;
+  }
+  uint64_t peerIncarnation(MemberId member) const override {
+    MutexLock lock(mu_);
+    auto it = peers_.find(member);
+    return it == peers_.end() ? 0 : it->second.incarnation;
   }
   void setEpoch(uint32_t epoch) override {
     MutexLock lock(mu_);
@@ -229,6 +235,8 @@ class LaneDevice final : public Device {
   void abort(const std::string& reason) override;
   void close(Deadline deadline) override;
   void removePeer(MemberId member) override;
+  bool removePeerIncarnation(MemberId member, uint64_t incarnation) override;
+  bool removePeerLocked(MemberId member, uint64_t incarnation) ECCL_REQUIRES(mu_);  // 0: any
   void beginEpoch(uint32_t epoch) override;
   void startConnect(MemberId member) override;
   void connectNow(MemberId member, Deadline deadline) override;
@@ -301,7 +309,10 @@ class LaneDevice final : public Device {
   static bool fitsLocked(const Inbox& box, uint64_t total) {
     return box.upTo ? total <= box.capacity : total == box.total;
   }
-  Peer& arrivedPeerLocked(MemberId member, uint32_t lane, uint64_t jobId, const std::string& from) ECCL_REQUIRES(mu_);
+  // Null: the lane is a fresh dial under a name the old lanes still hold.
+  Peer* arrivedPeerLocked(MemberId member, uint32_t lane, uint64_t jobId, const std::string& from) ECCL_REQUIRES(mu_);
+  Peer& newArrivedPeerLocked(MemberId member, uint64_t jobId, const std::string& from) ECCL_REQUIRES(mu_);
+  void installRedialsLocked(MemberId id) ECCL_REQUIRES(mu_);
   void progressLoop();
   void acceptLoop();
   static RequestPtr newRequest(MemberId member, uint64_t seq, bool isSend);
@@ -342,6 +353,7 @@ class LaneDevice final : public Device {
   mutable Mutex mu_;
   CondVar cv_;
   uint32_t epoch_ ECCL_GUARDED_BY(mu_) = 0;
+  uint64_t incarnations_ ECCL_GUARDED_BY(mu_) = 0;  // Peer::incarnation's last
   bool aborted_ ECCL_GUARDED_BY(mu_) = false;
   bool closing_ ECCL_GUARDED_BY(mu_) = false;  // our goodbyes are out
   std::string abortReason_ ECCL_GUARDED_BY(mu_);
@@ -368,8 +380,15 @@ class LaneDevice final : public Device {
     std::unique_ptr<Conduit> conduit;
     Deadline deadline;
     std::string what;
+    // Peers from connections: a fresh dial waiting for its name (inboundPeer
+    // of `from`) to be let go of; the hello's job id and where it came from.
+    bool redial = false;
+    uint64_t jobId = 0;
+    std::string address;
   };
-  std::vector<Parked> parked_ ECCL_GUARDED_BY(mu_);  // authenticated, from a member not known yet
+  // Authenticated, from a member not known yet, or a fresh dial whose
+  // name the old lanes still hold.
+  std::vector<Parked> parked_ ECCL_GUARDED_BY(mu_);
   std::vector<Dial> dials_ ECCL_GUARDED_BY(mu_);  // one thread per member being dialed
   void joinFinishedDialsLocked() ECCL_REQUIRES(mu_);
   std::map<uint64_t, Lane*> lanesByToken_ ECCL_GUARDED_BY(mu_);

@@ -86,6 +86,11 @@ class Device {
   // token). Set before the first post to it.
   virtual void setPeerCredentials(MemberId member, uint64_t jobId, const Secret& secret) = 0;
   virtual bool hasPeer(MemberId member) const = 0;
+  // Which peer object answers to `member` now (0: none). A peer that
+  // arrived anew under the same name (peers from connections: a process
+  // dialed again) is a new incarnation, so a consumer acting on what it
+  // knew of the old one can tell (removePeerIncarnation).
+  virtual uint64_t peerIncarnation(MemberId member) const = 0;
   virtual uint32_t lanesUp(MemberId member) const = 0;  // connections open to it now
   // Frames stamped with an older epoch than this are dropped and counted.
   virtual void setEpoch(uint32_t epoch) = 0;
@@ -145,6 +150,9 @@ class Device {
   // epoch drops every op of older epochs and clears the revoked state, and
   // every other connection is inherited untouched.
   virtual void removePeer(MemberId member) = 0;
+  // removePeer, only while `incarnation` still answers to the name; false
+  // (nothing done) once a newer one does.
+  virtual bool removePeerIncarnation(MemberId member, uint64_t incarnation) = 0;
   virtual void beginEpoch(uint32_t epoch) = 0;
   // Starts opening the connections to a member (the lower member id dials;
   // the other waits for it); returns at once where peers come from

@@ -23,6 +23,7 @@ Secret secretOf(uint8_t byte) {
 struct Process {
   std::mutex mu;
   std::map<MemberId, uint64_t> arrived;  // peer -> job id it proved
+  int arrivals = 0;
   std::unique_ptr<Device> device;        // last: its threads report into the above until it is gone
 };
 
@@ -46,6 +47,7 @@ std::unique_ptr<Process> startProcess(MemberId self, std::map<uint64_t, Secret> 
   p->device->onPeerArrived = [raw](MemberId peer, uint64_t job) {
     std::lock_guard<std::mutex> lock(raw->mu);
     raw->arrived[peer] = job;
+    raw->arrivals++;
   };
   return p;
 }
@@ -84,6 +86,48 @@ TEST(ConnectionPeers, AHigherIdDialsInWithATokenAndBothDirectionsUseItsLanes) {
   EXPECT_EQ(back, 42);
   EXPECT_EQ(listener->device->stats().connectionsOpened, opened);
   EXPECT_EQ(dialer->device->stats().connectionsOpened, 2u);
+}
+
+// A process that dropped its lanes and dials again: the new lanes wait
+// until the consumer lets go of the old peer, so nothing it still does
+// under the name (a receive it re-posts, a close it agreed to) reaches
+// them; then they are a new incarnation whose numbering starts over.
+TEST(ConnectionPeers, AFreshDialWaitsUntilTheOldLanesAreLetGoOf) {
+  auto listener = startProcess(5, {{77, secretOf(7)}});
+  auto dialer = startProcess(10, {});
+  const MemberId inbound = Device::inboundPeer(10);
+  auto dial = [&](int32_t value) {
+    dialer->device->addPeer(5, listener->device->address(), "listener", Device::PeerRole::kCandidate);
+    dialer->device->setPeerCredentials(5, 77, secretOf(7));
+    static int32_t sent;
+    sent = value;
+    dialer->device->wait(dialer->device->isend(5, 1, 3, &sent, 4), deadlineAfterMs(5000), "send");
+  };
+  auto arrivals = [&] {
+    std::lock_guard<std::mutex> lock(listener->mu);
+    return listener->arrivals;
+  };
+  dial(1);
+  int32_t got = 0;
+  listener->device->wait(listener->device->irecv(inbound, 1, 3, &got, 4), deadlineAfterMs(5000), "recv");
+  EXPECT_EQ(got, 1);
+  const uint64_t first = listener->device->peerIncarnation(inbound);
+  ASSERT_NE(first, 0u);
+  auto stale = listener->device->irecv(inbound, 2, 3, &got, 4);
+  dialer->device->removePeer(5);
+  dial(2);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(arrivals(), 1) << "the fresh dial took a name still held";
+  EXPECT_EQ(listener->device->peerIncarnation(inbound), first);
+  EXPECT_EQ(stale->state.load(), Request::kFailed) << "the old lanes' receive outlived their goodbye";
+  EXPECT_TRUE(listener->device->removePeerIncarnation(inbound, first));
+  EXPECT_EQ(arrivals(), 2);
+  const uint64_t second = listener->device->peerIncarnation(inbound);
+  EXPECT_NE(second, first);
+  EXPECT_FALSE(listener->device->removePeerIncarnation(inbound, first)) << "a stale incarnation removed the new one";
+  got = 0;
+  listener->device->wait(listener->device->irecv(inbound, 1, 3, &got, 4), deadlineAfterMs(5000), "recv");
+  EXPECT_EQ(got, 2);
 }
 
 TEST(ConnectionPeers, AMessageLargerThanTheReceiveFailsItAndKeepsTheConnection) {
