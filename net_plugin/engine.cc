@@ -22,11 +22,9 @@ Mac openProof(const Secret& token, const ControlMessage& m) {
   return hmacSha256(token, &bound, sizeof(bound));
 }
 
-thread_local std::string t_lastError;
-
 }  // namespace
 
-namespace {
+thread_local std::string t_lastError;
 
 Status fromError(const Error& e) {
   t_lastError = e.what();
@@ -39,24 +37,6 @@ Status fromError(const Error& e) {
     default: return Status::kRemoteError;  // a peer failed, timed out, refused us, or left
   }
 }
-
-template <typename F>
-Status guarded(F&& body) {
-  try {
-    body();
-    return Status::kOk;
-  } catch (const Error& e) {
-    return fromError(e);
-  } catch (const std::bad_alloc&) {
-    t_lastError = "out of memory";
-    return Status::kSystemError;
-  } catch (const std::exception& e) {
-    t_lastError = e.what();
-    return Status::kInternalError;
-  }
-}
-
-}  // namespace
 
 Engine& Engine::get() {
   // Built once and never freed: the pool must outlive every communicator,
@@ -83,6 +63,10 @@ Engine& Engine::get() {
 Engine::Engine(const transport::DeviceOptions& options) : impl_(std::make_unique<Impl>()), timeoutMs_(params::timeoutMs()) {
   Impl* impl = impl_.get();
   impl->poolIdleMs = params::netPoolIdleMs();
+  impl->eagerBytes = static_cast<uint64_t>(std::clamp<int64_t>(params::netEagerBytes(), 0, kMaxEagerBytes));
+  if (impl->eagerBytes != static_cast<uint64_t>(params::netEagerBytes()))
+    log::warn("net plugin: ECCL_NET_EAGER_BYTES={} is outside 0..{}; using {}", params::netEagerBytes(),
+              kMaxEagerBytes, impl->eagerBytes);
   impl->lanes = static_cast<uint32_t>(options.lanes);
   transport::DeviceOptions o = options;
   // Dials prove a live listen comm's token (tokens: a leaf lock).
@@ -205,19 +189,24 @@ void Engine::Impl::onControlLocked(Link& link, const ControlMessage& m) {
       refusal = fmt::format("listen comm {:016x} is closed or never existed here (a stale handle)", m.listenId);
     else if (m.to != device->self() || m.from != link.process || !macEqual(m.proof, openProof(it->second->token, m)))
       refusal = fmt::format("its proof of listen comm {:016x}'s token is wrong (a forged or stale handle)", m.listenId);
+    else if (m.eagerBytes > kMaxEagerBytes)
+      refusal = fmt::format("its eager bound of {} bytes is above {}", m.eagerBytes, kMaxEagerBytes);
+    // The answer either way: an eager send waits for it, so no byte is
+    // taken over a comm the listener never honoured.
+    ControlMessage answer;
+    answer.type = static_cast<uint32_t>(refusal.empty() ? ControlType::kAccept : ControlType::kRefuse);
+    answer.channel = m.channel;
+    answer.from = device->self();
+    answer.to = link.process;
+    sendControlLocked(link, answer);
     if (!refusal.empty()) {
       log::warn("net plugin: refused channel {} from {}: {}", m.channel, who, refusal);
-      ControlMessage no;
-      no.type = static_cast<uint32_t>(ControlType::kRefuse);
-      no.channel = m.channel;
-      no.from = device->self();
-      no.to = link.process;
-      sendControlLocked(link, no);
       return;
     }
     auto* channel = new Channel;
     channel->link = &link;
     channel->id = m.channel;
+    channel->eagerBytes = m.eagerBytes;
     link.channels++;
     it->second->ready.push_back(channel);
     return;
@@ -252,9 +241,13 @@ void Engine::Impl::onControlLocked(Link& link, const ControlMessage& m) {
     link.idleSince = Clock::now();
     return;
   }
+  if (m.type == static_cast<uint32_t>(ControlType::kAccept)) {
+    link.accepted.insert(m.channel);
+    return;
+  }
   if (m.type == static_cast<uint32_t>(ControlType::kRefuse)) {
     // The lanes are fine; only that channel is refused.
-    link.refused[m.channel] = fmt::format("{} refused the connection (a wrong token, or its listen comm is closed)", who);
+    link.refused[m.channel] = fmt::format("{} refused the connection (a wrong token, its listen comm is closed, or it refused our eager bound)", who);
     log::warn("net plugin: {}", link.refused[m.channel]);
     return;
   }
@@ -423,12 +416,14 @@ Status Engine::connect(const void* handle, Channel** comm) {
     open.listenId = h.listenId;
     open.from = impl_->device->self();
     open.to = h.process;
+    open.eagerBytes = impl_->eagerBytes;
     open.proof = openProof(h.token, open);
     impl_->sendControlLocked(*link, open);
     auto* channel = new Channel;
     channel->link = link;
     channel->id = open.channel;
     channel->sender = true;
+    channel->eagerBytes = impl_->eagerBytes;
     link->channels++;
     *comm = channel;
   });
@@ -446,172 +441,6 @@ Status Engine::accept(ListenComm* listen, Channel** comm) {
   });
 }
 
-namespace {
-
-// Why a channel can carry nothing more, or empty.
-std::string channelFailure(const Channel& c) {
-  if (!c.failure.empty()) return c.failure;
-  if (!c.link->failure.empty()) return c.link->failure;
-  if (auto it = c.link->refused.find(c.id); c.sender && it != c.link->refused.end()) return it->second;
-  return {};
-}
-
-}  // namespace
-
-Status Engine::isend(Channel* comm, const void* data, size_t size, int tag, PluginRequest** request) {
-  return guarded([&] {
-    ECCL_CHECK_ARG(comm && request && comm->sender, "isend: not a send comm");
-    ECCL_CHECK_ARG(data || size == 0, "isend: null data for {} bytes", size);
-    *request = nullptr;
-    // Opens, refusals and failures are applied by the service thread: the
-    // data path reads only its own requests.
-    MutexLock lock(impl_->mu);
-    if (std::string why = channelFailure(*comm); !why.empty()) fail(ecclRemoteError, "isend: {}", why);
-    if (comm->inflight >= kMaxRequests) return;
-    Link& link = *comm->link;
-    while (comm->ctsPosted < comm->group + kCtsAhead) {
-      auto cts = std::make_unique<ClearToSend>();
-      RequestPtr r = impl_->device->irecv(link.peer, kCtsSeq | comm->ctsPosted, comm->id | kCtsTag, cts.get(),
-                                          sizeof(ClearToSend));
-      comm->cts.emplace_back(std::move(r), std::move(cts));
-      comm->ctsPosted++;
-    }
-    auto& [ctsRequest, cts] = comm->cts.front();
-    if (ctsRequest->state.load() == Request::kPending) impl_->device->poll();
-    if (ctsRequest->state.load() == Request::kPending) return;  // the receiver has not asked yet
-    if (ctsRequest->state.load() == Request::kFailed) fail(ecclRemoteError, "isend: {}", ctsRequest->error);
-    if (cts->group != comm->group || cts->n < 1 || cts->n > kMaxRecvs)
-      fail(ecclRemoteError, "isend: malformed clear-to-send from process {:016x} (group {}, {} buffers)", link.process,
-           cts->group, cts->n);
-    int slot = -1;
-    for (int i = 0; i < cts->n && slot < 0; ++i)
-      if (cts->tags[i] == tag && !(comm->usedSlots & (1u << i))) slot = i;
-    if (slot < 0)
-      fail(ecclInvalidUsage, "isend: tag {} matches no buffer of the receive it meets (group {}: {} buffers)", tag,
-           comm->group, cts->n);
-    if (size > cts->sizes[slot])
-      fail(ecclInvalidUsage, "isend: {} bytes for a receive of {} (tag {})", size, cts->sizes[slot], tag);
-    // A logged send reserves its record first: a full log fails it (error
-    // policy) or holds it back until a truncate (block: NCCL calls again).
-    bool unknownYet = false;
-    std::optional<int> loggedRank = impl_->loggedRankLocked(link.process, &unknownYet);
-    if (unknownYet) return;  // whether to log it is known once the job's view arrives: NCCL calls again
-    log::LogStore::Reservation reservation;
-    if (loggedRank) {
-      try {
-        reservation = impl_->sendLog.reserve(1, *loggedRank, ecclUint8, size, Clock::now(),
-                                             fmt::format("isend to job rank {}", *loggedRank));
-      } catch (const Error& e) {
-        bool fits = size <= impl_->sendLog.store()->capacity();
-        if (e.code() == ecclLogFull && impl_->logPolicy == ecclLogOnFullBlock && fits) return;
-        throw;
-      }
-    }
-    auto req = std::make_unique<PluginRequest>();
-    req->channel = comm;
-    req->n = 1;
-    try {
-      req->parts[0] = impl_->device->isend(link.peer, kDataSeq | (comm->group * kMaxRecvs + slot), comm->id, data, size);
-    } catch (...) {
-      if (loggedRank) impl_->sendLog.abandon(reservation);
-      throw;
-    }
-    if (loggedRank) impl_->sendLog.copy(req->parts[0].get(), reservation, data, size, [] {});
-    comm->usedSlots |= 1u << slot;
-    if (comm->usedSlots == (1u << cts->n) - 1) {
-      comm->cts.pop_front();
-      comm->group++;
-      comm->usedSlots = 0;
-    }
-    comm->inflight++;
-    comm->requests.push_back(req.get());
-    *request = req.release();
-  });
-}
-
-Status Engine::irecv(Channel* comm, int n, void** data, const size_t* sizes, const int* tags,
-                     PluginRequest** request) {
-  return guarded([&] {
-    ECCL_CHECK_ARG(comm && request && !comm->sender, "irecv: not a receive comm");
-    ECCL_CHECK_ARG(n >= 1 && n <= kMaxRecvs, "irecv: {} buffers; 1 to {} can be grouped", n, kMaxRecvs);
-    ECCL_CHECK_ARG(data && sizes && tags, "irecv: null buffers, sizes or tags");
-    *request = nullptr;
-    // Opens, refusals and failures are applied by the service thread: the
-    // data path reads only its own requests.
-    MutexLock lock(impl_->mu);
-    if (std::string why = channelFailure(*comm); !why.empty()) fail(ecclRemoteError, "irecv: {}", why);
-    if (comm->inflight >= kMaxRequests) return;
-    Link& link = *comm->link;
-    auto req = std::make_unique<PluginRequest>();
-    req->channel = comm;
-    req->n = n;
-    req->ctsMessage = std::make_unique<ClearToSend>();
-    ClearToSend& cts = *req->ctsMessage;
-    cts.group = comm->nextGroup++;
-    cts.n = n;
-    for (int i = 0; i < n; ++i) {
-      ECCL_CHECK_ARG(data[i] || sizes[i] == 0, "irecv: null buffer {} of {} bytes", i, sizes[i]);
-      cts.tags[i] = tags[i];
-      cts.sizes[i] = sizes[i];
-      req->parts[i] = impl_->device->irecvUpTo(link.peer, kDataSeq | (cts.group * kMaxRecvs + i), comm->id, data[i],
-                                               sizes[i]);
-    }
-    req->ctsSend = impl_->device->isend(link.peer, kCtsSeq | cts.group, comm->id | kCtsTag, &cts, sizeof(cts));
-    comm->inflight++;
-    comm->requests.push_back(req.get());
-    *request = req.release();
-  });
-}
-
-Status Engine::test(PluginRequest* request, int* done, int* sizes) {
-  return guarded([&] {
-    ECCL_CHECK_ARG(request && done, "test: null request or done");
-    // NCCL's proxy thread calls test in a loop: it moves the bytes itself
-    // rather than waiting for the device's progress thread to wake.
-    impl_->device->poll();
-    MutexLock lock(impl_->mu);
-    *done = 0;
-    Channel& comm = *request->channel;
-    // Pending, or throws the first failure (NCCL gives up on the whole
-    // communicator at the first one).
-    auto pending = [&] {
-      bool any = request->ctsSend && request->ctsSend->state.load() == Request::kPending;
-      if (request->ctsSend && request->ctsSend->state.load() == Request::kFailed)
-        throw Error(ecclRemoteError, request->ctsSend->error);
-      for (const RequestPtr* part = request->parts; part != request->parts + request->n; ++part) {
-        int state = (*part)->state.load();
-        if (state == Request::kFailed)
-          throw Error((*part)->code == ecclInvalidUsage ? ecclInvalidUsage : ecclRemoteError, (*part)->error);
-        any = any || state == Request::kPending;
-      }
-      return any;
-    };
-    try {
-      if (pending()) {
-        // A stopped process never closes its lanes: a liveness ping finds it.
-        if (impl_->device->checkAlive(comm.link->peer, timeoutMs_)) return;
-        // The device read everything the peer sent before it failed, and
-        // failed what was left: the states are final now.
-        if (pending()) {
-          impl_->pumpLocked();
-          fail(ecclRemoteError, "process {:016x} failed: {}", comm.link->process,
-               comm.link->failure.empty() ? "its lanes are gone" : comm.link->failure);
-        }
-      }
-    } catch (const Error&) {
-      impl_->settleLocked(*request, false);
-      throw;
-    }
-    impl_->settleLocked(*request, true);
-    if (sizes)
-      for (int i = 0; i < request->n; ++i) sizes[i] = static_cast<int>(request->parts[i]->bytes);
-    *done = 1;
-    comm.inflight--;
-    std::erase(comm.requests, request);
-    delete request;
-  });
-}
-
 Status Engine::closeChannel(Channel* comm) {
   return guarded([&] {
     ECCL_CHECK_ARG(comm, "close: null comm");
@@ -621,13 +450,16 @@ Status Engine::closeChannel(Channel* comm) {
     // buffers: the device must let go of them first.
     for (PluginRequest* r : comm->requests) {
       impl_->settleLocked(*r, false);
-      for (int i = 0; i < r->n; ++i) impl_->device->cancel(r->parts[i], "the comm was closed");
+      for (int i = 0; i < r->n; ++i)
+        for (RequestPtr* part : {&r->parts[i], &r->headers[i]})
+          if (*part) impl_->device->cancel(*part, "the comm was closed");
       if (r->ctsSend) impl_->device->cancel(r->ctsSend, "the comm was closed");
       delete r;
     }
     for (auto& [ctsRequest, cts] : comm->cts) impl_->device->cancel(ctsRequest, "the comm was closed");
     if (--link.channels == 0) link.idleSince = Clock::now();
     link.refused.erase(comm->id);
+    link.accepted.erase(comm->id);
     delete comm;
     std::erase_if(impl_->retired, [](const std::unique_ptr<Link>& l) { return l->channels == 0; });
     impl_->pumpLocked();

@@ -12,11 +12,14 @@
 //  - open: the connector sends an open message over the lanes naming the
 //    listen comm and proving its token (HMAC), for new and pooled lanes
 //    alike; the listener's accept() hands out the comm or refuses the open;
-//  - data: each irecv (1 to kMaxRecvs buffers with tags) sends the sender a
-//    clear-to-send with the tags and sizes; isend waits (returns no request)
-//    until the clear-to-send for its group has come, then sends straight
-//    into the posted buffer: no message is ever unexpected, and a slow
-//    receiver holds its sender back instead of failing it.
+//    it answers accept or refuse, and no send is taken before the answer;
+//  - data (engine_data.cc): sends are numbered per channel and open with a
+//    header (tag, size); up to ECCL_NET_EAGER_BYTES the bytes ride in it at
+//    once and the receiver copies them into the buffer the tag picks (at
+//    most 32 such sends per comm are in flight, so a slow receiver stages a
+//    bounded amount); a larger send waits (returns no request) for the
+//    receive's clear-to-send, sent by receives with a buffer above the
+//    bound, and goes straight into the posted buffer.
 //
 // Threads: NCCL calls in from its proxy and main threads, and a service
 // thread applies device events and control messages every 5 ms; one mutex

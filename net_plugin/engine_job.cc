@@ -23,7 +23,7 @@ std::optional<int> Engine::Impl::loggedRankLocked(uint64_t process, bool* wait) 
 
 void Engine::Impl::settleLocked(PluginRequest& request, bool ok) {
   if (!request.channel->sender || !sendLog.store()) return;
-  for (int i = 0; i < request.n; ++i) sendLog.settle(request.parts[i].get(), ok);
+  sendLog.settle(request.parts[0] ? request.parts[0].get() : request.headers[0].get(), ok);
 }
 
 // ECCL_NET_LOG_BYTES, ECCL_NET_LOG_RANKS and ECCL_NET_LOG_WHEN_FULL, for a

@@ -43,6 +43,10 @@ const std::vector<Param>& all() {
       {"ECCL_NET_POOL_IDLE_MS", "int", "60000",
        "NCCL net plugin: pooled connections to a process that no NCCL comm has used for this long are closed "
        "(a re-created communicator within it reconnects nothing)."},
+      {"ECCL_NET_EAGER_BYTES", "int", "32768",
+       "NCCL net plugin: sends of at most this many bytes go at once, without waiting for the receiver's "
+       "clear-to-send (the receiver copies them from a staging buffer); larger ones go straight into the posted "
+       "buffer once it is announced. 0: every send waits for its clear-to-send."},
       {"ECCL_NET_LOG_BYTES", "int", "0",
        "NCCL net plugin: the boundary-send log's arena (0: no log); sends to the job ranks of ECCL_NET_LOG_RANKS "
        "are copied into it (needs an eccl job; ecclNetLogConfigure does the same from code)."},
@@ -143,6 +147,7 @@ int64_t maxUnauthenticated() { return getInt("ECCL_MAX_UNAUTHENTICATED"); }
 int64_t spinUs() { return getInt("ECCL_SPIN_US"); }
 int64_t netPoolIdleMs() { return getInt("ECCL_NET_POOL_IDLE_MS"); }
 int64_t netLogBytes() { return getInt("ECCL_NET_LOG_BYTES"); }
+int64_t netEagerBytes() { return getInt("ECCL_NET_EAGER_BYTES"); }
 std::string netLogRanks() { return getString("ECCL_NET_LOG_RANKS"); }
 std::string netLogWhenFull() { return getString("ECCL_NET_LOG_WHEN_FULL"); }
 std::string transport() { return getString("ECCL_TRANSPORT"); }

@@ -38,6 +38,7 @@ int64_t maxUnauthenticated();
 int pinProgressThread();
 int64_t spinUs();
 int64_t netPoolIdleMs();
+int64_t netEagerBytes();
 int64_t netLogBytes();
 std::string netLogRanks();
 std::string netLogWhenFull();

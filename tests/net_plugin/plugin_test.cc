@@ -158,33 +158,51 @@ TEST_P(EachVersion, EverySizeArrivesIntactIntoALargerReceive) {
   });
 }
 
-// One receive of 4 buffers; the sender sends their tags in another order.
+// A grouped receive takes each send into the buffer its tag picks, in send
+// order among equal tags, whatever order the sends come in: sends up to the
+// eager bound (32 KiB) carry their bytes at once, larger ones go into the
+// buffer the receive announced, and groups of each kind follow one another
+// on the same comms (all-small buffers need no clear-to-send; a small send
+// into a large buffer withdraws the posted one).
 TEST_P(EachVersion, AGroupedReceiveMatchesEachSendByTag) {
   int version = GetParam();
   runRanks(2, [version](int rank, int nranks) {
     NetApi net(pluginPath().c_str(), version);
     NET_OK(net.init());
     Pair p = ring(net, rank, nranks);
-    int tags[4] = {10, 11, 12, 13};
-    std::vector<std::vector<uint8_t>> in(4, std::vector<uint8_t>(1000, 0)), out(4);
-    void* data[4];
-    size_t caps[4];
-    for (int i = 0; i < 4; ++i) {
-      data[i] = in[i].data();
-      caps[i] = in[i].size();
-      out[i].assign(100 * (i + 1), static_cast<uint8_t>(rank * 16 + i + 1));
-    }
-    void* r = until([&](void** req) { return net.irecv(p.recv, 4, data, caps, tags, req); }, "irecv");
-    std::vector<void*> sends;
-    for (int i : {2, 0, 3, 1})
-      sends.push_back(until([&](void** req) { return net.isend(p.send, out[i].data(), out[i].size(), tags[i], req); },
-                            "isend"));
-    for (void* s : sends) finish(net, s);
-    auto sizes = finish(net, r, 4);
+    struct Group {
+      std::vector<int> tags;
+      std::vector<size_t> caps, sizes;
+    };
+    Group small{{10, 11, 12, 13}, {1000, 1000, 1000, 1000}, {100, 200, 300, 400}};
+    Group mixed{{7, 7, 9, 9}, {200000, 1000, 200000, 200000}, {150000, 500, 20, 90000}};
     int from = (rank + nranks - 1) % nranks;
-    for (int i = 0; i < 4; ++i) {
-      CHECK(sizes[i] == 100 * (i + 1), "buffer " + std::to_string(i) + " size " + std::to_string(sizes[i]));
-      CHECK(in[i][0] == from * 16 + i + 1 && in[i][sizes[i] - 1] == from * 16 + i + 1, "buffer " + std::to_string(i));
+    int round = 0;
+    for (Group* g : {&small, &mixed, &small, &mixed}) {
+      std::vector<std::vector<uint8_t>> in(4), out(4);
+      void* data[4];
+      for (int i = 0; i < 4; ++i) {
+        in[i].assign(g->caps[i], 0);
+        data[i] = in[i].data();
+        out[i].resize(g->sizes[i]);
+        fillPattern(out[i], round * 100 + rank * 10 + i);
+      }
+      void* r = until([&](void** req) { return net.irecv(p.recv, 4, data, g->caps.data(), g->tags.data(), req); },
+                      "irecv");
+      std::vector<void*> sends;
+      for (int i : {2, 0, 3, 1})  // equal tags keep their order: 0 before 1, 2 before 3
+        sends.push_back(until(
+            [&](void** req) { return net.isend(p.send, out[i].data(), out[i].size(), g->tags[i], req); }, "isend"));
+      for (void* s : sends) finish(net, s);
+      auto sizes = finish(net, r, 4);
+      for (int i = 0; i < 4; ++i) {
+        std::vector<uint8_t> expect(g->sizes[i]);
+        fillPattern(expect, round * 100 + from * 10 + i);
+        std::string where = "round " + std::to_string(round) + " buffer " + std::to_string(i);
+        CHECK(sizes[i] == static_cast<int>(g->sizes[i]), where + " size " + std::to_string(sizes[i]));
+        CHECK(std::equal(expect.begin(), expect.end(), in[i].begin()), where + ": wrong bytes");
+      }
+      ++round;
     }
   });
 }
