@@ -277,7 +277,7 @@ Status Engine::test(PluginRequest* request, int* done, int* sizes) {
     Channel& comm = *request->channel;
     // Pending, or throws the first failure (NCCL gives up on the whole
     // communicator at the first one).
-    auto pending = [&] {
+    auto pending = [&]() ECCL_REQUIRES(impl_->mu) {
       if (!comm.sender) impl_->applyHeadersLocked(*request);
       bool any = !comm.sender && request->applied < request->n;
       for (const RequestPtr* r : {&request->ctsSend, &request->headers[0]}) {
