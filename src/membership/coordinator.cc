@@ -78,6 +78,7 @@ struct Coordinator::State {
   CoordinatorOptions opt;
   std::map<uint64_t, Member> members;
   std::set<uint64_t> fenced;
+  std::set<uint64_t> departed;  // registered once, gone since (a failed member is fenced instead)
   uint64_t joins = 0;
   uint32_t nranks = 0;
   uint32_t epoch = 0;
@@ -341,6 +342,7 @@ struct Coordinator::State {
       log::warn("coordinator: {} is gone: {}", who, reason);
       if (view.empty()) rankOf.erase(member);
       members.erase(it);
+      departed.insert(member);
       if (wasEager) sendStandbys();
       if (voter) decideVote();
       return;
@@ -676,6 +678,8 @@ struct Coordinator::State {
     for (uint64_t u : uuids) refuseReconfiguration(u, fmt::format("a member it names is gone: {}", why));
   }
 
+  bool notRegisteredYet(uint64_t m) const { return !members.count(m) && !fenced.count(m) && !departed.count(m); }
+
   // Why `m` cannot be in a named membership, or "".
   std::string unfitForReconfiguration(uint64_t m) const {
     auto it = members.find(m);
@@ -713,8 +717,12 @@ struct Coordinator::State {
     if (msg.members.empty() || distinct.size() != msg.members.size())
       return fail(fmt::format("the membership {} is empty or names a member twice", describeMembers(msg.members)));
     if (!distinct.count(from)) return fail(fmt::format("the asker {} is not in the membership it names", label(from)));
+    // A member named before its registration reached us (the ids travel
+    // faster than a kJoin on another connection) is waited for like one
+    // that has not asked yet; the callers' deadlines bound the wait.
     for (uint64_t m : msg.members)
-      if (std::string why = unfitForReconfiguration(m); !why.empty()) return fail(why);
+      if (!notRegisteredYet(m))
+        if (std::string why = unfitForReconfiguration(m); !why.empty()) return fail(why);
     reconfigureAsks[from] = {msg.uuid, msg.members};
     // Everyone asking with this uuid must name the same membership.
     for (auto& [asker, ask] : reconfigureAsks) {
