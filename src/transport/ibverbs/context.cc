@@ -1,0 +1,152 @@
+#include <arpa/inet.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "transport/ibverbs/verbs.h"
+
+namespace eccl::transport::ibverbs {
+namespace {
+
+struct DeviceList {
+  ibv_device** list = nullptr;
+  int count = 0;
+  DeviceList() { list = ibv_get_device_list(&count); }
+  ~DeviceList() {
+    if (list) ibv_free_device_list(list);
+  }
+};
+
+bool ipv4Mapped(const ibv_gid& g) {
+  static const uint8_t prefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  return std::memcmp(g.raw, prefix, sizeof(prefix)) == 0;
+}
+
+bool linkLocal(const ibv_gid& g) { return g.raw[0] == 0xfe && (g.raw[1] & 0xc0) == 0x80; }
+
+bool unset(const ibv_gid& g) {
+  for (uint8_t b : g.raw)
+    if (b) return false;
+  return true;
+}
+
+std::string gidText(const ibv_gid& g) {
+  char text[INET6_ADDRSTRLEN] = {};
+  inet_ntop(AF_INET6, g.raw, text, sizeof(text));
+  return text;
+}
+
+const char* gidTypeName(uint32_t type) {
+  switch (type) {
+    case IBV_GID_TYPE_IB: return "IB";
+    case IBV_GID_TYPE_ROCE_V1: return "RoCE v1";
+    case IBV_GID_TYPE_ROCE_V2: return "RoCE v2";
+    default: return "unknown type";
+  }
+}
+
+// RoCE v2 (routable) with an IPv4 address first, what Soft-RoCE and most
+// RoCE fabrics are set up with; then RoCE v2 with a global IPv6 address;
+// then index 0 (InfiniBand, or RoCE v1 as a last resort).
+int chooseGid(ibv_context* context, uint8_t port, int tableLength) {
+  int best = -1, bestRank = 0;
+  for (int i = 0; i < tableLength; ++i) {
+    ibv_gid_entry e{};
+    if (ibv_query_gid_ex(context, port, static_cast<uint32_t>(i), &e, 0) != 0 || unset(e.gid)) continue;
+    int rank = 0;
+    if (e.gid_type == IBV_GID_TYPE_ROCE_V2 && ipv4Mapped(e.gid)) rank = 3;
+    else if (e.gid_type == IBV_GID_TYPE_ROCE_V2 && !linkLocal(e.gid)) rank = 2;
+    if (rank > bestRank) best = i, bestRank = rank;
+  }
+  return best >= 0 ? best : 0;
+}
+
+}  // namespace
+
+std::string describeDevices() {
+  DeviceList devices;
+  if (!devices.list || devices.count == 0) return "no RDMA device";
+  std::string out;
+  for (int d = 0; d < devices.count; ++d) {
+    std::string entry = ibv_get_device_name(devices.list[d]);
+    if (ibv_context* c = ibv_open_device(devices.list[d])) {
+      ibv_device_attr attr{};
+      if (ibv_query_device(c, &attr) == 0)
+        for (uint8_t p = 1; p <= attr.phys_port_cnt; ++p) {
+          ibv_port_attr pa{};
+          if (ibv_query_port(c, p, &pa) == 0)
+            entry += fmt::format(" (port {} {})", p, ibv_port_state_str(pa.state));
+        }
+      ibv_close_device(c);
+    }
+    out += (out.empty() ? "" : ", ") + entry;
+  }
+  return out;
+}
+
+std::unique_ptr<Context> Context::open(const std::string& hca, int gidIndex) {
+  std::string wantName = hca;
+  int wantPort = 0;
+  if (auto colon = hca.find(':'); colon != std::string::npos) {
+    wantName = hca.substr(0, colon);
+    wantPort = std::atoi(hca.c_str() + colon + 1);
+    ECCL_CHECK_ARG(wantPort > 0 && wantPort < 256, "ECCL_IB_HCA='{}': the port after ':' must be 1 to 255", hca);
+  }
+  DeviceList devices;
+  std::unique_ptr<Context> c(new Context());
+  for (int d = 0; d < devices.count && !c->context_; ++d) {
+    const char* name = ibv_get_device_name(devices.list[d]);
+    if (!wantName.empty() && wantName != name) continue;
+    ibv_context* context = ibv_open_device(devices.list[d]);
+    if (!context) continue;
+    ibv_device_attr attr{};
+    uint8_t chosen = 0;
+    ibv_port_attr chosenAttr{};
+    if (ibv_query_device(context, &attr) == 0)
+      for (uint8_t p = 1; p <= attr.phys_port_cnt && !chosen; ++p) {
+        ibv_port_attr pa{};
+        if (wantPort && p != wantPort) continue;
+        if (ibv_query_port(context, p, &pa) == 0 && pa.state == IBV_PORT_ACTIVE) chosen = p, chosenAttr = pa;
+      }
+    if (!chosen) {
+      ibv_close_device(context);
+      continue;
+    }
+    c->context_ = context;
+    c->name_ = name;
+    c->port_ = chosen;
+    c->lid_ = chosenAttr.lid;
+    c->mtu_ = chosenAttr.active_mtu;
+    c->ethernet_ = chosenAttr.link_layer == IBV_LINK_LAYER_ETHERNET;
+    if (gidIndex >= chosenAttr.gid_tbl_len)
+      fail(ecclInvalidArgument, "ECCL_IB_GID_INDEX={}: {} port {} has {} GIDs", gidIndex, name, chosen,
+           chosenAttr.gid_tbl_len);
+    c->gidIndex_ = gidIndex >= 0 ? gidIndex : chooseGid(context, chosen, chosenAttr.gid_tbl_len);
+  }
+  if (!c->context_)
+    fail(ecclSystemError, "no usable RDMA device{}: {}",
+         hca.empty() ? " (none has an ACTIVE port)" : fmt::format(" named '{}' with an ACTIVE port", hca),
+         describeDevices());
+  ibv_gid_entry e{};
+  if (ibv_query_gid_ex(c->context_, c->port_, static_cast<uint32_t>(c->gidIndex_), &e, 0) != 0)
+    fail(ecclSystemError, "{} port {}: GID {} cannot be read: {}", c->name_, c->port_, c->gidIndex_, strerror(errno));
+  c->gid_ = e.gid;
+  c->gidText_ = fmt::format("{}, {}", gidText(e.gid), gidTypeName(e.gid_type));
+  c->pd_ = ibv_alloc_pd(c->context_);
+  if (!c->pd_) fail(ecclSystemError, "{}: ibv_alloc_pd: {}", c->name_, strerror(errno));
+  log::info("ibverbs: {}", c->describe());
+  return c;
+}
+
+Context::~Context() {
+  if (pd_) ibv_dealloc_pd(pd_);
+  if (context_) ibv_close_device(context_);
+}
+
+std::string Context::describe() const {
+  return fmt::format("{} port {} GID {} ({}), MTU {}", name_, port_, gidIndex_, gidText_, 128 << mtu_);
+}
+
+}  // namespace eccl::transport::ibverbs

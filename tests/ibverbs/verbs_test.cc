@@ -1,0 +1,144 @@
+// The verbs building blocks against a real kernel verbs provider: run
+// inside scripts/rdma-vm.sh (Soft-RoCE), where ECCL_RDMA_VM_DEV names the
+// device; elsewhere each test skips with one line saying why.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <numeric>
+#include <vector>
+
+#include "common/error.h"
+#include "transport/ibverbs/verbs.h"
+
+namespace eccl::transport::ibverbs {
+namespace {
+
+const char* vmDevice() { return std::getenv("ECCL_RDMA_VM_DEV"); }
+
+#define NEEDS_RDMA_VM()                                                                  \
+  if (!vmDevice()) GTEST_SKIP() << "no RDMA device here: run under scripts/rdma-vm.sh"; \
+  static_assert(true)
+
+// Two queue pairs of this process connected to each other over the one
+// device (the kernel loops the packets), each with its own queues.
+struct Pair {
+  std::unique_ptr<Context> context = Context::open(vmDevice(), -1);
+  CompletionQueue cqA{*context, 64}, cqB{*context, 64};
+  QueuePair a{*context, cqA, cqA, {}}, b{*context, cqB, cqB, {}};
+  Pair() {
+    a.connect(b.endpoint());
+    b.connect(a.endpoint());
+  }
+};
+
+TEST(Verbs, TheDeviceOpensWithTheGidOfItsIpv4Address) {
+  NEEDS_RDMA_VM();
+  auto context = Context::open(vmDevice(), -1);
+  EXPECT_EQ(context->name(), vmDevice());
+  EXPECT_TRUE(context->ethernet());
+  // 169.254.77.1 as an IPv4-mapped GID: ::ffff:a9fe:4d01.
+  const uint8_t want[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 169, 254, 77, 1};
+  EXPECT_EQ(std::memcmp(context->gid().raw, want, 16), 0) << context->describe();
+  // The sysfs table agrees about the index chosen.
+  std::ifstream type("/sys/class/infiniband/" + context->name() + "/ports/1/gid_attrs/types/" +
+                     std::to_string(context->gidIndex()));
+  std::string line;
+  std::getline(type, line);
+  EXPECT_EQ(line, "RoCE v2");
+  // An explicit index is taken as it is; one past the table is refused.
+  EXPECT_EQ(Context::open(vmDevice(), 0)->gidIndex(), 0);
+  EXPECT_THROW(Context::open(vmDevice(), 100000), Error);
+}
+
+TEST(Verbs, AMissingDeviceIsRefusedNamingTheOnesThereAre) {
+  NEEDS_RDMA_VM();
+  try {
+    Context::open("mlx5_9", -1);
+    FAIL() << "opened a device that does not exist";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(vmDevice()), std::string::npos) << e.what();
+  }
+}
+
+TEST(Verbs, AWriteWithImmediateLandsByteForByteAndASendMatchesAReceive) {
+  NEEDS_RDMA_VM();
+  Pair p;
+  RegistrationCache cache(*p.context, 64 << 20);
+  std::vector<uint8_t> source(1 << 20), target(1 << 20, 0);
+  std::iota(source.begin(), source.end(), 7);
+  ibv_mr* src = cache.acquire(source.data(), source.size());
+  ibv_mr* dst = cache.acquire(target.data(), target.size());
+  p.b.postRecv(11, nullptr, 0, 0);  // a write with immediate consumes a receive
+  p.a.postWrite(1, source.data(), static_cast<uint32_t>(source.size()), src->lkey,
+                reinterpret_cast<uintptr_t>(target.data()), dst->rkey, 0xecc1, true);
+  ibv_wc sent = p.cqA.waitOne(deadlineAfterMs(20000), "the write");
+  EXPECT_EQ(sent.status, IBV_WC_SUCCESS) << ibv_wc_status_str(sent.status);
+  ibv_wc got = p.cqB.waitOne(deadlineAfterMs(20000), "the immediate");
+  ASSERT_EQ(got.status, IBV_WC_SUCCESS) << ibv_wc_status_str(got.status);
+  EXPECT_EQ(got.opcode, IBV_WC_RECV_RDMA_WITH_IMM);
+  EXPECT_EQ(ntohl(got.imm_data), 0xecc1u);
+  EXPECT_EQ(got.wr_id, 11u);
+  EXPECT_EQ(source, target);
+  // A send goes into the posted receive and says how long it was.
+  std::vector<uint8_t> small(100, 42), landing(4096, 0);
+  ibv_mr* land = cache.acquire(landing.data(), landing.size());
+  ibv_mr* out = cache.acquire(small.data(), small.size());
+  p.b.postRecv(12, landing.data(), static_cast<uint32_t>(landing.size()), land->lkey);
+  p.a.postSend(2, small.data(), static_cast<uint32_t>(small.size()), out->lkey, true);
+  EXPECT_EQ(p.cqA.waitOne(deadlineAfterMs(20000), "the send").status, IBV_WC_SUCCESS);
+  got = p.cqB.waitOne(deadlineAfterMs(20000), "the receive");
+  ASSERT_EQ(got.status, IBV_WC_SUCCESS) << ibv_wc_status_str(got.status);
+  EXPECT_EQ(got.byte_len, 100u);
+  EXPECT_EQ(landing[0], 42);
+  EXPECT_EQ(landing[99], 42);
+  EXPECT_EQ(landing[100], 0);
+}
+
+// A forged rkey (not the one the target's registration has) is refused by
+// the target's device: the writer's completion fails, nothing is written,
+// and the writer's queue pair is in error from then on.
+TEST(Verbs, AForgedRkeyIsRefusedAndNothingIsWritten) {
+  NEEDS_RDMA_VM();
+  Pair p;
+  RegistrationCache cache(*p.context, 64 << 20);
+  std::vector<uint8_t> source(8192, 0xab), target(8192, 0);
+  ibv_mr* src = cache.acquire(source.data(), source.size());
+  ibv_mr* dst = cache.acquire(target.data(), target.size());
+  p.a.postWrite(1, source.data(), static_cast<uint32_t>(source.size()), src->lkey,
+                reinterpret_cast<uintptr_t>(target.data()), dst->rkey ^ 0x5a5a00, std::nullopt, true);
+  ibv_wc wc = p.cqA.waitOne(deadlineAfterMs(30000), "the forged write");
+  EXPECT_EQ(wc.status, IBV_WC_REM_ACCESS_ERR) << ibv_wc_status_str(wc.status);
+  EXPECT_EQ(std::count(target.begin(), target.end(), 0), static_cast<long>(target.size()));
+  EXPECT_EQ(p.a.state(), IBV_QPS_ERR);
+}
+
+TEST(Verbs, TheRegistrationCacheReusesCoveringRangesAndEvictsWhatNobodyHolds) {
+  NEEDS_RDMA_VM();
+  auto context = Context::open(vmDevice(), -1);
+  constexpr size_t kPiece = 512 << 10;
+  RegistrationCache cache(*context, 2 * kPiece);
+  std::vector<uint8_t> memory(8 * kPiece);
+  ibv_mr* first = cache.acquire(memory.data(), kPiece);
+  EXPECT_EQ(cache.acquire(memory.data() + 100, 1000), first) << "a range inside a registration was registered again";
+  cache.release(first);
+  cache.release(first);
+  ibv_mr* held = cache.acquire(memory.data() + kPiece, kPiece);
+  for (int i = 2; i < 8; ++i) cache.release(cache.acquire(memory.data() + i * kPiece, kPiece));
+  auto s = cache.stats();
+  EXPECT_EQ(s.hits, 1u);
+  EXPECT_EQ(s.registrations, 8u);
+  EXPECT_LE(s.bytes, 2 * kPiece) << "over its cap";
+  EXPECT_GE(s.evictions, 6u);
+  // The held registration survived every eviction and still works.
+  EXPECT_EQ(cache.acquire(memory.data() + kPiece + 10, 10), held);
+  cache.release(held);
+  cache.release(held);
+  EXPECT_THROW(cache.release(held), Error) << "released more often than acquired";
+}
+
+}  // namespace
+}  // namespace eccl::transport::ibverbs
