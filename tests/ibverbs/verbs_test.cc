@@ -2,6 +2,8 @@
 // inside scripts/rdma-vm.sh (Soft-RoCE), where ECCL_RDMA_VM_DEV names the
 // device; elsewhere each test skips with one line saying why.
 #include <arpa/inet.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -9,9 +11,12 @@
 #include <cstring>
 #include <fstream>
 #include <numeric>
+#include <random>
+#include <thread>
 #include <vector>
 
 #include "common/error.h"
+#include "transport/ibverbs/ring_lane.h"
 #include "transport/ibverbs/verbs.h"
 
 namespace eccl::transport::ibverbs {
@@ -138,6 +143,130 @@ TEST(Verbs, TheRegistrationCacheReusesCoveringRangesAndEvictsWhatNobodyHolds) {
   cache.release(held);
   cache.release(held);
   EXPECT_THROW(cache.release(held), Error) << "released more often than acquired";
+}
+
+
+// Two lanes of this process over the one device, as two peers' lanes are:
+// a socketpair stands for the authenticated stream they keep.
+struct LanePair {
+  std::unique_ptr<Context> context = Context::open(vmDevice(), -1);
+  std::unique_ptr<RingLane> a, b;
+  LanePair(size_t ringA, size_t ringB) {
+    int fds[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) throw std::runtime_error("socketpair");
+    a = std::make_unique<RingLane>(*context, Fd(fds[0]), ringA, "lane a");
+    b = std::make_unique<RingLane>(*context, Fd(fds[1]), ringB, "lane b");
+    a->connect(b->offer());
+    b->connect(a->offer());
+  }
+};
+
+uint8_t streamByte(uint64_t i, int seed) { return static_cast<uint8_t>((i * 131 + (i >> 9) * 7 + seed) & 0xff); }
+
+// Both directions at once through small rings (64 KiB one way, 16 KiB the
+// other), in uneven pieces, the way the device's progress loop drives a
+// lane: write what fits, read what came, and sleep on pollFd() after
+// armWakeup() when neither moves. Every byte arrives, in order.
+TEST(RingLane, StreamsBothWaysThroughSmallRingsWithCreditsAndWakeups) {
+  NEEDS_RDMA_VM();
+  LanePair p(64 << 10, 16 << 10);
+  constexpr uint64_t kBytes = 8 << 20;
+  struct Side {
+    RingLane* lane;
+    int seed;
+    uint64_t sent = 0, received = 0;
+  } sides[2] = {{p.a.get(), 1}, {p.b.get(), 2}};
+  std::mt19937 rng(7);
+  std::vector<uint8_t> out(300 << 10), in(300 << 10);
+  auto stop = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  int sleeps = 0;
+  while (sides[0].received < kBytes || sides[1].received < kBytes) {
+    ASSERT_LT(std::chrono::steady_clock::now(), stop) << "stalled: a sent " << sides[0].sent << ", b received "
+                                                      << sides[1].received;
+    bool moved = false;
+    for (int s = 0; s < 2; ++s) {
+      Side& me = sides[s];
+      Side& other = sides[1 - s];
+      if (me.sent < kBytes) {
+        size_t n = std::min<uint64_t>(kBytes - me.sent, 1 + rng() % (200 << 10));
+        for (size_t i = 0; i < n; ++i) out[i] = streamByte(me.sent + i, me.seed);
+        size_t cut = n / 3;
+        iovec iov[2] = {{out.data(), cut}, {out.data() + cut, n - cut}};
+        ssize_t w = me.lane->write(iov, 2);
+        ASSERT_GE(w, 0) << strerror(errno);
+        me.sent += static_cast<uint64_t>(w);
+        moved = moved || w > 0;
+      }
+      ssize_t r = other.lane->read(in.data(), 1 + rng() % in.size());
+      if (r < 0) ASSERT_EQ(errno, EAGAIN) << strerror(errno);
+      ASSERT_NE(r, 0) << "end of stream while the peer lives";
+      for (ssize_t i = 0; i < r; ++i)
+        ASSERT_EQ(in[i], streamByte(other.received + i, me.seed)) << "byte " << other.received + i;
+      if (r > 0) other.received += static_cast<uint64_t>(r), moved = true;
+    }
+    if (moved) continue;
+    // Neither side can move: both sleep until a completion says otherwise.
+    bool sleepA = p.a->armWakeup(sides[0].sent < kBytes);
+    bool sleepB = p.b->armWakeup(sides[1].sent < kBytes);
+    if (sleepA && sleepB) {
+      pollfd fds[2] = {{p.a->pollFd(), POLLIN, 0}, {p.b->pollFd(), POLLIN, 0}};
+      ASSERT_GT(::poll(fds, 2, 5000), 0) << "no wake-up while bytes were owed";
+      p.a->onPollReady();
+      p.b->onPollReady();
+      ++sleeps;
+    }
+  }
+  EXPECT_EQ(sides[0].sent, kBytes);
+  EXPECT_EQ(sides[1].received, kBytes);
+  RecordProperty("sleeps", sleeps);
+}
+
+// The peer's process dies: its stream closes (the lane reads end of file
+// once the ring is drained) and its queue pair goes, so writes fail.
+TEST(RingLane, APeerThatGoesEndsTheStreamAndFailsWrites) {
+  NEEDS_RDMA_VM();
+  LanePair p(16 << 10, 16 << 10);
+  uint8_t hello[100] = {1};
+  iovec iov{hello, sizeof(hello)};
+  ASSERT_EQ(p.b->write(&iov, 1), 100);
+  p.b.reset();
+  uint8_t got[200];
+  auto stop = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  ssize_t r;
+  size_t total = 0;
+  while ((r = p.a->read(got, sizeof(got))) != 0) {
+    if (r > 0) total += static_cast<size_t>(r);
+    ASSERT_LT(std::chrono::steady_clock::now(), stop) << "no end of stream";
+  }
+  EXPECT_EQ(total, 100u) << "what the peer sent before it went was lost";
+  std::vector<uint8_t> big(4096, 9);
+  iovec more{big.data(), big.size()};
+  stop = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  for (;;) {
+    ssize_t w = p.a->write(&more, 1);
+    if (w < 0) {
+      EXPECT_EQ(errno, ECONNRESET);
+      break;
+    }
+    ASSERT_LT(std::chrono::steady_clock::now(), stop) << "writes to a peer that is gone never failed";
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+TEST(RingLane, AMalformedOfferIsRefused) {
+  NEEDS_RDMA_VM();
+  auto context = Context::open(vmDevice(), -1);
+  int fds[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
+  Fd keep(fds[1]);
+  RingLane lane(*context, Fd(fds[0]), 16 << 10, "lane");
+  LaneOffer bad = lane.offer();
+  bad.ringBytes = 5000;
+  EXPECT_THROW(lane.connect(bad), Error);
+  bad = lane.offer();
+  bad.ringAddress = 0;
+  EXPECT_THROW(lane.connect(bad), Error);
+  EXPECT_THROW(RingLane(*context, Fd(), 3000, "odd"), Error);
 }
 
 }  // namespace

@@ -1,0 +1,213 @@
+#include "transport/ibverbs/ring_lane.h"
+
+#include <arpa/inet.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "common/error.h"
+#include "common/log.h"
+
+namespace eccl::transport::ibverbs {
+namespace {
+
+ibv_mr* registerOrFail(Context& c, void* address, size_t bytes, const std::string& what) {
+  ibv_mr* mr = ibv_reg_mr(c.pd(), address, bytes,
+                          IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+  if (!mr) fail(ecclSystemError, "{}: registering {} bytes: {}", what, bytes, strerror(errno));
+  return mr;
+}
+
+}  // namespace
+
+bool RingLane::validRingBytes(uint64_t bytes) {
+  return bytes >= 4096 && bytes <= (1ull << 30) && (bytes & (bytes - 1)) == 0;
+}
+
+RingLane::RingLane(Context& context, Fd stream, size_t ringBytes, std::string label)
+    : context_(context),
+      label_(std::move(label)),
+      stream_(std::move(stream)),
+      cq_(context, static_cast<int>(kSendDepth + kRecvDepth)),
+      qp_(context, cq_, cq_, {kSendDepth, kRecvDepth, 64}),
+      ringBytes_(ringBytes) {
+  ECCL_CHECK_ARG(validRingBytes(ringBytes), "{}: a ring of {} bytes (a power of two, 4 KiB to 1 GiB)", label_,
+                 ringBytes);
+  recvRing_ = std::make_unique<uint8_t[]>(ringBytes_);
+  recvMr_ = registerOrFail(context, recvRing_.get(), ringBytes_, label_);
+  wordsMr_ = registerOrFail(context, const_cast<uint64_t*>(words_), sizeof(words_), label_);
+  epoll_ = Fd(epoll_create1(EPOLL_CLOEXEC));
+  if (!epoll_) fail(ecclSystemError, "{}: epoll_create1: {}", label_, strerror(errno));
+  for (int fd : {stream_.get(), cq_.fd()}) {
+    epoll_event e{};
+    e.events = EPOLLIN;
+    e.data.fd = fd;
+    if (epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &e) != 0)
+      fail(ecclSystemError, "{}: epoll_ctl: {}", label_, strerror(errno));
+  }
+}
+
+RingLane::~RingLane() {
+  for (ibv_mr* mr : {recvMr_, sendMr_, wordsMr_})
+    if (mr) ibv_dereg_mr(mr);
+}
+
+LaneOffer RingLane::offer() const {
+  LaneOffer o;
+  o.endpoint = qp_.endpoint();
+  o.ringAddress = reinterpret_cast<uintptr_t>(recvRing_.get());
+  o.ringKey = recvMr_->rkey;
+  o.ringBytes = static_cast<uint32_t>(ringBytes_);
+  o.creditAddress = reinterpret_cast<uintptr_t>(&words_[0]);
+  o.creditKey = wordsMr_->rkey;
+  return o;
+}
+
+void RingLane::connect(const LaneOffer& peer) {
+  if (!validRingBytes(peer.ringBytes) || peer.ringAddress == 0 || peer.creditAddress == 0)
+    fail(ecclRemoteError, "{}: the peer offered a malformed ring ({} bytes at {:#x}, credit word at {:#x})", label_,
+         peer.ringBytes, peer.ringAddress, peer.creditAddress);
+  peer_ = peer;
+  peerRingBytes_ = peer.ringBytes;
+  sendRing_ = std::make_unique<uint8_t[]>(peerRingBytes_);
+  sendMr_ = registerOrFail(context_, sendRing_.get(), peerRingBytes_, label_);
+  qp_.connect(peer.endpoint);
+  for (uint32_t i = 0; i < kRecvDepth; ++i) qp_.postRecv(0, nullptr, 0, 0);
+}
+
+uint64_t RingLane::peerConsumed() const {
+  return __atomic_load_n(const_cast<uint64_t*>(&words_[0]), __ATOMIC_ACQUIRE);
+}
+
+// Completions: a write of ours that finished (its slots are free again), a
+// write of the peer's into our ring (bytes to read), or its report of how
+// far it has read ours (room to write).
+void RingLane::drainCompletions() {
+  ibv_wc wc[32];
+  for (int n; (n = cq_.poll(wc, 32)) > 0;) {
+    for (int i = 0; i < n; ++i) {
+      if (wc[i].status != IBV_WC_SUCCESS) {
+        if (broken_.empty())
+          broken_ = fmt::format("{}: a work request failed: {} (the peer is gone, or its queue pair is in error)",
+                                label_, ibv_wc_status_str(wc[i].status));
+        continue;
+      }
+      if (wc[i].opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
+        uint32_t imm = ntohl(wc[i].imm_data);
+        if (!(imm & kCreditFlag)) arrived_ += imm;
+        qp_.postRecv(0, nullptr, 0, 0);
+      } else {
+        retired_ = std::max<uint64_t>(retired_, wc[i].wr_id + 1);
+      }
+    }
+  }
+  if (arrived_ - consumed_ > ringBytes_ && broken_.empty())
+    broken_ = fmt::format("{}: the peer wrote {} bytes into a ring of {}", label_, arrived_ - consumed_, ringBytes_);
+}
+
+bool RingLane::postWrite(uint32_t offset, uint32_t bytes) {
+  if (!canPost()) return false;
+  uint64_t id = posted_++;
+  // Signaled now and then, and always when the queue is about to fill, so
+  // a completion frees the slots before it.
+  bool signaled = id % 16 == 15 || !canPost();
+  qp_.postWrite(id, sendRing_.get() + offset, bytes, sendMr_->lkey, peer_.ringAddress + offset, peer_.ringKey, bytes,
+                signaled);
+  return true;
+}
+
+void RingLane::returnCredit() {
+  if (!canPost()) return;  // retried at the next read
+  words_[1] = consumed_;
+  uint64_t id = posted_++;
+  bool signaled = id % 16 == 15 || !canPost();
+  // Inline: the word is copied at the post, so the next report may change it.
+  qp_.postWrite(id, const_cast<uint64_t*>(&words_[1]), 8, wordsMr_->lkey, peer_.creditAddress, peer_.creditKey,
+                kCreditFlag, signaled);
+  reported_ = consumed_;
+}
+
+ssize_t RingLane::write(const iovec* iov, int count) {
+  drainCompletions();
+  if (!broken_.empty()) {
+    errno = ECONNRESET;
+    return -1;
+  }
+  size_t room = peerRingBytes_ - static_cast<size_t>(sent_ - peerConsumed());
+  // A full ring to a peer that is gone would wait for ever: Soft-RoCE
+  // reported no failed write to a destroyed queue pair within 30 s. The
+  // stream says it at once.
+  if ((room == 0 || !canPost()) && streamEnded()) {
+    errno = ECONNRESET;
+    return -1;
+  }
+  size_t done = 0;
+  for (int i = 0; i < count; ++i) {
+    const auto* from = static_cast<const uint8_t*>(iov[i].iov_base);
+    size_t left = iov[i].iov_len;
+    while (left > 0 && room > 0) {
+      size_t at = static_cast<size_t>(sent_ & (peerRingBytes_ - 1));
+      size_t piece = std::min({left, room, peerRingBytes_ - at});  // a write never wraps
+      if (!canPost()) return static_cast<ssize_t>(done);
+      std::memcpy(sendRing_.get() + at, from, piece);
+      postWrite(static_cast<uint32_t>(at), static_cast<uint32_t>(piece));
+      sent_ += piece, done += piece, from += piece, left -= piece, room -= piece;
+    }
+    if (left > 0) break;  // the ring is full
+  }
+  return static_cast<ssize_t>(done);
+}
+
+ssize_t RingLane::read(void* into, size_t n) {
+  drainCompletions();
+  size_t available = static_cast<size_t>(arrived_ - consumed_);
+  if (available == 0) {
+    if (!broken_.empty()) {
+      errno = ECONNRESET;
+      return -1;
+    }
+    if (streamEnded()) return 0;
+    errno = EAGAIN;
+    return -1;
+  }
+  size_t take = std::min(n, available);
+  auto* to = static_cast<uint8_t*>(into);
+  for (size_t left = take; left > 0;) {
+    size_t at = static_cast<size_t>(consumed_ & (ringBytes_ - 1));
+    size_t piece = std::min(left, ringBytes_ - at);
+    std::memcpy(to, recvRing_.get() + at, piece);
+    consumed_ += piece, to += piece, left -= piece;
+  }
+  if (consumed_ - reported_ >= ringBytes_ / 4) returnCredit();
+  return static_cast<ssize_t>(take);
+}
+
+// The stream's end of file is the peer's death (nothing is sent on it
+// after the set-up).
+bool RingLane::streamEnded() {
+  if (streamClosed_) return true;
+  char probe;
+  ssize_t r = ::recv(stream_.get(), &probe, 1, MSG_PEEK | MSG_DONTWAIT);
+  streamClosed_ = r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+  return streamClosed_;
+}
+
+void RingLane::onPollReady() {
+  cq_.consumeEvent();  // non-blocking: nothing to consume when the stream woke us
+}
+
+bool RingLane::armWakeup(bool wantSpace) {
+  drainCompletions();
+  if (arrived_ > consumed_ || !broken_.empty()) return false;
+  if (consumed_ - reported_ >= ringBytes_ / 4) returnCredit();
+  if (wantSpace && sent_ - peerConsumed() < peerRingBytes_ && canPost()) return false;
+  cq_.arm();
+  // A completion between the drain and the arm raised no event: look again.
+  drainCompletions();
+  return arrived_ == consumed_ && broken_.empty() && !(wantSpace && sent_ - peerConsumed() < peerRingBytes_);
+}
+
+}  // namespace eccl::transport::ibverbs

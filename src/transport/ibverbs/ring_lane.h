@@ -1,0 +1,91 @@
+// One lane over RDMA: the shared-memory ring's design across the wire.
+// Each side registers a receive ring; the sender copies its bytes into a
+// registered mirror of the peer's ring and RDMA-writes them to the same
+// place there, with an immediate carrying the byte count, so the receiver
+// learns of them from a completion and never polls memory. The receiver
+// gives room back by writing how far it has read into the sender's credit
+// word (also with an immediate: the sender wakes on it). A slow receiver
+// holds its sender back (write() returns 0); it never fails it.
+//
+// The bootstrap stream stays open beside the queue pair as the lane's
+// liveness line, as a shared-memory lane's socket does: its end of file is
+// the peer's death. pollFd() is an epoll descriptor over the stream and
+// the lane's completion channel.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "common/socket.h"
+#include "transport/conduit.h"
+#include "transport/ibverbs/verbs.h"
+
+namespace eccl::transport::ibverbs {
+
+// What each side sends the other over the authenticated stream.
+struct LaneOffer {
+  Endpoint endpoint;
+  uint64_t ringAddress = 0;
+  uint64_t creditAddress = 0;
+  uint32_t ringKey = 0, creditKey = 0;
+  uint32_t ringBytes = 0;
+  uint32_t reserved = 0;
+};
+static_assert(sizeof(LaneOffer) == 64);
+
+class RingLane final : public Conduit {
+ public:
+  // Ring sizes a side may offer: powers of two in [4 KiB, 1 GiB].
+  static bool validRingBytes(uint64_t bytes);
+
+  RingLane(Context& context, Fd stream, size_t ringBytes, std::string label);
+  ~RingLane() override;
+  LaneOffer offer() const;
+  // Checks the peer's offer and brings the queue pair up; throws naming
+  // what is wrong with it.
+  void connect(const LaneOffer& peer);
+
+  const char* kind() const override { return "ib"; }
+  int pollFd() const override { return epoll_.get(); }
+  bool writableByPoll() const override { return false; }
+  void onPollReady() override;
+  ssize_t write(const iovec* iov, int count) override;
+  ssize_t read(void* into, size_t n) override;
+  bool armWakeup(bool wantSpace) override;
+
+ private:
+  void drainCompletions();
+  bool postWrite(uint32_t ringOffset, uint32_t bytes);  // false: no send slot free
+  void returnCredit();
+  bool streamEnded();
+  bool canPost() const { return posted_ - retired_ < kSendDepth - 1; }
+  uint64_t peerConsumed() const;
+
+  static constexpr uint32_t kSendDepth = 128, kRecvDepth = 128;
+  static constexpr uint32_t kCreditFlag = 1u << 31;
+  Context& context_;
+  std::string label_;
+  Fd stream_, epoll_;
+  CompletionQueue cq_;
+  QueuePair qp_;
+  size_t ringBytes_;  // ours: the peer writes into it
+  size_t peerRingBytes_ = 0;
+  std::unique_ptr<uint8_t[]> recvRing_, sendRing_;
+  ibv_mr* recvMr_ = nullptr;
+  ibv_mr* sendMr_ = nullptr;
+  ibv_mr* wordsMr_ = nullptr;
+  // Registered words: [0] the peer's report of how far it has read our
+  // writes (written by it), [1] the source of our own reports.
+  alignas(64) volatile uint64_t words_[2] = {};
+  LaneOffer peer_{};
+  uint64_t sent_ = 0;                    // bytes written to the peer's ring
+  uint64_t arrived_ = 0, consumed_ = 0;  // bytes in our ring: announced, read
+  uint64_t reported_ = 0;                // consumed_ as last written to the peer
+  uint64_t posted_ = 0, retired_ = 0;    // send work requests
+  std::string broken_;                   // a failed completion: the lane is dead
+  bool streamClosed_ = false;
+};
+
+}  // namespace eccl::transport::ibverbs
