@@ -58,6 +58,12 @@ const std::vector<Param>& all() {
       {"ECCL_SHM_RING_BYTES", "int", "1048576",
        "Shared-memory ring per lane and direction, a power of two from 4096 to 1 GiB: a pair of members "
        "holds 2 x this x ECCL_NSOCKS_PERPEER (2 MiB by default; 8 ranks on a host: 56 MiB in all)."},
+      {"ECCL_IB_HCA", "string", "",
+       "ibverbs back end: the RDMA device to use, a name with an optional :port (mlx5_0:1); empty: the first "
+       "device with an ACTIVE port."},
+      {"ECCL_IB_GID_INDEX", "int", "-1",
+       "ibverbs back end: the GID index to use; -1 chooses (a RoCE v2 GID with an IPv4 address, then any RoCE v2 "
+       "GID that is not link-local, then 0, which InfiniBand uses)."},
       {"ECCL_GPU_CHUNK_BYTES", "int", "4194304",
        "Device-buffer collectives that split (allreduce, broadcast, reduce) run in chunks of this many bytes, so "
        "the device-host copies of one chunk overlap the network transfer of another. Must match on every rank."},
@@ -148,6 +154,8 @@ int64_t spinUs() { return getInt("ECCL_SPIN_US"); }
 int64_t netPoolIdleMs() { return getInt("ECCL_NET_POOL_IDLE_MS"); }
 int64_t netLogBytes() { return getInt("ECCL_NET_LOG_BYTES"); }
 int64_t netEagerBytes() { return getInt("ECCL_NET_EAGER_BYTES"); }
+std::string ibHca() { return getString("ECCL_IB_HCA"); }
+int64_t ibGidIndex() { return getInt("ECCL_IB_GID_INDEX"); }
 std::string netLogRanks() { return getString("ECCL_NET_LOG_RANKS"); }
 std::string netLogWhenFull() { return getString("ECCL_NET_LOG_WHEN_FULL"); }
 std::string transport() { return getString("ECCL_TRANSPORT"); }

@@ -39,6 +39,8 @@ int pinProgressThread();
 int64_t spinUs();
 int64_t netPoolIdleMs();
 int64_t netEagerBytes();
+std::string ibHca();
+int64_t ibGidIndex();
 int64_t netLogBytes();
 std::string netLogRanks();
 std::string netLogWhenFull();

@@ -62,6 +62,9 @@ struct BackendSpec {
   // an address is the one people read (displayAddress).
   bool reachesOtherHosts;
   std::unique_ptr<Backend> (*create)(const BackendOptions& options);
+  // In the default list, one that cannot start here (no RDMA device) is
+  // left out quietly even though it reaches other hosts: another does too.
+  bool needsHardware = false;
 };
 
 // Every back end this build has, in the order a dial tries them.

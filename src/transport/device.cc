@@ -40,8 +40,9 @@ void LaneDevice::startBackends() {
     try {
       backends_.push_back(spec->create(options));
     } catch (const Error& e) {
-      if (chosen || spec->reachesOtherHosts) throw;
-      log::warn("member {}: no {} lanes ({}); going on without them", opt_.self, name, e.what());
+      if (chosen || (spec->reachesOtherHosts && !spec->needsHardware)) throw;
+      if (spec->needsHardware) log::info("member {}: no {} lanes ({})", opt_.self, name, e.what());
+      else log::warn("member {}: no {} lanes ({}); going on without them", opt_.self, name, e.what());
       continue;
     }
     parts.emplace_back(name, backends_.back()->address());

@@ -50,6 +50,9 @@ class RingLane final : public Conduit {
   const char* kind() const override { return "ib"; }
   int pollFd() const override { return epoll_.get(); }
   bool writableByPoll() const override { return false; }
+  // Completions are announced on pollFd() only once armed (armWakeup):
+  // until the device sleeps it looks at the queue on every pass.
+  bool pollsMemory() const override { return true; }
   void onPollReady() override;
   ssize_t write(const iovec* iov, int count) override;
   ssize_t read(void* into, size_t n) override;
