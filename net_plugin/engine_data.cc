@@ -50,6 +50,16 @@ void throwIfFailed(const RequestPtr& r) {
 
 bool isPending(const RequestPtr& r) { return r && r->state.load() == Request::kPending; }
 
+// Drops the clear-to-sends of groups whose sends have all gone, without
+// waiting for any: eager sends never need them, but must not let them pile up.
+void dropPassedClearToSends(Channel& comm) {
+  while (!comm.cts.empty()) {
+    auto& [request, cts] = comm.cts.front();
+    if (request->state.load() != Request::kDone || cts->firstSend + static_cast<uint64_t>(cts->n) > comm.sends) return;
+    comm.cts.pop_front();
+  }
+}
+
 }  // namespace
 
 const ClearToSend* Engine::Impl::clearToSendLocked(Channel& comm, uint64_t send) {
@@ -81,15 +91,6 @@ const ClearToSend* Engine::Impl::clearToSendLocked(Channel& comm, uint64_t send)
   }
 }
 
-// Drops the clear-to-sends of groups whose sends have all gone, without
-// waiting for any: eager sends never need them, but must not let them pile up.
-static void dropPassedClearToSends(Channel& comm) {
-  while (!comm.cts.empty()) {
-    auto& [request, cts] = comm.cts.front();
-    if (request->state.load() != Request::kDone || cts->firstSend + static_cast<uint64_t>(cts->n) > comm.sends) return;
-    comm.cts.pop_front();
-  }
-}
 
 Status Engine::isend(Channel* comm, const void* data, size_t size, int tag, PluginRequest** request) {
   return guarded([&] {

@@ -143,6 +143,10 @@ Fd connectTo(const SockAddr& addr, Deadline deadline, const std::string& what, c
 
 Fd acceptUntil(int listenFd, Deadline deadline, SockAddr* peer) {
   if (!waitFd(listenFd, POLLIN, deadline)) return Fd();
+  return acceptPending(listenFd, peer);
+}
+
+Fd acceptPending(int listenFd, SockAddr* peer) {
   SockAddr from;
   from.len = sizeof(from.storage);
   int fd = ::accept4(listenFd, reinterpret_cast<sockaddr*>(&from.storage), &from.len, SOCK_CLOEXEC);

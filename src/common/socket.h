@@ -51,6 +51,8 @@ Fd connectTo(const SockAddr& addr, Deadline deadline, const std::string& what,
              const std::function<bool()>& giveUp = {});
 // Accepts one connection, waiting at most until the deadline; empty Fd on timeout.
 Fd acceptUntil(int listenFd, Deadline deadline, SockAddr* peer);
+// One connection already pending on a listener (empty Fd if none), no delay set.
+Fd acceptPending(int listenFd, SockAddr* peer);
 
 void setNonBlocking(int fd, bool on);
 void setNoDelay(int fd);

@@ -4,7 +4,7 @@
 # shared memory (their abstract sockets see each other), ranks in different
 # ones over TCP on the veth links (they cannot), all in one communicator
 # with ECCL_TRANSPORT=auto; a checked all-to-all connects every pair.
-# Exit 77 (skipped) where namespaces cannot be made.
+# Fails where namespaces cannot be made (it needs root, as CI has).
 set -uo pipefail
 launcher=$1 perf=$2
 source "$(dirname "$0")/two_hosts.sh"

@@ -2,7 +2,7 @@
 # Two "hosts" built from network namespaces on one bridge: eccl-run places
 # ranks on them through a remote shell (`ip netns exec` stands in for ssh),
 # the coordinator stays in the root namespace, and a checked allreduce runs
-# over the veth links. Exit 77 (skipped) where namespaces cannot be made.
+# over the veth links. Fails where namespaces cannot be made (it needs root).
 set -uo pipefail
 launcher=$1 perf=$2
 source "$(dirname "$0")/two_hosts.sh"

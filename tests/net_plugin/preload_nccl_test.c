@@ -33,7 +33,7 @@ int main(int argc, char** argv) {
   if (!strstr(objectOf(init), "libeccl-preload")) {
     fprintf(stderr, "preload_nccl_test: ncclCommInitRank resolves to %s, not the shim: run with LD_PRELOAD\n",
             objectOf(init));
-    return 77;
+    return 1;
   }
   EXPECT(strstr(objectOf(dlsym(RTLD_DEFAULT, "ncclGetVersion")), "libnccl") != NULL,
          "ncclGetVersion resolves to %s", objectOf(dlsym(RTLD_DEFAULT, "ncclGetVersion")));

@@ -31,12 +31,9 @@ Fd IbBackend::dial(MemberId, const std::string& address, Deadline deadline, cons
 
 Fd IbBackend::accept(std::string* from) {
   SockAddr peer;
-  peer.len = sizeof(peer.storage);
-  int fd = ::accept4(listenFd_.get(), reinterpret_cast<sockaddr*>(&peer.storage), &peer.len, SOCK_CLOEXEC);
-  if (fd < 0) return Fd();
-  setNoDelay(fd);
-  if (from) *from = peer.str();
-  return Fd(fd);
+  Fd fd = acceptPending(listenFd_.get(), &peer);
+  if (fd && from) *from = peer.str();
+  return fd;
 }
 
 // Over the authenticated stream: each end's offer (the dialer's first),

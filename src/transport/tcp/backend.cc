@@ -60,12 +60,9 @@ Fd TcpBackend::dial(MemberId, const std::string& address, Deadline deadline, con
 
 Fd TcpBackend::accept(std::string* from) {
   SockAddr peer;
-  peer.len = sizeof(peer.storage);
-  int fd = ::accept4(listenFd_.get(), reinterpret_cast<sockaddr*>(&peer.storage), &peer.len, SOCK_CLOEXEC);
-  if (fd < 0) return Fd();
-  setNoDelay(fd);
-  if (from) *from = peer.str();
-  return Fd(fd);
+  Fd fd = acceptPending(listenFd_.get(), &peer);
+  if (fd && from) *from = peer.str();
+  return fd;
 }
 
 std::unique_ptr<Conduit> TcpBackend::openDialed(Fd stream, Deadline, const std::string&) {
