@@ -193,6 +193,11 @@ typedef struct {
   double totalMs;
   uint64_t connectionsPrepared;  /* opened in the background before a switchover */
   double prepareMs;              /* announcement until this member was prepared */
+  /* RDMA queue pairs (the ib transport; 0 over TCP and shared memory): */
+  uint64_t queuePairsOpen;       /* open now in this process */
+  uint64_t queuePairsOpened;     /* the last reconfiguration: created while switching */
+  uint64_t queuePairsClosed;     /* destroyed while switching */
+  uint64_t queuePairsPrepared;   /* created in the background before the switchover */
 } ecclCommStats_t;
 ecclResult_t ecclCommGetStats(ecclComm_t comm, ecclCommStats_t* stats);
 

@@ -3,7 +3,7 @@
 # provider (Soft-RoCE, rdma_rxe), so eccl's ibverbs code meets a real
 # kernel RDMA stack on a machine without an HCA:
 #
-#   scripts/rdma-vm.sh [-t SECONDS] [-n loop|pair] [-w DIR]... [--] COMMAND [ARG...]
+#   scripts/rdma-vm.sh [-t SECONDS] [-m MIB] [-n loop|pair] [-w DIR]... [--] COMMAND [ARG...]
 #
 # The guest is Debian's own kernel (package linux-image-amd64) under qemu.
 # It sees this machine's whole file tree read-only over 9p with a throwaway
@@ -23,11 +23,13 @@
 set -euo pipefail
 
 timeout_s=600
+memory_mib=6144  # four ranks of the collective suite need about 600 MiB each
 net=loop
 shares=()
 while [ $# -gt 0 ]; do
   case $1 in
     -t) timeout_s=$2; shift 2 ;;
+    -m) memory_mib=$2; shift 2 ;;
     -n) net=$2; shift 2 ;;
     -w) shares+=("$(cd "$2" && pwd)"); shift 2 ;;
     --) shift; break ;;
@@ -35,7 +37,7 @@ while [ $# -gt 0 ]; do
     *) break ;;
   esac
 done
-[ $# -gt 0 ] || { echo "usage: $0 [-t SECONDS] [-n loop|pair] [-w DIR]... [--] COMMAND [ARG...]" >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: $0 [-t SECONDS] [-m MIB] [-n loop|pair] [-w DIR]... [--] COMMAND [ARG...]" >&2; exit 2; }
 case $net in loop|pair) ;; *) echo "rdma-vm: -n loop or -n pair, not $net" >&2; exit 2 ;; esac
 
 unusable() { echo "rdma-vm: cannot run the VM here: $*" >&2; exit 77; }
@@ -189,7 +191,7 @@ for d in "${shares[@]}"; do
 done
 # TCG: this machine's /dev/kvm (kvm_pvm) cannot run a stock kernel.
 status=0
-timeout -k 5 "$timeout_s" qemu-system-x86_64 -machine pc -accel tcg -cpu max -smp 2 -m 2048 \
+timeout -k 5 "$timeout_s" qemu-system-x86_64 -machine pc -accel tcg -cpu max -smp 2 -m "$memory_mib" \
   -nographic -no-reboot -nic none -serial "file:$work/console.log" -monitor none \
   -kernel "$kernel" -initrd "$work/initrd.cpio" -append "console=ttyS0 panic=-1 quiet rdinit=/init" \
   "${fsdevs[@]}" > /dev/null 2>&1 || status=$?

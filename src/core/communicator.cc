@@ -232,6 +232,8 @@ void Communicator::applyView(const membership::ViewUpdate& v) {
   reconfig_.connectionsClosed = afterClose.connectionsClosed - before.connectionsClosed;
   reconfig_.connectionsOpened = after.connectionsOpened - afterClose.connectionsOpened;
   reconfig_.connectionsInherited = afterClose.openConnections;
+  reconfig_.queuePairsOpened = after.queuePairsOpened - afterClose.queuePairsOpened;
+  reconfig_.queuePairsClosed = afterClose.queuePairsClosed - before.queuePairsClosed;
   reconfig_.applyMs = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
 }
 
@@ -255,8 +257,7 @@ void Communicator::recover(ecclRecoverPolicy_t policy) {
   // A member of the new view may be gone already: the view stands, revoked,
   // and the error tells the caller to recover again from it.
   applyView(v);
-  reconfig_.connectionsPrepared = 0;
-  reconfig_.prepareMs = 0;
+  reconfig_.prepared = {};
   finishReconfiguration(start, agreed, oldEpoch, "recovered");
 }
 
@@ -274,11 +275,15 @@ void Communicator::fillStats(ecclCommStats_t* out) const {
   s.agreeMs = reconfig_.agreeMs;
   s.applyMs = reconfig_.applyMs;
   s.totalMs = reconfig_.totalMs;
-  s.connectionsPrepared = reconfig_.connectionsPrepared;
-  s.prepareMs = reconfig_.prepareMs;
+  s.connectionsPrepared = reconfig_.prepared.connections;
+  s.prepareMs = reconfig_.prepared.ms;
+  s.queuePairsOpened = reconfig_.queuePairsOpened;
+  s.queuePairsClosed = reconfig_.queuePairsClosed;
+  s.queuePairsPrepared = reconfig_.prepared.queuePairs;
   transport::DeviceStats d = device_->stats();
   s.openConnections = d.openConnections;
   s.staleFramesDropped = d.staleFramesDropped;
+  s.queuePairsOpen = d.queuePairsCreated - d.queuePairsDestroyed;
   std::memcpy(out, &s, std::min(out->size, sizeof(s)));
 }
 

@@ -148,8 +148,8 @@ class Communicator {
   struct Reconfiguration {
     uint64_t connectionsOpened = 0, connectionsClosed = 0, connectionsInherited = 0;
     double agreeMs = 0, applyMs = 0, totalMs = 0;
-    uint64_t connectionsPrepared = 0;
-    double prepareMs = 0;
+    uint64_t queuePairsOpened = 0, queuePairsClosed = 0;
+    elastic::Migration::Prepared prepared;  // zero unless it was a prepared switchover
   };
 
   int rank_ = -1;

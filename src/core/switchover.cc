@@ -49,8 +49,7 @@ void Communicator::switchover() {
   }
   auto start = Clock::now();
   elastic::Migration::Decision d = migration_->decide(revoked);
-  reconfig_.connectionsPrepared = d.connectionsPrepared;
-  reconfig_.prepareMs = d.prepareMs;
+  reconfig_.prepared = d.prepared;
   if (d.leaving) return leaveView(d.view, start);
   uint32_t oldEpoch = view_.epoch;
   // Entering the view connects its latency peers; one that died after its
@@ -79,7 +78,9 @@ void Communicator::enterNextView(const membership::ViewUpdate& v, const std::vec
   for (transport::MemberId l : leavers)
     if (l != self_ && std::find(view_.rankToMember.begin(), view_.rankToMember.end(), l) == view_.rankToMember.end())
       device_->removePeer(l);
-  reconfig_.connectionsClosed += device_->stats().connectionsClosed - beforeClose.connectionsClosed;
+  transport::DeviceStats afterClose = device_->stats();
+  reconfig_.connectionsClosed += afterClose.connectionsClosed - beforeClose.connectionsClosed;
+  reconfig_.queuePairsClosed += afterClose.queuePairsClosed - beforeClose.queuePairsClosed;
 }
 
 // The others went on without this member and close their links to it;
@@ -108,8 +109,7 @@ void Communicator::grow(int count) {
   auto agreed = Clock::now();
   uint32_t oldEpoch = view_.epoch;
   applyView(v);
-  reconfig_.connectionsPrepared = 0;
-  reconfig_.prepareMs = 0;
+  reconfig_.prepared = {};
   finishReconfiguration(start, agreed, oldEpoch, "grew");
 }
 

@@ -78,8 +78,7 @@ void Communicator::reconfigure(const std::vector<transport::MemberId>& members, 
   }
   applyView(v);  // a member named that died meanwhile: the view stands, revoked
   if (wasStandby) joinedEpoch_ = v.epoch;
-  reconfig_.connectionsPrepared = 0;
-  reconfig_.prepareMs = 0;
+  reconfig_.prepared = {};
   finishReconfiguration(start, agreed, oldEpoch, "reconfigured");
 }
 

@@ -54,8 +54,8 @@ void Migration::onAnnouncement(const membership::CoordMessage& m) {
       prep_.leaverAddress = m.address;
       prep_.why = m.text;
       prep_.announced = Clock::now();
-      for (const auto& e : prep_.next) prep_.lanesAtAnnounce.emplace_back(e.member, device.lanesUp(e.member));
-      for (transport::MemberId l : prep_.leavers) prep_.lanesAtAnnounce.emplace_back(l, device.lanesUp(l));
+      for (const auto& e : prep_.next) prep_.linksAtAnnounce.emplace_back(e.member, device.linksUp(e.member));
+      for (transport::MemberId l : prep_.leavers) prep_.linksAtAnnounce.emplace_back(l, device.linksUp(l));
       addPreparedPeersLocked();
       links_.worker->post([this, epoch = m.epoch] { prepareDelta(epoch); });
       break;
@@ -106,14 +106,14 @@ void Migration::prepareDelta(uint32_t nextEpoch) {
   std::vector<membership::ViewEntry> next;
   transport::MemberId joiner;
   std::vector<transport::MemberId> leavers;
-  std::vector<std::pair<transport::MemberId, uint32_t>> lanesAtAnnounce;
+  std::vector<std::pair<transport::MemberId, transport::Device::LinksUp>> linksAtAnnounce;
   {
     MutexLock lock(mu_);
     if (prep_.epoch != nextEpoch || prep_.state == ecclPrepareFailed) return;
     next = prep_.next;
     joiner = prep_.joiner;
     leavers = prep_.leavers;
-    lanesAtAnnounce = prep_.lanesAtAnnounce;
+    linksAtAnnounce = prep_.linksAtAnnounce;
   }
   std::vector<transport::MemberId> needed;
   int me = rankIn(next, self_);
@@ -125,18 +125,19 @@ void Migration::prepareDelta(uint32_t nextEpoch) {
   std::string failure;
   std::sort(needed.begin(), needed.end());
   needed.erase(std::unique(needed.begin(), needed.end()), needed.end());
-  uint64_t opened = 0;
+  Prepared opened;
   try {
     transport::connectAll(*links_.device, needed, deadline());
     // Lanes between the joiner and the others are the delta, whichever side
     // dialed, unless they were up before (an eager standby).
     for (transport::MemberId m : needed) {
       if (m == self_ || (self_ != joiner && m != joiner)) continue;
-      uint32_t had = 0;
-      for (const auto& [member, lanes] : lanesAtAnnounce)
-        if (member == m) had = lanes;
-      uint32_t up = links_.device->lanesUp(m);
-      opened += up > had ? up - had : 0;
+      transport::Device::LinksUp had;
+      for (const auto& [member, links] : linksAtAnnounce)
+        if (member == m) had = links;
+      transport::Device::LinksUp up = links_.device->linksUp(m);
+      opened.connections += up.lanes > had.lanes ? up.lanes - had.lanes : 0;
+      opened.queuePairs += up.queuePairs > had.queuePairs ? up.queuePairs - had.queuePairs : 0;
     }
   } catch (const Error& e) {
     failure = e.what();
@@ -151,8 +152,8 @@ void Migration::prepareDelta(uint32_t nextEpoch) {
     log::warn("rank {}: preparing epoch {}: {}", rank_.load(), nextEpoch, failure);
   } else {
     prep_.locallyPrepared = true;
-    prep_.prepareMs = msSince(prep_.announced);
-    prep_.connectionsOpened = opened;
+    prep_.prepared = opened;
+    prep_.prepared.ms = msSince(prep_.announced);
     links_.prepared(nextEpoch);
   }
   cv_.notifyAll();
@@ -230,8 +231,7 @@ Migration::Decision Migration::decide(const std::string& revoked) {
     nextEpoch = prep_.epoch;
     d.view.entries = prep_.next;
     d.leavers = prep_.leavers;
-    d.connectionsPrepared = prep_.connectionsOpened;
-    d.prepareMs = prep_.prepareMs;
+    d.prepared = prep_.prepared;
     story = prep_.why;
     joiner = prep_.joiner;
   }

@@ -57,14 +57,19 @@ class Migration {
   // The switchover's agreement: waits until every member of the next view
   // is prepared, then votes (`revoked`: this member votes no, saying why).
   // Throws when the switchover aborted; otherwise the next view is decided.
+  // What the background preparation opened, for the statistics.
+  struct Prepared {
+    uint64_t connections = 0;  // lanes to the joiner (or, for it, to the others)
+    uint64_t queuePairs = 0;   // queue pairs this process created meanwhile
+    double ms = 0;             // announcement until this member was prepared
+  };
   struct Decision {
     membership::ViewUpdate view;
     std::vector<transport::MemberId> leavers;
     bool leaving = false;  // this member is the leaver: it does not enter
     std::string missed;    // committed by others though this member's vote missed a member
     Clock::time_point agreed;
-    uint64_t connectionsPrepared = 0;
-    double prepareMs = 0;
+    Prepared prepared;
   };
   Decision decide(const std::string& revoked);
   // A member of the next view that will not vote (it recovers or leaves)
@@ -94,11 +99,11 @@ class Migration {
     bool voted = false;      // this member's switchover vote is cast
     std::string why;
     Clock::time_point announced;
-    double prepareMs = 0;
-    uint64_t connectionsOpened = 0;
-    // Lanes up to each member of the delta when the preparation was
-    // announced (an eager standby's are up already; they are not the delta).
-    std::vector<std::pair<transport::MemberId, uint32_t>> lanesAtAnnounce;
+    Prepared prepared;
+    // Lanes (and their queue pairs) up to each member of the delta when the
+    // preparation was announced (an eager standby's are up already; they
+    // are not the delta).
+    std::vector<std::pair<transport::MemberId, transport::Device::LinksUp>> linksAtAnnounce;
   };
 
   void addPreparedPeersLocked() ECCL_REQUIRES(mu_);

@@ -18,6 +18,14 @@
 
 namespace eccl::transport {
 
+// Hardware objects a back end made for lanes, counted since it started:
+// what a reconfiguration's statistics report beside the lanes (over verbs
+// a lane owns one queue pair; the socket back ends make none).
+struct BackendCounters {
+  uint64_t queuePairsCreated = 0;
+  uint64_t queuePairsDestroyed = 0;
+};
+
 // What every back end is created with; each uses what applies to it.
 struct BackendOptions {
   uint64_t jobId = 0;
@@ -42,6 +50,8 @@ class Backend {
   // Moves the calling thread (the device's progress thread) near the
   // hardware this back end drives; false if it has none to be near.
   virtual bool placeThread() { return false; }
+  // Read by the device's stats() from any thread.
+  virtual BackendCounters counters() const { return {}; }
   // A connected, blocking stream to `member` at `address` (this back end's
   // part of the member's address), or an empty Fd when this back end cannot
   // reach it (shared memory: another host or network namespace). Throws

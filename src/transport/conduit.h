@@ -19,6 +19,8 @@ class Conduit {
  public:
   virtual ~Conduit() = default;
   virtual const char* kind() const = 0;  // "tcp", "shm": names the lane in logs and stats
+  // RDMA queue pairs this lane owns (the statistics count them).
+  virtual uint32_t queuePairs() const { return 0; }
 
   // A descriptor the device polls: readable when bytes arrive or the peer
   // goes away (end of file), and, where writableByPoll(), writable when a

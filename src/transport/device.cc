@@ -247,6 +247,7 @@ void LaneDevice::installLaneLocked(Peer& peer, uint32_t index, std::unique_ptr<C
   lane.wantOut = false;
   updateEpollLocked(lane, EPOLL_CTL_ADD);
   stats_.connectionsOpened++;
+  stats_.queuePairsOpened += lane.conduit->queuePairs();
   if (closing_) queueControlLocked(lane, FrameType::kGoodbye, {});
   bool allUp = std::all_of(peer.lanes.begin(), peer.lanes.end(), [](auto& l) { return bool(l->conduit); });
   if (allUp) peer.state = Peer::State::kUp;
@@ -260,6 +261,7 @@ void LaneDevice::closeLaneLocked(Lane& lane) {
   lanesByToken_.erase(lane.token);
   std::erase(memoryLanes_, &lane);
   lane.token = 0;
+  stats_.queuePairsClosed += lane.conduit->queuePairs();
   lane.conduit.reset();
   lane.sendQueue.clear();
   lane.rxBegin = lane.rxEnd = 0;

@@ -137,6 +137,9 @@ void LaneDevice::checkLocalSignatureLocked(uint64_t seq, const CallSignature& mi
 // Ranks disagree about a call: from this op on the communicator is
 // revoked with ecclInvalidUsage naming both calls, here and everywhere
 // (the ranks that agreed would otherwise wait for data that never comes).
+// A send/recv pair has no place among the collectives: every send and
+// receive fails, and the collectives from the next this rank would start
+// (one it already started may still be finishing on a slower rank).
 void LaneDevice::callMismatchLocked(MemberId peer, uint64_t seq, const CallSignature& mine,
                                    const CallSignature& theirs) {
   if (revokedCode_ != ecclSuccess) return;  // revoked already, for a reason that came first
@@ -145,7 +148,7 @@ void LaneDevice::callMismatchLocked(MemberId peer, uint64_t seq, const CallSigna
                                    collective ? fmt::format("collective op {}", seq) : std::string("a send/recv pair"),
                                    epoch_, selfLabel_, describe(mine), labelLocked(peer), describe(theirs));
   log::warn("{}", reason);
-  uint64_t fromSeq = collective ? seq : 0;
+  uint64_t fromSeq = collective ? seq : lastCheckedSeq_ + 1;
   revokeLocked(ecclInvalidUsage, reason, fromSeq);
   floodRevokeLocked(ecclInvalidUsage, reason, fromSeq);
   if (onRevoked) onRevoked(ecclInvalidUsage, reason);

@@ -166,12 +166,13 @@ class LaneDevice final : public Device {
   MemberId self() const override { return opt_.self; }
   std::string address() const override { return address_; }
   void addPeer(MemberId member, const std::string& address, const std::string& label, PeerRole role) override;
-  uint32_t lanesUp(MemberId member) const override {
+  LinksUp linksUp(MemberId member) const override {
     MutexLock lock(mu_);
     auto it = peers_.find(member);
-    if (it == peers_.end()) return 0;
-    uint32_t up = 0;
-    for (auto& lane : it->second.lanes) up += bool(lane->conduit);
+    LinksUp up;
+    if (it == peers_.end()) return up;
+    for (auto& lane : it->second.lanes)
+      if (lane->conduit) up.lanes++, up.queuePairs += lane->conduit->queuePairs();
     return up;
   }
   bool hasPeer(MemberId member) const override {
@@ -247,6 +248,11 @@ class LaneDevice final : public Device {
       if (!lane) continue;
       s.openConnections++;
       s.openByBackEnd[lane->conduit->kind()]++;
+    }
+    for (const auto& backend : backends_) {
+      BackendCounters c = backend->counters();
+      s.queuePairsCreated += c.queuePairsCreated;
+      s.queuePairsDestroyed += c.queuePairsDestroyed;
     }
     return s;
   }

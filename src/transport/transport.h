@@ -60,6 +60,13 @@ struct DeviceStats {
   uint64_t bytesSent = 0;
   uint64_t bytesReceived = 0;
   uint64_t openConnections = 0;  // lanes open now
+  // Queue pairs of the lanes opened and closed (Conduit::queuePairs()), and
+  // every back end's own count of those it created and destroyed (in-flight
+  // handshakes and leaks included: what is really open).
+  uint64_t queuePairsOpened = 0;
+  uint64_t queuePairsClosed = 0;
+  uint64_t queuePairsCreated = 0;
+  uint64_t queuePairsDestroyed = 0;
   std::map<std::string, uint64_t> openByBackEnd;  // the same, by back-end name
 };
 
@@ -91,7 +98,12 @@ class Device {
   // dialed again) is a new incarnation, so a consumer acting on what it
   // knew of the old one can tell (removePeerIncarnation).
   virtual uint64_t peerIncarnation(MemberId member) const = 0;
-  virtual uint32_t lanesUp(MemberId member) const = 0;  // connections open to it now
+  // Connections open to `member` now, and the queue pairs they own (verbs).
+  struct LinksUp {
+    uint32_t lanes = 0, queuePairs = 0;
+  };
+  virtual LinksUp linksUp(MemberId member) const = 0;
+  uint32_t lanesUp(MemberId member) const { return linksUp(member).lanes; }
   // Frames stamped with an older epoch than this are dropped and counted.
   virtual void setEpoch(uint32_t epoch) = 0;
 

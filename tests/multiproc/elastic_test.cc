@@ -52,6 +52,7 @@ TEST_P(ElasticSizes, StandbyReplacesAKilledRankTouchingOnlyItsConnections) {
       RANK_CHECK(s.connectionsOpened == partners * kLanes && partners == (n >= 8 ? 5u : 3u),
                  "the joiner opened " + std::to_string(s.connectionsOpened) + " lanes for " + std::to_string(partners) +
                      " partners");
+      checkQueuePairsFollowLanes(s);
       checkAllreduce(comm);
       RANK_OK(ecclCommDestroy(comm), comm);
       return;
@@ -77,6 +78,7 @@ TEST_P(ElasticSizes, StandbyReplacesAKilledRankTouchingOnlyItsConnections) {
     RANK_CHECK(s.connectionsOpened == (usesVictim ? kLanes : 0u), "opened " + std::to_string(s.connectionsOpened));
     RANK_CHECK(s.connectionsInherited + s.connectionsClosed >= before.openConnections - kLanes,
                "inherited " + std::to_string(s.connectionsInherited));
+    checkQueuePairsFollowLanes(s);
     checkAllreduce(comm);
     RANK_OK(ecclCommDestroy(comm), comm);
   });

@@ -102,6 +102,7 @@ TEST_F(NamedReconfigure, ReplacingADeadMemberByNameOpensOnlyItsPartnersLanes) {
     RANK_CHECK(s.connectionsOpened == wantOpened,
                "opened " + std::to_string(s.connectionsOpened) + ", want " + std::to_string(wantOpened));
     if (index == standby) RANK_CHECK(s.joinedEpoch == 2, "joined at " + std::to_string(s.joinedEpoch));
+    checkQueuePairsFollowLanes(s);
     checkAllreduce(comm, 2);
     RANK_OK(ecclCommDestroy(comm), comm);
   });

@@ -77,6 +77,7 @@ TEST_F(Reconfigure, ExpectedMigrationStreamsStateAndSwitchesOnlyTheDelta) {
       ecclCommStats_t s = statsOf(comm);
       RANK_CHECK(s.rank == leaver && s.epoch == 2 && s.joinedEpoch == 2, "joiner stats");
       RANK_CHECK(s.connectionsOpened == 0, "joiner opened " + std::to_string(s.connectionsOpened) + " at switchover");
+      checkQueuePairsFollowLanes(s);
       checkAllreduce(comm, 5);
       RANK_OK(ecclCommDestroy(comm), comm);
       return;
@@ -122,6 +123,7 @@ TEST_F(Reconfigure, ExpectedMigrationStreamsStateAndSwitchesOnlyTheDelta) {
                    s.connectionsInherited >= before.openConnections - kLanes,
                "inherited " + std::to_string(s.connectionsInherited) + " closed " + std::to_string(s.connectionsClosed) +
                    " open before " + std::to_string(before.openConnections));
+    checkQueuePairsFollowLanes(s);
     checkAllreduce(comm, 5);
     RANK_OK(ecclCommDestroy(comm), comm);
   });
@@ -174,6 +176,7 @@ TEST_F(Reconfigure, EagerStandbyIsPromotedWithoutOpeningAConnection) {
       ecclCommStats_t s = statsOf(comm);
       RANK_CHECK(s.rank == victim && s.connectionsOpened == 0,
                  "eager standby opened " + std::to_string(s.connectionsOpened) + " when promoted");
+      checkQueuePairsFollowLanes(s);
       checkAllreduce(comm);
       RANK_OK(ecclCommDestroy(comm), comm);
       return;
@@ -188,6 +191,7 @@ TEST_F(Reconfigure, EagerStandbyIsPromotedWithoutOpeningAConnection) {
     RANK_OK(ecclCommRecover(comm, ecclRecoverReplace), comm);
     ecclCommStats_t s = statsOf(comm);
     RANK_CHECK(s.connectionsOpened == 0, "opened " + std::to_string(s.connectionsOpened) + " with an eager standby");
+    checkQueuePairsFollowLanes(s);
     checkAllreduce(comm);
     RANK_OK(ecclCommDestroy(comm), comm);
   });
@@ -210,6 +214,7 @@ TEST_F(Reconfigure, AMigrationToAnEagerStandbyOpensNoConnection) {
       RANK_CHECK(s.rank == leaver && s.connectionsPrepared == 0 && s.connectionsOpened == 0,
                  "the eager joiner prepared " + std::to_string(s.connectionsPrepared) + " and opened " +
                      std::to_string(s.connectionsOpened));
+      checkQueuePairsFollowLanes(s);
       checkAllreduce(comm, 2);
       RANK_OK(ecclCommDestroy(comm), comm);
       return;
@@ -229,6 +234,7 @@ TEST_F(Reconfigure, AMigrationToAnEagerStandbyOpensNoConnection) {
     RANK_CHECK(s.epoch == 2 && s.connectionsPrepared == 0 && s.connectionsOpened == 0,
                "epoch " + std::to_string(s.epoch) + ": prepared " + std::to_string(s.connectionsPrepared) +
                    ", opened " + std::to_string(s.connectionsOpened) + " with an eager joiner");
+    checkQueuePairsFollowLanes(s);
     checkAllreduce(comm, 2);
     RANK_OK(ecclCommDestroy(comm), comm);
   });

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <set>
 #include <string>
 #include <thread>
@@ -43,6 +44,22 @@ inline ecclCommStats_t statsOf(ecclComm_t comm) {
   s.size = sizeof(s);
   RANK_OK(ecclCommGetStats(comm, &s), comm);
   return s;
+}
+
+// Over verbs (ECCL_TRANSPORT=ib) every lane is one queue pair, so the
+// reconfiguration's queue-pair counts equal its lane counts; over TCP and
+// shared memory no queue pair exists at all.
+inline void checkQueuePairsFollowLanes(const ecclCommStats_t& s) {
+  const char* transport = getenv("ECCL_TRANSPORT");
+  const uint64_t perLane = transport && std::string(transport) == "ib" ? 1 : 0;
+  auto line = [](const char* what, uint64_t qps, uint64_t lanes) {
+    return std::string(what) + ": " + std::to_string(qps) + " queue pairs for " + std::to_string(lanes) + " lanes";
+  };
+  RANK_CHECK(s.queuePairsOpened == s.connectionsOpened * perLane, line("opened", s.queuePairsOpened, s.connectionsOpened));
+  RANK_CHECK(s.queuePairsClosed == s.connectionsClosed * perLane, line("closed", s.queuePairsClosed, s.connectionsClosed));
+  RANK_CHECK(s.queuePairsPrepared == s.connectionsPrepared * perLane,
+             line("prepared", s.queuePairsPrepared, s.connectionsPrepared));
+  RANK_CHECK(s.queuePairsOpen == s.openConnections * perLane, line("open", s.queuePairsOpen, s.openConnections));
 }
 
 // Every rank contributes rank+1 (+ salt); checks the exact sum.

@@ -222,7 +222,11 @@ std::map<std::string, double> ProcessGroupEccl::statsLocked() {
           {"agree_ms", s.agreeMs},
           {"apply_ms", s.applyMs},
           {"total_ms", s.totalMs},
-          {"prepare_ms", s.prepareMs}};
+          {"prepare_ms", s.prepareMs},
+          {"queue_pairs_open", static_cast<double>(s.queuePairsOpen)},
+          {"queue_pairs_opened", static_cast<double>(s.queuePairsOpened)},
+          {"queue_pairs_closed", static_cast<double>(s.queuePairsClosed)},
+          {"queue_pairs_prepared", static_cast<double>(s.queuePairsPrepared)}};
 }
 
 std::map<std::string, double> ProcessGroupEccl::stats() {

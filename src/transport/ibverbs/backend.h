@@ -24,6 +24,9 @@ class IbBackend final : public Backend {
   std::string address() const override { return address_.str(); }
   std::string describe() const override;
   int listenFd() const override { return listenFd_.get(); }
+  BackendCounters counters() const override {
+    return {context_->queuePairsCreated(), context_->queuePairsDestroyed()};
+  }
   Fd dial(MemberId member, const std::string& address, Deadline deadline, const std::string& what,
           const std::function<bool()>& giveUp) override;
   Fd accept(std::string* from) override;

@@ -87,9 +87,13 @@ QueuePair::QueuePair(Context& context, CompletionQueue& send, CompletionQueue& r
     ibv_destroy_qp(qp_);
     fail(ecclSystemError, "{}: queue pair to INIT: {}", context.name(), strerror(rc));
   }
+  context_.queuePairsCreated_.fetch_add(1, std::memory_order_relaxed);
 }
 
-QueuePair::~QueuePair() { ibv_destroy_qp(qp_); }
+QueuePair::~QueuePair() {
+  ibv_destroy_qp(qp_);
+  context_.queuePairsDestroyed_.fetch_add(1, std::memory_order_relaxed);
+}
 
 Endpoint QueuePair::endpoint() const {
   Endpoint e;

@@ -54,6 +54,7 @@ class RingLane final : public Conduit {
   // until the device sleeps it looks at the queue on every pass.
   bool pollsMemory() const override { return true; }
   void onPollReady() override;
+  uint32_t queuePairs() const override { return 1; }
   ssize_t write(const iovec* iov, int count) override;
   ssize_t read(void* into, size_t n) override;
   bool armWakeup(bool wantSpace) override;

@@ -11,6 +11,7 @@
 
 #include <infiniband/verbs.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <list>
@@ -49,6 +50,9 @@ class Context {
   const std::string& name() const { return name_; }
   // "rxe0 port 1 GID 3 (::ffff:169.254.77.1, RoCE v2), MTU 4096".
   std::string describe() const;
+  // Queue pairs made and destroyed on this context, for the statistics.
+  uint64_t queuePairsCreated() const { return queuePairsCreated_.load(std::memory_order_relaxed); }
+  uint64_t queuePairsDestroyed() const { return queuePairsDestroyed_.load(std::memory_order_relaxed); }
 
  private:
   Context() = default;
@@ -61,6 +65,8 @@ class Context {
   ibv_mtu mtu_ = IBV_MTU_1024;
   bool ethernet_ = false;
   std::string name_, gidText_;
+  std::atomic<uint64_t> queuePairsCreated_{0}, queuePairsDestroyed_{0};
+  friend class QueuePair;
 };
 
 // A completion queue with its own event channel: fd() is readable once a
