@@ -144,19 +144,34 @@ ssize_t RingLane::write(const iovec* iov, int count) {
     errno = ECONNRESET;
     return -1;
   }
+  // Every iovec is copied into the ring first and the span goes in as few
+  // writes as the ring's end allows (one, or two across the wrap): each
+  // write costs the peer a completion, and a frame's header and payload
+  // arrive as separate iovecs.
+  if (!canPost()) return 0;
   size_t done = 0;
-  for (int i = 0; i < count; ++i) {
+  const uint64_t spanStart = sent_;
+  for (int i = 0; i < count && room > 0; ++i) {
     const auto* from = static_cast<const uint8_t*>(iov[i].iov_base);
-    size_t left = iov[i].iov_len;
-    while (left > 0 && room > 0) {
+    size_t left = std::min(iov[i].iov_len, room);
+    while (left > 0) {
       size_t at = static_cast<size_t>(sent_ & (peerRingBytes_ - 1));
-      size_t piece = std::min({left, room, peerRingBytes_ - at});  // a write never wraps
-      if (!canPost()) return static_cast<ssize_t>(done);
+      size_t piece = std::min(left, peerRingBytes_ - at);
       std::memcpy(sendRing_.get() + at, from, piece);
-      postWrite(static_cast<uint32_t>(at), static_cast<uint32_t>(piece));
       sent_ += piece, done += piece, from += piece, left -= piece, room -= piece;
     }
-    if (left > 0) break;  // the ring is full
+  }
+  for (uint64_t at = spanStart; at < sent_;) {
+    size_t offset = static_cast<size_t>(at & (peerRingBytes_ - 1));
+    size_t piece = std::min<uint64_t>(sent_ - at, peerRingBytes_ - offset);
+    if (!postWrite(static_cast<uint32_t>(offset), static_cast<uint32_t>(piece))) {
+      // No room in the send queue for the part past the wrap: it is not
+      // sent, and the caller offers it again.
+      done -= static_cast<size_t>(sent_ - at);
+      sent_ = at;
+      break;
+    }
+    at += piece;
   }
   return static_cast<ssize_t>(done);
 }
