@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "transport/transport.h"
 
@@ -19,6 +20,10 @@ class Conduit {
  public:
   virtual ~Conduit() = default;
   virtual const char* kind() const = 0;  // "tcp", "shm": names the lane in logs and stats
+  // Why the lane broke, when write() or read() said so and the back end
+  // knows more than errno does (a failed completion, a port that went
+  // down); empty otherwise.
+  virtual std::string failure() const { return {}; }
   // RDMA queue pairs this lane owns (the statistics count them).
   virtual uint32_t queuePairs() const { return 0; }
 

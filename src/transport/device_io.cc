@@ -61,7 +61,8 @@ void LaneDevice::flushLocked(Lane& lane) {
     ssize_t rc = lane.conduit->write(iov, n);
     if (rc == 0) break;
     if (rc < 0) {
-      const std::string why = strerror(errno);
+      const std::string failure = lane.conduit->failure();
+      const std::string why = failure.empty() ? strerror(errno) : failure;
       // What the peer sent before it went is read first: a peer that gave
       // up after another member failed has usually told us which one, and
       // that member, not this peer, is what every rank must name.
@@ -424,7 +425,10 @@ void LaneDevice::readFramesLocked(Lane& lane) {
         markLeftLocked(p);
         return;
       }
-      std::string why = rc == 0 ? "closed the connection" : fmt::format("connection error: {}", strerror(errno));
+      std::string failure = rc < 0 ? lane.conduit->failure() : std::string();
+      std::string why = rc == 0            ? "closed the connection"
+                        : failure.empty() ? fmt::format("connection error: {}", strerror(errno))
+                                          : fmt::format("lane failed: {}", failure);
       failPeerLocked(remote, ecclRemoteError, fmt::format("peer {} {} (lane {})", p.label, why, lane.key.lane), true);
       return;
     }

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -119,6 +120,46 @@ TEST(Verbs, AForgedRkeyIsRefusedAndNothingIsWritten) {
   EXPECT_EQ(wc.status, IBV_WC_REM_ACCESS_ERR) << ibv_wc_status_str(wc.status);
   EXPECT_EQ(std::count(target.begin(), target.end(), 0), static_cast<long>(target.size()));
   EXPECT_EQ(p.a.state(), IBV_QPS_ERR);
+}
+
+// A queue pair connected to a number that no longer answers (the peer's
+// queue pair was destroyed: a stale offer) or to one that belongs to
+// another connection (a forged number, with a PSN its owner does not
+// expect) writes nothing through: no byte lands and no write succeeds.
+// Soft-RoCE (6.1) then retransmits without ever failing the write, where an
+// HCA reports retry exceeded; eccl's lanes keep their bootstrap stream as
+// the liveness line for that reason (and offers only ever arrive on it).
+TEST(Verbs, AStaleOrForgedQueuePairNumberWritesNothingThrough) {
+  NEEDS_RDMA_VM();
+  auto context = Context::open(vmDevice(), -1);
+  RegistrationCache cache(*context, 64 << 20);
+  std::vector<uint8_t> source(8192, 0xcd), target(8192, 0);
+  ibv_mr* src = cache.acquire(source.data(), source.size());
+  ibv_mr* dst = cache.acquire(target.data(), target.size());
+  for (bool stale : {true, false}) {
+    SCOPED_TRACE(stale ? "stale" : "forged");
+    CompletionQueue cqWriter(*context, 64), cqOther(*context, 64);
+    QueuePair writer(*context, cqWriter, cqWriter, {});
+    QueuePair partner(*context, cqOther, cqOther, {});
+    auto bystander = std::make_unique<QueuePair>(*context, cqOther, cqOther, QueuePair::Limits{});
+    bystander->connect(partner.endpoint());
+    partner.connect(bystander->endpoint());
+    Endpoint claimed = bystander->endpoint();
+    claimed.psn ^= 0x5a5a5a;
+    if (stale) bystander.reset();
+    writer.connect(claimed);
+    writer.postWrite(7, source.data(), static_cast<uint32_t>(source.size()), src->lkey,
+                     reinterpret_cast<uintptr_t>(target.data()), dst->rkey, std::nullopt, true);
+    auto until = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+    ibv_wc wc{};
+    int got = 0;
+    while (got == 0 && std::chrono::steady_clock::now() < until) {
+      got = cqWriter.poll(&wc, 1);
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    if (got) EXPECT_NE(wc.status, IBV_WC_SUCCESS) << "the misdirected write completed";
+    EXPECT_EQ(std::count(target.begin(), target.end(), 0), static_cast<long>(target.size()));
+  }
 }
 
 TEST(Verbs, TheRegistrationCacheReusesCoveringRangesAndEvictsWhatNobodyHolds) {

@@ -1,4 +1,5 @@
 #include <arpa/inet.h>
+#include <fcntl.h>
 
 #include <cerrno>
 #include <cstring>
@@ -136,6 +137,9 @@ std::unique_ptr<Context> Context::open(const std::string& hca, int gidIndex) {
   c->gidText_ = fmt::format("{}, {}", gidText(e.gid), gidTypeName(e.gid_type));
   c->pd_ = ibv_alloc_pd(c->context_);
   if (!c->pd_) fail(ecclSystemError, "{}: ibv_alloc_pd: {}", c->name_, strerror(errno));
+  int flags = fcntl(c->context_->async_fd, F_GETFL);
+  if (flags < 0 || fcntl(c->context_->async_fd, F_SETFL, flags | O_NONBLOCK) != 0)
+    fail(ecclSystemError, "{}: making the async event channel non-blocking: {}", c->name_, strerror(errno));
   log::info("ibverbs: {}", c->describe());
   return c;
 }
@@ -143,6 +147,46 @@ std::unique_ptr<Context> Context::open(const std::string& hca, int gidIndex) {
 Context::~Context() {
   if (pd_) ibv_dealloc_pd(pd_);
   if (context_) ibv_close_device(context_);
+}
+
+void Context::readAsyncEvents() {
+  ibv_async_event event;
+  while (ibv_get_async_event(context_, &event) == 0) {
+    const char* what = ibv_event_type_str(event.event_type);
+    {
+      MutexLock lock(asyncMu_);
+      switch (event.event_type) {
+        case IBV_EVENT_PORT_ERR:
+          if (event.element.port_num == port_)
+            portFailure_ = fmt::format("{} port {} went down ({})", name_, port_, what);
+          break;
+        case IBV_EVENT_PORT_ACTIVE:
+          // Lanes that failed stay failed; new ones may work again.
+          if (event.element.port_num == port_) portFailure_.clear();
+          break;
+        case IBV_EVENT_QP_FATAL:
+        case IBV_EVENT_QP_REQ_ERR:
+        case IBV_EVENT_QP_ACCESS_ERR:
+          queuePairFailures_[event.element.qp->qp_num] =
+              fmt::format("{} reported queue pair {} in error ({})", name_, event.element.qp->qp_num, what);
+          break;
+        case IBV_EVENT_DEVICE_FATAL:
+          portFailure_ = fmt::format("{} failed ({})", name_, what);
+          break;
+        default:
+          break;
+      }
+    }
+    log::warn("ibverbs: {}: asynchronous event: {}", name_, what);
+    ibv_ack_async_event(&event);
+  }
+}
+
+std::string Context::failureOf(uint32_t qpn) const {
+  MutexLock lock(asyncMu_);
+  if (!portFailure_.empty()) return portFailure_;
+  auto it = queuePairFailures_.find(qpn);
+  return it == queuePairFailures_.end() ? std::string() : it->second;
 }
 
 std::string Context::describe() const {

@@ -41,7 +41,7 @@ RingLane::RingLane(Context& context, Fd stream, size_t ringBytes, std::string la
   wordsMr_ = registerOrFail(context, const_cast<uint64_t*>(words_), sizeof(words_), label_);
   epoll_ = Fd(epoll_create1(EPOLL_CLOEXEC));
   if (!epoll_) fail(ecclSystemError, "{}: epoll_create1: {}", label_, strerror(errno));
-  for (int fd : {stream_.get(), cq_.fd()}) {
+  for (int fd : {stream_.get(), cq_.fd(), context_.asyncFd()}) {
     epoll_event e{};
     e.events = EPOLLIN;
     e.data.fd = fd;
@@ -86,13 +86,17 @@ uint64_t RingLane::peerConsumed() const {
 // write of the peer's into our ring (bytes to read), or its report of how
 // far it has read ours (room to write).
 void RingLane::drainCompletions() {
+  if (broken_.empty()) {
+    std::string failure = context_.failureOf(qp_.qpn());
+    if (!failure.empty()) broken_ = failure;
+  }
   ibv_wc wc[32];
   for (int n; (n = cq_.poll(wc, 32)) > 0;) {
     for (int i = 0; i < n; ++i) {
       if (wc[i].status != IBV_WC_SUCCESS) {
         if (broken_.empty())
-          broken_ = fmt::format("{}: a work request failed: {} (the peer is gone, or its queue pair is in error)",
-                                label_, ibv_wc_status_str(wc[i].status));
+          broken_ = fmt::format("a work request failed: {} (the peer is gone, or its queue pair is in error)",
+                                ibv_wc_status_str(wc[i].status));
         continue;
       }
       if (wc[i].opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
@@ -105,7 +109,7 @@ void RingLane::drainCompletions() {
     }
   }
   if (arrived_ - consumed_ > ringBytes_ && broken_.empty())
-    broken_ = fmt::format("{}: the peer wrote {} bytes into a ring of {}", label_, arrived_ - consumed_, ringBytes_);
+    broken_ = fmt::format("the peer wrote {} bytes into a ring of {}", arrived_ - consumed_, ringBytes_);
 }
 
 bool RingLane::postWrite(uint32_t offset, uint32_t bytes) {
@@ -212,6 +216,7 @@ bool RingLane::streamEnded() {
 
 void RingLane::onPollReady() {
   cq_.consumeEvent();  // non-blocking: nothing to consume when the stream woke us
+  context_.readAsyncEvents();
 }
 
 bool RingLane::armWakeup(bool wantSpace) {

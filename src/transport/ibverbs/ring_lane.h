@@ -55,6 +55,7 @@ class RingLane final : public Conduit {
   bool pollsMemory() const override { return true; }
   void onPollReady() override;
   uint32_t queuePairs() const override { return 1; }
+  std::string failure() const override { return broken_; }
   ssize_t write(const iovec* iov, int count) override;
   ssize_t read(void* into, size_t n) override;
   bool armWakeup(bool wantSpace) override;

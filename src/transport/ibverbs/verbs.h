@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "common/mutex.h"
 
 namespace eccl::transport::ibverbs {
 
@@ -50,6 +51,15 @@ class Context {
   const std::string& name() const { return name_; }
   // "rxe0 port 1 GID 3 (::ffff:169.254.77.1, RoCE v2), MTU 4096".
   std::string describe() const;
+  // The device's asynchronous events (its port went down, a queue pair
+  // failed), read without blocking by whichever lane saw asyncFd() readable
+  // and kept for every lane to find: a link that dies quietly (no peer
+  // process exited, no packet comes back) still fails the lanes over it.
+  int asyncFd() const { return context_->async_fd; }
+  void readAsyncEvents();
+  // Why queue pair `qpn` cannot work any more; empty while it can.
+  std::string failureOf(uint32_t qpn) const;
+
   // Queue pairs made and destroyed on this context, for the statistics.
   uint64_t queuePairsCreated() const { return queuePairsCreated_.load(std::memory_order_relaxed); }
   uint64_t queuePairsDestroyed() const { return queuePairsDestroyed_.load(std::memory_order_relaxed); }
@@ -66,6 +76,9 @@ class Context {
   bool ethernet_ = false;
   std::string name_, gidText_;
   std::atomic<uint64_t> queuePairsCreated_{0}, queuePairsDestroyed_{0};
+  mutable Mutex asyncMu_;
+  std::string portFailure_ ECCL_GUARDED_BY(asyncMu_);
+  std::map<uint32_t, std::string> queuePairFailures_ ECCL_GUARDED_BY(asyncMu_);
   friend class QueuePair;
 };
 
