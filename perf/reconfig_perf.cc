@@ -29,6 +29,7 @@
 //   conns_opened/closed/inherited
 //                     the first migration's delta, counted at the stayers'
 //                     ends
+//   qps_opened/closed the same in RDMA queue pairs (0 but over ib)
 // and last a failure:
 //   failure_detect_ms / failure_recover_ms
 //                     SIGKILL of a rank to the survivors' failed op, and
@@ -132,6 +133,7 @@ struct Results {
   double baseMs = 0, duringMs = 0;
   int baseSteps = 0, duringSteps = 0;
   int64_t opened = 0, closed = 0, inherited = 0;  // the first cycle's delta
+  int64_t qpsOpened = 0, qpsClosed = 0;
 };
 
 double median(std::vector<double> v) {
@@ -182,15 +184,20 @@ int migrationResults(ecclComm_t comm, int cycle, int64_t calledNs, int64_t first
   ecclCommStats_t s{};
   s.size = sizeof(s);
   CHECK(ecclCommGetStats(comm, &s), comm);
-  int64_t delta[3] = {0, 0, 0};
+  int64_t delta[5] = {0, 0, 0, 0, 0};
   if (stayer) {
     delta[0] = static_cast<int64_t>(s.connectionsPrepared + s.connectionsOpened);
     delta[1] = static_cast<int64_t>(s.connectionsClosed);
     delta[2] = static_cast<int64_t>(s.connectionsInherited);
+    delta[3] = static_cast<int64_t>(s.queuePairsPrepared + s.queuePairsOpened);
+    delta[4] = static_cast<int64_t>(s.queuePairsClosed);
   }
-  CHECK(ecclAllReduce(delta, delta, 3, ecclInt64, ecclSum, comm, nullptr), comm);
+  CHECK(ecclAllReduce(delta, delta, 5, ecclInt64, ecclSum, comm, nullptr), comm);
   cycle = static_cast<int>(reduceMax<int64_t>(comm, stayer ? cycle : -1, ecclInt64));
-  if (cycle == 0) out.opened = delta[0], out.closed = delta[1], out.inherited = delta[2];
+  if (cycle == 0) {
+    out.opened = delta[0], out.closed = delta[1], out.inherited = delta[2];
+    out.qpsOpened = delta[3], out.qpsClosed = delta[4];
+  }
   int64_t lastCall = reduceMax<int64_t>(comm, stayer ? calledNs : 0, ecclInt64);
   int64_t lastDone = reduceMax<int64_t>(comm, firstDoneNs, ecclInt64);
   out.migrateMs.push_back((lastDone - lastCall) / 1e6);
@@ -346,6 +353,8 @@ int worker(const Job& job) {
                      {"conns_opened", res.opened},
                      {"conns_closed", res.closed},
                      {"conns_inherited", res.inherited},
+                     {"qps_opened", res.qpsOpened},
+                     {"qps_closed", res.qpsClosed},
                      {"prepare_interference_pct", (during / base - 1) * 100},
                      {"prepare_steps", res.duringSteps},
                      {"gloo_init_ms", res.glooInitMs < 0 ? nlohmann::json(nullptr) : nlohmann::json(res.glooInitMs)}};
@@ -407,10 +416,11 @@ int main(int argc, char** argv) {
            "# first allreduce on the new view ((rank): from each rank's own call), median of %d migrations;\n"
            "# interfere = 1 MiB allreduce time while preparing vs plain, pooled over them; failure = SIGKILL\n",
            job.cycles);
-    printf("# %5s %10s %10s %9s %9s %9s %9s %8s %8s %7s %7s %9s %11s %9s\n", "N", "full_init", "gloo_init", "migrate",
-           "(rank)", "(agree)", "allred8", "detect", "recover", "opened", "closed", "inherited", "interfere%", "full/mig");
-    printf("# %5s %10s %10s %9s %9s %9s %9s %8s %8s %7s %7s %9s %11s %9s\n", "", "(ms)", "(ms)", "(ms)", "(ms)", "(ms)",
-           "(ms)", "(ms)", "(ms)", "", "", "", "", "");
+    printf("# %5s %10s %10s %9s %9s %9s %9s %8s %8s %7s %7s %9s %6s %6s %11s %9s\n", "N", "full_init", "gloo_init",
+           "migrate", "(rank)", "(agree)", "allred8", "detect", "recover", "opened", "closed", "inherited", "qps+",
+           "qps-", "interfere%", "full/mig");
+    printf("# %5s %10s %10s %9s %9s %9s %9s %8s %8s %7s %7s %9s %6s %6s %11s %9s\n", "", "(ms)", "(ms)", "(ms)", "(ms)",
+           "(ms)", "(ms)", "(ms)", "(ms)", "", "", "", "", "", "", "");
   }
   int failures = 0;
   for (int n : sizes) {
@@ -425,12 +435,12 @@ int main(int argc, char** argv) {
     } else {
       double gloo = r["gloo_init_ms"].is_null() ? -1 : r["gloo_init_ms"].get<double>();
       printf("  %5d %10.2f %10.2f %9.3f %9.3f %9.3f %9.3f %8.2f %8.2f %7" PRId64 " %7" PRId64 " %9" PRId64
-             " %11.1f %9.1f\n",
+             " %6" PRId64 " %6" PRId64 " %11.1f %9.1f\n",
              n, r["full_init_ms"].get<double>(), gloo, r["migrate_downtime_ms"].get<double>(),
              r["migrate_rank_downtime_ms"].get<double>(), r["migrate_agree_ms"].get<double>(), r["small_allreduce_ms"].get<double>(),
              r["failure_detect_ms"].get<double>(), r["failure_recover_ms"].get<double>(),
              r["conns_opened"].get<int64_t>(), r["conns_closed"].get<int64_t>(), r["conns_inherited"].get<int64_t>(),
-             r["prepare_interference_pct"].get<double>(),
+             r["qps_opened"].get<int64_t>(), r["qps_closed"].get<int64_t>(), r["prepare_interference_pct"].get<double>(),
              r["full_init_ms"].get<double>() / std::max(1e-9, r["migrate_downtime_ms"].get<double>()));
     }
     fflush(stdout);

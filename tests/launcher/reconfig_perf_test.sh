@@ -7,7 +7,7 @@ out=$("$perf" --sizes 4,5 --json --iterations 5 --launcher "$launcher") || { ech
 echo "$out"
 [ "$(echo "$out" | grep -c '^{')" -eq 2 ] || { echo "FAIL: expected one JSON object per N"; exit 1; }
 for key in n full_init_ms migrate_downtime_ms failure_detect_ms failure_recover_ms conns_opened conns_closed \
-           conns_inherited prepare_interference_pct gloo_init_ms; do
+           conns_inherited qps_opened qps_closed prepare_interference_pct gloo_init_ms; do
   [ "$(echo "$out" | grep -c "\"$key\":")" -eq 2 ] || { echo "FAIL: key $key missing"; exit 1; }
 done
 grep -q '"n":5' <<<"$out" || { echo "FAIL: no N=5 object"; exit 1; }
