@@ -9,7 +9,9 @@ packages=(cmake ninja-build g++ clang pkg-config iproute2 python3 python3-venv p
   libibverbs-dev librdmacm-dev libhwloc-dev openmpi-bin libopenmpi-dev libgloo-dev
   libgtest-dev libbenchmark-dev libssl-dev libisal-dev libcli11-dev nlohmann-json3-dev libfmt-dev
   # scripts/rdma-vm.sh: a VM with Debian's kernel and Soft-RoCE for the verbs tests
-  qemu-system-x86 linux-image-amd64 busybox-static kmod cpio xz-utils ibverbs-providers ibverbs-utils)
+  qemu-system-x86 linux-image-amd64 busybox-static kmod cpio xz-utils ibverbs-providers ibverbs-utils
+  # perf/verbs_compare: perftest beside eccl in the same VM
+  perftest)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
