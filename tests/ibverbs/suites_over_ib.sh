@@ -6,8 +6,8 @@
 #
 # Every collective at 2 and 4 ranks up to 16 MiB, the elastic suites
 # (replace with lazy and eager standbys, shrink, grow, migration, named
-# reconfiguration, with lane and queue-pair counts asserted), faults (kill,
-# SIGSTOP, a wrong secret), call signatures, pipeline logs and the MoE
+# reconfiguration, with lane and queue-pair counts asserted; SIGSTOP),
+# faults (kill, a wrong secret, a missing rank), call signatures, pipeline logs and the MoE
 # dispatcher. The 16-rank elastic case stays on the host: seventeen
 # processes on two emulated CPUs are a test of the emulator.
 set -u
@@ -30,7 +30,10 @@ run elastic_test '-*/1'
 run reconfigure_test '*'
 run joining_test '*'
 run named_reconfigure_test '*'
-run faults_test '*'
+# StoppedRankIsCaughtByTheTimeout stops its victim 600 ms after the start,
+# before an emulated rank under a loaded host has joined (init then times
+# out); a stopped member over ib is Elastic.AStoppedMemberIsFenced... above.
+run faults_test '-Faults.StoppedRankIsCaughtByTheTimeout'
 run signature_test '*'
 run pipeline_log_test '*'
 run moe_test '*'
