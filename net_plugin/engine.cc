@@ -55,6 +55,7 @@ Engine& Engine::get() {
     if (std::string choice = params::transport(); choice != "auto") o.backends = transport::parseBackendList(choice);
     o.ringBytes = static_cast<size_t>(params::shmRingBytes());
     o.peersFromConnections = true;
+    o.zeroCopy = false;  // NCCL cancels requests in flight (its comms close with them)
     return new Engine(o);
   }();
   return *engine;

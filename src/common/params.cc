@@ -64,6 +64,10 @@ const std::vector<Param>& all() {
       {"ECCL_IB_GID_INDEX", "int", "-1",
        "ibverbs back end: the GID index to use; -1 chooses (a RoCE v2 GID with an IPv4 address, then any RoCE v2 "
        "GID that is not link-local, then 0, which InfiniBand uses)."},
+      {"ECCL_IB_ZERO_COPY_BYTES", "int", "65536",
+       "ibverbs back end: chunks of at least this many bytes go by rendezvous, written by RDMA straight from the "
+       "sender's buffer into the receiver's (both registered for that transfer); smaller ones are copied through "
+       "the lane's ring. 0: always through the ring."},
       {"ECCL_GPU_CHUNK_BYTES", "int", "4194304",
        "Device-buffer collectives that split (allreduce, broadcast, reduce) run in chunks of this many bytes, so "
        "the device-host copies of one chunk overlap the network transfer of another. Must match on every rank."},
@@ -156,6 +160,7 @@ int64_t netLogBytes() { return getInt("ECCL_NET_LOG_BYTES"); }
 int64_t netEagerBytes() { return getInt("ECCL_NET_EAGER_BYTES"); }
 std::string ibHca() { return getString("ECCL_IB_HCA"); }
 int64_t ibGidIndex() { return getInt("ECCL_IB_GID_INDEX"); }
+int64_t ibZeroCopyBytes() { return getInt("ECCL_IB_ZERO_COPY_BYTES"); }
 std::string netLogRanks() { return getString("ECCL_NET_LOG_RANKS"); }
 std::string netLogWhenFull() { return getString("ECCL_NET_LOG_WHEN_FULL"); }
 std::string transport() { return getString("ECCL_TRANSPORT"); }

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "transport/transport.h"
@@ -54,6 +55,43 @@ class Conduit {
     (void)wantSpace;
     return true;
   }
+
+  // Zero-copy (RDMA): a back end that can write straight into the peer's
+  // memory moves chunks of at least zeroCopyMinBytes() that way (0: never).
+  // The device does the rendezvous (docs/transport.md): the sender pins its
+  // chunk, the receiver exposes where the chunk goes and says so in a
+  // clear-to-send, the sender writes it there and then says it landed, on
+  // this same lane, whose order puts that word behind the data. Handles
+  // are released with release(); a closed lane releases what is left.
+  virtual size_t zeroCopyMinBytes() const { return 0; }
+  struct Window {
+    uint64_t address = 0;
+    uint32_t key = 0;
+    uint64_t handle = 0;
+  };
+  // Lets the peer write [buffer, +bytes); nullopt when the memory cannot
+  // be exposed now (the chunk then comes on the lane).
+  virtual std::optional<Window> expose(void* buffer, size_t bytes) {
+    (void)buffer, (void)bytes;
+    return std::nullopt;
+  }
+  // Readies [buffer, +bytes) to be written from; 0 when it cannot be (the
+  // chunk then goes on the lane).
+  virtual uint64_t pin(const void* buffer, size_t bytes) {
+    (void)buffer, (void)bytes;
+    return 0;
+  }
+  virtual void release(uint64_t handle) { (void)handle; }
+  // Starts writing a pinned chunk to the peer's window at (address, key);
+  // the buffer must stay untouched until zeroCopyWritesDone() counts the
+  // write (writes finish in the order they were started). False: no room
+  // to start one now (try again later). A failed write breaks the lane
+  // (the next write() or read() says so).
+  virtual bool writeZeroCopy(uint64_t pinned, const void* buffer, size_t bytes, uint64_t address, uint32_t key) {
+    (void)pinned, (void)buffer, (void)bytes, (void)address, (void)key;
+    return false;
+  }
+  virtual uint64_t zeroCopyWritesDone() const { return 0; }
 };
 
 }  // namespace eccl::transport

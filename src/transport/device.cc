@@ -262,8 +262,19 @@ void LaneDevice::closeLaneLocked(Lane& lane) {
   std::erase(memoryLanes_, &lane);
   lane.token = 0;
   stats_.queuePairsClosed += lane.conduit->queuePairs();
+  // Nothing lands in an exposed chunk once the connection is gone.
+  std::deque<Lane::Exposure> exposures = std::move(lane.exposures);
+  lane.exposures.clear();
+  for (const Lane::Exposure& e : exposures) lane.conduit->release(e.handle);
+  for (auto* queue : {&lane.awaitingClearance, &lane.zeroCopyWrites})
+    for (const SendItem& item : *queue) lane.conduit->release(item.pinned);
   lane.conduit.reset();
+  const std::string peerLabel = labelLocked(lane.key.remote);
+  for (const Lane::Exposure& e : exposures) chunkLandedLocked(e.key, e.chunk.length, /*arrived=*/false, peerLabel);
   lane.sendQueue.clear();
+  lane.awaitingClearance.clear();
+  lane.zeroCopyWrites.clear();
+  lane.zeroCopyStarted = 0;
   lane.rxBegin = lane.rxEnd = 0;
   stats_.connectionsClosed++;
 }
@@ -306,8 +317,7 @@ bool LaneDevice::removePeerLocked(MemberId member, uint64_t incarnation) {
   Peer& p = it->second;
   std::string reason = fmt::format("peer {} is not in the new view", p.label);
   for (auto& lane : p.lanes) {
-    for (auto& item : lane->sendQueue)
-      if (item.request) completeLocked(item.request, ecclRemoteError, reason);
+    failLaneSendsLocked(*lane, ecclRemoteError, reason);
     // A goodbye first, so the leaver sees an orderly close and tells
     // nobody we failed.
     std::erase_if(lane->sendQueue, [](const SendItem& item) { return item.done == 0; });
@@ -335,8 +345,7 @@ void LaneDevice::beginEpoch(uint32_t epoch) {
   signatures_.beginEpoch(epoch);
   for (auto box = inbox_.begin(); box != inbox_.end();) {
     bool stale = box->first.epoch < epoch;
-    if (stale && box->second.request) completeLocked(box->second.request, ecclRemoteError, "superseded by a new view");
-    box = stale ? inbox_.erase(box) : std::next(box);
+    box = stale ? dropBoxLocked(box, ecclRemoteError, "superseded by a new view") : std::next(box);
   }
   discardOrphanedPayloadsLocked();
 }
@@ -370,14 +379,16 @@ void LaneDevice::abort(const std::string& reason) {
   abortReason_ = reason;
   for (auto& [id, p] : peers_) {
     for (auto& lane : p.lanes) {
-      for (auto& item : lane->sendQueue)
-        if (item.request) completeLocked(item.request, ecclRemoteError, reason);
+      failLaneSendsLocked(*lane, ecclRemoteError, reason);
       closeLaneLocked(*lane);
     }
   }
   for (auto& [key, box] : inbox_)
     if (box.request) completeLocked(box.request, ecclRemoteError, reason);
   inbox_.clear();
+  for (auto& [key, d] : draining_)
+    if (d.request) completeLocked(d.request, ecclRemoteError, reason);
+  draining_.clear();
   cv_.notifyAll();
 }
 
@@ -397,7 +408,8 @@ void LaneDevice::close(Deadline deadline) {
       if (p.state == Peer::State::kFailed || p.state == Peer::State::kLeft || p.role == PeerRole::kCandidate) continue;
       bool partlyConnected = std::any_of(p.lanes.begin(), p.lanes.end(), [](auto& l) { return l->opened; });
       for (auto& lane : p.lanes)
-        pending = pending || (lane->conduit && (!lane->sendQueue.empty() || !lane->saidGoodbye)) ||
+        pending = pending ||
+                  (lane->conduit && (lane->hasSends() || !lane->awaitingClearance.empty() || !lane->saidGoodbye)) ||
                   (!lane->opened && partlyConnected);
     }
     if (!pending || !cv_.waitUntil(mu_, std::min(deadline, Clock::now() + std::chrono::milliseconds(10))))

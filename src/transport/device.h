@@ -62,6 +62,11 @@ struct DeviceOptions {
   // (onPeerArrived), so its lanes never mix with the ones dialed to it.
   // Every peer is a candidate: a failure fails only that peer's requests.
   bool peersFromConnections = false;
+  // Large chunks over a back end that writes into the peer's memory go by
+  // rendezvous straight between the buffers (Conduit::zeroCopyMinBytes).
+  // Off for a consumer that cancels requests in flight (a cancelled receive
+  // being written into has its connection closed).
+  bool zeroCopy = true;
 };
 
 std::unique_ptr<Device> createDevice(const DeviceOptions& options);

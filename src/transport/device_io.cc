@@ -20,7 +20,7 @@ void LaneDevice::serviceLanesLocked(bool sockets) {
   for (size_t i = 0; i < memoryLanes_.size(); ++i) {
     Lane& lane = *memoryLanes_[i];
     const uint64_t token = lane.token;
-    if (!lane.sendQueue.empty()) flushLocked(lane);
+    if (lane.hasSends()) flushLocked(lane);
     if (lane.token == token && lane.conduit) readLocked(lane);
     if (i < memoryLanes_.size() && memoryLanes_[i] != &lane) --i;  // closed meanwhile
   }
@@ -29,8 +29,12 @@ void LaneDevice::serviceLanesLocked(bool sockets) {
 // Before sleeping: every lane in memory must ring the lanes' descriptors
 // for whatever comes next; false when something is there already.
 bool LaneDevice::armLanesLocked() {
-  for (Lane* lane : memoryLanes_)
-    if (!lane->conduit->armWakeup(!lane->sendQueue.empty())) return false;
+  for (Lane* lane : memoryLanes_) {
+    if (!lane->conduit->armWakeup(lane->hasSends())) return false;
+    // armWakeup looks at the completions once more after arming: a
+    // zero-copy write it saw finish raises no event of its own.
+    if (zeroCopyWriteFinishedLocked(*lane)) return false;
+  }
   return true;
 }
 
@@ -47,19 +51,40 @@ void LaneDevice::completeLocked(const RequestPtr& r, ecclResult_t code, std::str
 }
 
 void LaneDevice::flushLocked(Lane& lane) {
+  if (!lane.zeroCopyWrites.empty()) {
+    reapZeroCopyWritesLocked(lane);
+    startZeroCopyWritesLocked(lane);
+  }
   while (lane.conduit && !lane.sendQueue.empty()) {
     SendItem& item = lane.sendQueue.front();
+    if (item.done == 0 && item.request && opt_.zeroCopy && !item.rendezvous) {
+      const size_t least = lane.conduit->zeroCopyMinBytes();
+      if (least > 0 && item.length >= least && (item.pinned = lane.conduit->pin(item.data, item.length))) {
+        item.rendezvous = true;
+        item.pinnedFrom = item.data;
+        markRendezvous(item.header, true);
+      }
+    }
+    const size_t wireBytes = item.headerBytes + (item.rendezvous ? 0 : item.length);
     iovec iov[2];
     int n = 0;
     if (item.done < item.headerBytes) {
       iov[n++] = {item.header + item.done, item.headerBytes - item.done};
-      if (item.length) iov[n++] = {const_cast<uint8_t*>(item.data), item.length};
+      if (item.length && !item.rendezvous) iov[n++] = {const_cast<uint8_t*>(item.data), item.length};
     } else {
       size_t off = item.done - item.headerBytes;
       iov[n++] = {const_cast<uint8_t*>(item.data) + off, item.length - off};
     }
     ssize_t rc = lane.conduit->write(iov, n);
-    if (rc == 0) break;
+    if (rc == 0) {
+      if (item.rendezvous && item.done == 0) {  // pinned only while its header is on the way
+        lane.conduit->release(item.pinned);
+        item.pinned = 0;
+        item.rendezvous = false;
+        markRendezvous(item.header, false);
+      }
+      break;
+    }
     if (rc < 0) {
       const std::string failure = lane.conduit->failure();
       const std::string why = failure.empty() ? strerror(errno) : failure;
@@ -76,10 +101,15 @@ void LaneDevice::flushLocked(Lane& lane) {
     }
     item.done += static_cast<size_t>(rc);
     stats_.bytesSent += static_cast<size_t>(rc);
-    if (item.done < item.headerBytes + item.length) break;
+    if (item.done < wireBytes) break;
+    if (item.rendezvous) {
+      lane.awaitingClearance.push_back(std::move(item));
+      lane.sendQueue.pop_front();
+      continue;
+    }
     RequestPtr r = std::move(item.request);
     lane.sendQueue.pop_front();
-    if (r && --r->pendingChunks == 0) completeLocked(r, ecclSuccess, {});
+    finishChunkLocked(r);
   }
   setWantOutLocked(lane, !lane.sendQueue.empty());
 }
@@ -141,6 +171,7 @@ RequestPtr LaneDevice::isend(MemberId member, uint64_t seq, uint32_t tag, const 
     h.length = static_cast<uint32_t>(n);
     h.offset = offset;
     h.total = len;
+    item.chunk = {epoch_, tag, seq, offset, 0, 0, static_cast<uint32_t>(n)};
     if (payloadCrc) h.flags = FrameHeader::kPayloadChecksum, h.payloadCrc = *payloadCrc;
     if (signature && offset == 0) {
       uint8_t* bytes = item.header + FrameHeader::kSize;
@@ -225,18 +256,30 @@ void LaneDevice::cancel(const RequestPtr& r, const std::string& reason) {
   if (r->isSend && peer != peers_.end()) {
     for (auto& lane : peer->second.lanes) {
       std::erase_if(lane->sendQueue, [&](const SendItem& item) { return item.request == r && item.done == 0; });
-      for (SendItem& item : lane->sendQueue) {
-        if (item.request != r) continue;
-        // Started: the frame must still be whole on the wire.
-        item.owned.assign(item.data, item.data + item.length);
-        item.data = item.owned.data();
-        item.request = nullptr;
-      }
+      // Started: the frame must still be whole on the wire, and a chunk
+      // whose header went out still written (from a copy).
+      for (auto* queue : {&lane->sendQueue, &lane->awaitingClearance})
+        for (SendItem& item : *queue)
+          if (item.request == r) item.detach();
+      for (SendItem& item : lane->zeroCopyWrites)
+        if (item.request == r) item.request.reset();  // written from the pinned pages
     }
   }
   if (!r->isSend) {
     for (auto& [key, box] : inbox_) {
       if (box.request != r) continue;
+      if (box.exposed > 0) {
+        // The peer may be writing into the buffer now: only closing the
+        // connection stops that, so the buffer is never written again.
+        MemberId peer = key.peer;
+        completeLocked(r, ecclRemoteError, reason);
+        failPeerLocked(peer, ecclRemoteError,
+                       fmt::format("a receive from peer {} was cancelled while the peer wrote into it (zero-copy); "
+                                   "the connection is closed so nothing more lands",
+                                   labelLocked(peer)),
+                       true);
+        return;
+      }
       box.request = nullptr;
       box.userBuffer = nullptr;
       box.cancelled = true;
@@ -478,6 +521,10 @@ bool LaneDevice::advanceLocked(Lane& lane, size_t got) {
   } else {
     lane.payloadGot += got;
   }
+  if (lane.frame.type == FrameType::kData && (lane.frame.flags & FrameHeader::kRendezvous)) {
+    lane.rx = Lane::Rx::kHeader;  // its bytes come by a zero-copy write, not on the lane
+    return lane.token == token;
+  }
   if (lane.payloadGot < lane.frame.length) return true;
   lane.rx = Lane::Rx::kHeader;
   if (lane.frame.type == FrameType::kData)
@@ -536,8 +583,15 @@ bool LaneDevice::onSignatureLocked(Lane& lane) {
 }
 
 // Finds where a data frame's payload goes, once its header (and call
-// signature) are in.
+// signature) are in; a zero-copy chunk's sender is told where to write it.
 bool LaneDevice::onDataFrameLocked(Lane& lane, const CallSignature* signature) {
+  const uint64_t token = lane.token;
+  if (!placeDataFrameLocked(lane, signature)) return false;
+  if (lane.token == token && (lane.frame.flags & FrameHeader::kRendezvous)) clearToSendLocked(lane);
+  return lane.token == token;
+}
+
+bool LaneDevice::placeDataFrameLocked(Lane& lane, const CallSignature* signature) {
   const FrameHeader* h = &lane.frame;
   MemberId remote = lane.key.remote;
   if (h->epoch < epoch_) {
@@ -647,10 +701,15 @@ void LaneDevice::onPayloadDoneLocked(Lane& lane) {
   if (lane.discarding) return;
   auto it = inbox_.find(lane.inboxKey);
   if (it == inbox_.end()) return;
+  it->second.received += lane.frame.length;
+  messageArrivedLocked(it, labelLocked(lane.key.remote));
+}
+
+// Completes the receive once every byte of its message is in.
+void LaneDevice::messageArrivedLocked(std::map<InboxKey, Inbox>::iterator it, const std::string& peerLabel) {
   Inbox& box = it->second;
-  box.received += lane.frame.length;
-  if (box.received < box.total || !box.request) return;
-  if (!checksumHoldsLocked(box, labelLocked(lane.key.remote))) {
+  if (box.received < box.total || !box.request || box.exposed > 0) return;
+  if (!checksumHoldsLocked(box, peerLabel)) {
     inbox_.erase(it);
     return;
   }

@@ -77,33 +77,34 @@ void LaneDevice::revokeLocked(ecclResult_t code, const std::string& reason, uint
   // frames. A half-written one is finished from a private copy of its tail,
   // so the lane stays whole and is inherited by the next view (the receiver
   // discards the frame as part of a dead op).
+  // A zero-copy chunk whose header went out is still sent when cleared,
+  // from the pinned pages or a copy.
+  auto revoked = [&](const SendItem& item) { return item.request && revokesLocked(item.request->seq); };
   for (auto& [id, p] : peers_) {
     for (auto& lane : p.lanes) {
       std::deque<SendItem> keep;
       for (auto& item : lane->sendQueue) {
-        if (item.request && !revokesLocked(item.request->seq)) {
+        if (!revoked(item)) {
           keep.push_back(std::move(item));
           continue;
         }
-        if (item.request) completeLocked(item.request, code, reason);
-        bool torn = item.request && item.done > 0;
-        if (torn) {
-          item.owned.assign(item.data, item.data + item.length);
-          item.data = item.owned.data();
-          item.request.reset();
-          keep.push_back(std::move(item));
-        } else if (!item.request) {
+        completeLocked(item.request, code, reason);
+        if (item.done > 0) {  // torn
+          item.detach();
           keep.push_back(std::move(item));
         }
       }
       lane->sendQueue = std::move(keep);
+      for (SendItem& item : lane->awaitingClearance)
+        if (revoked(item)) completeLocked(item.request, code, reason), item.detach();
+      for (SendItem& item : lane->zeroCopyWrites)  // written from the pinned pages
+        if (revoked(item)) completeLocked(item.request, code, reason), item.request.reset();
     }
   }
   // Buffers of failed receives must never be written again.
   for (auto box = inbox_.begin(); box != inbox_.end();) {
     bool dies = box->second.request && revokesLocked(box->second.request->seq);
-    if (dies) completeLocked(box->second.request, code, reason);
-    box = dies ? inbox_.erase(box) : std::next(box);
+    box = dies ? dropBoxLocked(box, code, reason) : std::next(box);
   }
   discardOrphanedPayloadsLocked();
 }
@@ -182,8 +183,7 @@ void LaneDevice::failPeerLocked(MemberId member, ecclResult_t code, const std::s
   cv_.notifyAll();  // connectNow may be waiting for this peer to dial us
   log::warn("member {}: {}", opt_.self, reason);
   for (auto& lane : p.lanes) {
-    for (auto& item : lane->sendQueue)
-      if (item.request) completeLocked(item.request, code, reason);
+    failLaneSendsLocked(*lane, code, reason);
     closeLaneLocked(*lane);
   }
   for (auto box = inbox_.begin(); box != inbox_.end();) {
@@ -242,8 +242,7 @@ void LaneDevice::markLeftLocked(Peer& p) {
   if (!allSaid || p.state == Peer::State::kFailed) return;
   std::string reason = fmt::format("peer {} has left (it destroyed its communicator)", p.label);
   for (auto& lane : p.lanes) {
-    for (auto& item : lane->sendQueue)
-      if (item.request) completeLocked(item.request, ecclRemoteError, reason);
+    failLaneSendsLocked(*lane, ecclRemoteError, reason);
     closeLaneLocked(*lane);
   }
   cv_.notifyAll();
@@ -306,6 +305,14 @@ void LaneDevice::onControlLocked(Lane& lane) {
   }
   if (lane.frame.type == FrameType::kPing) {
     answerPingLocked(lane);
+    return;
+  }
+  if (lane.frame.type == FrameType::kClearToSend) {
+    onClearToSendLocked(lane);
+    return;
+  }
+  if (lane.frame.type == FrameType::kLanded) {
+    onLandedLocked(lane);
     return;
   }
   if (lane.frame.type == FrameType::kPong) {

@@ -56,7 +56,7 @@ std::optional<FrameHeader> decodeFrame(const uint8_t in[FrameHeader::kSize], std
     return reject(fmt::format("unsupported frame version {}", get<uint16_t>(in + 4)));
   uint32_t crc = get<uint32_t>(in + 60);
   if (crc != crc32c(in, 60)) return reject("header checksum mismatch");
-  constexpr uint8_t known = FrameHeader::kPayloadChecksum | FrameHeader::kCallSignature;
+  constexpr uint8_t known = FrameHeader::kPayloadChecksum | FrameHeader::kCallSignature | FrameHeader::kRendezvous;
   if (in[7] & ~known) return reject(fmt::format("unknown frame flags 0x{:02x}", in[7]));
   if (!(in[7] & FrameHeader::kPayloadChecksum) && get<uint32_t>(in + 52) != 0)
     return reject("a payload checksum without its flag");
@@ -64,7 +64,7 @@ std::optional<FrameHeader> decodeFrame(const uint8_t in[FrameHeader::kSize], std
     return reject("a call signature checksum without its flag");
   FrameHeader h;
   uint8_t type = get<uint8_t>(in + 6);
-  if (type < 1 || type > 6) return reject(fmt::format("unknown frame type {}", type));
+  if (type < 1 || type > 8) return reject(fmt::format("unknown frame type {}", type));
   h.type = static_cast<FrameType>(type);
   h.flags = get<uint8_t>(in + 7);
   h.epoch = get<uint32_t>(in + 8);
@@ -88,11 +88,45 @@ std::optional<FrameHeader> decodeFrame(const uint8_t in[FrameHeader::kSize], std
     return reject(fmt::format("control payload length {} exceeds the limit {}", h.length,
                               FrameHeader::kMaxControlPayload));
   }
+  if ((h.flags & FrameHeader::kRendezvous) && h.length == 0) return reject("an empty rendezvous chunk");
+  if ((h.type == FrameType::kClearToSend || h.type == FrameType::kLanded) && h.length != ChunkRef::kBytes)
+    return reject(fmt::format("a chunk reference of {} bytes (not {})", h.length, ChunkRef::kBytes));
   if (h.type == FrameType::kNotice && h.length < 16)
     return reject("failure notice shorter than its member id and op");
   if (h.type == FrameType::kRevoke && h.length < 12)
     return reject("revocation notice shorter than its op and result code");
   return h;
+}
+
+void markRendezvous(uint8_t frame[FrameHeader::kSize], bool on) {
+  frame[7] = static_cast<uint8_t>(on ? frame[7] | FrameHeader::kRendezvous : frame[7] & ~FrameHeader::kRendezvous);
+  put<uint32_t>(frame + 60, crc32c(frame, 60));
+}
+
+std::vector<uint8_t> encodeChunkRef(const ChunkRef& c) {
+  std::vector<uint8_t> out(ChunkRef::kBytes);
+  put<uint32_t>(out.data() + 0, c.epoch);
+  put<uint32_t>(out.data() + 4, c.tag);
+  put<uint64_t>(out.data() + 8, c.seq);
+  put<uint64_t>(out.data() + 16, c.offset);
+  put<uint64_t>(out.data() + 24, c.address);
+  put<uint32_t>(out.data() + 32, c.key);
+  put<uint32_t>(out.data() + 36, c.length);
+  put<uint32_t>(out.data() + 40, c.answer);
+  return out;
+}
+
+ChunkRef decodeChunkRef(const uint8_t in[ChunkRef::kBytes]) {
+  ChunkRef c;
+  c.epoch = get<uint32_t>(in + 0);
+  c.tag = get<uint32_t>(in + 4);
+  c.seq = get<uint64_t>(in + 8);
+  c.offset = get<uint64_t>(in + 16);
+  c.address = get<uint64_t>(in + 24);
+  c.key = get<uint32_t>(in + 32);
+  c.length = get<uint32_t>(in + 36);
+  c.answer = get<uint32_t>(in + 40);
+  return c;
 }
 
 }  // namespace eccl::transport

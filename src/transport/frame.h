@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace eccl::transport {
 
@@ -20,6 +21,30 @@ enum class FrameType : uint8_t {
   kPong = 5,     // payload: nothing, or u64 that collective then (if the peer has started it) its
                  // call signature, so ranks that disagree without exchanging data still find out
   kRevoke = 6,   // payload: u64 first revoked op, u32 result code, then a UTF-8 reason
+  kClearToSend = 7,  // payload: ChunkRef, where the receiver wants a zero-copy chunk written
+  kLanded = 8,       // payload: ChunkRef, the sender wrote that chunk (behind it on the lane)
+};
+
+// Names one chunk of a message (the data frame's epoch, op, tag, offset and
+// length) in a rendezvous; a clear-to-send adds the receiver's answer.
+struct ChunkRef {
+  static constexpr size_t kBytes = 48;
+  enum Answer : uint32_t {
+    kDropped = 0,     // the receiver dropped the chunk (stale, cancelled): the sender is done with it
+    kWriteHere = 1,   // write it at (address, key)
+    kSendOnLane = 2,  // the receiver cannot expose the memory: send it as an ordinary frame
+  };
+  uint32_t epoch = 0;
+  uint32_t tag = 0;
+  uint64_t seq = 0;
+  uint64_t offset = 0;
+  uint64_t address = 0;
+  uint32_t key = 0;
+  uint32_t length = 0;
+  uint32_t answer = kDropped;
+  bool sameChunk(const ChunkRef& o) const {
+    return epoch == o.epoch && tag == o.tag && seq == o.seq && offset == o.offset && length == o.length;
+  }
 };
 
 struct FrameHeader {
@@ -37,6 +62,10 @@ struct FrameHeader {
   // CRC32C. Set on the first frame of each message of a checked call.
   static constexpr uint8_t kCallSignature = 2;
   static constexpr size_t kSignatureBytes = 16;
+  // kRendezvous: the `length` payload bytes do not follow on the lane; the
+  // receiver answers with a kClearToSend and the sender writes them into
+  // the memory it names (Conduit::writeZeroCopy), then sends kLanded.
+  static constexpr uint8_t kRendezvous = 4;
   FrameType type = FrameType::kData;
   uint8_t flags = 0;
   uint32_t payloadCrc = 0;
@@ -62,6 +91,11 @@ struct FrameHeader {
 };
 
 void encodeFrame(const FrameHeader& h, uint8_t out[FrameHeader::kSize]);
+// Sets or clears kRendezvous on an encoded data frame (its CRC follows).
+void markRendezvous(uint8_t frame[FrameHeader::kSize], bool on);
+
+std::vector<uint8_t> encodeChunkRef(const ChunkRef& c);
+ChunkRef decodeChunkRef(const uint8_t in[ChunkRef::kBytes]);
 
 // Returns the header, or nullopt with `why` set to the reason the frame is
 // rejected (bad magic, version, type, CRC, lengths).

@@ -83,6 +83,22 @@ struct SendItem {
   size_t done = 0;  // bytes written, header included
   RequestPtr request;  // null for control frames
   std::vector<uint8_t> owned;  // control payloads
+  // Zero-copy: the header went out alone and the chunk follows by
+  // Conduit::writeZeroCopy from the pinned pages once the receiver clears
+  // it (or on the lane, if the receiver asks for that).
+  bool rendezvous = false;
+  uint64_t pinned = 0;                  // Conduit::pin's handle
+  const uint8_t* pinnedFrom = nullptr;  // the chunk's first byte in the pinned buffer
+  ChunkRef chunk;      // which chunk it is; where to write it, once cleared
+  uint64_t ticket = 0; // its write's number on the lane (0: not started)
+  // Keeps the bytes after the request failed or was cancelled (the frame
+  // must still be whole on the wire, or its chunk still sent; a pinned
+  // buffer's pages stay readable through the pin).
+  void detach() {
+    owned.assign(data, data + length);
+    data = owned.data();
+    request.reset();
+  }
 };
 
 // One message being received, posted or not.
@@ -103,6 +119,7 @@ struct Inbox {
   bool upTo = false;    // irecvUpTo: any message of at most `capacity` bytes
   bool cancelled = false;  // its receive was withdrawn: the message is read and dropped
   size_t capacity = 0;
+  int exposed = 0;  // zero-copy chunks cleared to the peer and not landed yet
   uint8_t* base() { return unexpected ? staged.get() : userBuffer; }
 };
 
@@ -137,6 +154,21 @@ struct Lane {
   bool discarding = false;  // read the payload and drop it (stale or rejected)
   size_t payloadGot = 0;
   std::vector<uint8_t> control;
+  // Zero-copy chunks (Conduit::zeroCopyMinBytes), each queue in the order
+  // the other side answers: ours whose header went out, until cleared;
+  // cleared ones, until their writes finish (ticket 0: waiting for room to
+  // start); and, receiving, chunks exposed to the peer until it says they
+  // landed.
+  std::deque<SendItem> awaitingClearance;
+  std::deque<SendItem> zeroCopyWrites;
+  uint64_t zeroCopyStarted = 0;
+  struct Exposure {
+    InboxKey key;
+    ChunkRef chunk;
+    uint64_t handle;
+  };
+  std::deque<Exposure> exposures;
+  bool hasSends() const { return !sendQueue.empty() || !zeroCopyWrites.empty(); }
 };
 
 struct Peer {
@@ -330,11 +362,32 @@ class LaneDevice final : public Device {
   bool onHeaderLocked(Lane& lane) ECCL_REQUIRES(mu_);
   bool onSignatureLocked(Lane& lane) ECCL_REQUIRES(mu_);
   bool onDataFrameLocked(Lane& lane, const CallSignature* signature) ECCL_REQUIRES(mu_);
+  bool placeDataFrameLocked(Lane& lane, const CallSignature* signature) ECCL_REQUIRES(mu_);
   void onPayloadDoneLocked(Lane& lane) ECCL_REQUIRES(mu_);
   bool checksumHoldsLocked(Inbox& box, const std::string& peerLabel) ECCL_REQUIRES(mu_);
   void takeStagingLocked(Inbox& box, size_t bytes) ECCL_REQUIRES(mu_);
   void recycleStagingLocked(Inbox& box) ECCL_REQUIRES(mu_);
   void onControlLocked(Lane& lane) ECCL_REQUIRES(mu_);
+  // Zero-copy rendezvous (device_zero_copy.cc).
+  void clearToSendLocked(Lane& lane) ECCL_REQUIRES(mu_);
+  void onClearToSendLocked(Lane& lane) ECCL_REQUIRES(mu_);
+  void onLandedLocked(Lane& lane) ECCL_REQUIRES(mu_);
+  void startZeroCopyWritesLocked(Lane& lane) ECCL_REQUIRES(mu_);
+  void reapZeroCopyWritesLocked(Lane& lane) ECCL_REQUIRES(mu_);
+  bool zeroCopyWriteFinishedLocked(const Lane& lane) const ECCL_REQUIRES(mu_);
+  void chunkLandedLocked(const InboxKey& key, size_t bytes, bool arrived, const std::string& peerLabel)
+      ECCL_REQUIRES(mu_);
+  void messageArrivedLocked(std::map<InboxKey, Inbox>::iterator it, const std::string& peerLabel) ECCL_REQUIRES(mu_);
+  // Fails a receive's message and forgets it; one the peer is still
+  // writing into (zero-copy) fails once those writes landed or their lane
+  // closed, so its memory is never written after its request failed.
+  std::map<InboxKey, Inbox>::iterator dropBoxLocked(std::map<InboxKey, Inbox>::iterator it, ecclResult_t code,
+                                                    const std::string& reason) ECCL_REQUIRES(mu_);
+  // Completes every send request queued on the lane with a failure.
+  void failLaneSendsLocked(Lane& lane, ecclResult_t code, const std::string& reason) ECCL_REQUIRES(mu_);
+  void finishChunkLocked(const RequestPtr& r) ECCL_REQUIRES(mu_) {
+    if (r && --r->pendingChunks == 0) completeLocked(r, ecclSuccess, {});
+  }
   void wakeLoop();
 
   const DeviceOptions opt_;
@@ -401,6 +454,14 @@ class LaneDevice final : public Device {
   std::vector<Lane*> memoryLanes_ ECCL_GUARDED_BY(mu_);  // lanes that pollsMemory()
   uint64_t nextToken_ ECCL_GUARDED_BY(mu_) = 1;
   std::map<InboxKey, Inbox> inbox_ ECCL_GUARDED_BY(mu_);
+  struct Draining {  // dropBoxLocked's, until the peer's writes into it are done
+    RequestPtr request;
+    ecclResult_t code;
+    std::string reason;
+    std::unique_ptr<uint8_t[]> staged;
+    int exposed;
+  };
+  std::map<InboxKey, Draining> draining_ ECCL_GUARDED_BY(mu_);
   bool callerOwned_ ECCL_GUARDED_BY(mu_) = false;
   int drivers_ ECCL_GUARDED_BY(mu_) = 0;
   Clock::time_point leaseUntil_ ECCL_GUARDED_BY(mu_){};

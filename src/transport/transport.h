@@ -67,6 +67,9 @@ struct DeviceStats {
   uint64_t queuePairsClosed = 0;
   uint64_t queuePairsCreated = 0;
   uint64_t queuePairsDestroyed = 0;
+  // Chunks moved by rendezvous straight between the users' buffers.
+  uint64_t zeroCopyChunksSent = 0;
+  uint64_t zeroCopyChunksReceived = 0;
   std::map<std::string, uint64_t> openByBackEnd;  // the same, by back-end name
 };
 

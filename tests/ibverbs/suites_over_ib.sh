@@ -7,7 +7,7 @@
 # Every collective at 2 and 4 ranks up to 16 MiB, the elastic suites
 # (replace with lazy and eager standbys, shrink, grow, migration, named
 # reconfiguration, with lane and queue-pair counts asserted; SIGSTOP),
-# faults (kill, a wrong secret, a missing rank), call signatures, pipeline logs and the MoE
+# faults (kill, stop, a wrong secret, a missing rank), call signatures, pipeline logs and the MoE
 # dispatcher. The 16-rank elastic case stays on the host: seventeen
 # processes on two emulated CPUs are a test of the emulator.
 set -u
@@ -15,28 +15,43 @@ dir=${1:?usage: $0 BUILD_TESTS_DIR}
 [ -n "${ECCL_RDMA_VM:-}" ] || { echo "suites_over_ib: run me inside scripts/rdma-vm.sh" >&2; exit 2; }
 export ECCL_TRANSPORT=ib ECCL_SOCKET_IFNAME=lo ECCL_TEST_LARGEST_COUNT=$((4 << 20))
 failed=()
+retried=()
+logs=$(mktemp -d)
+# Runs one suite; a case that fails is run once more on its own (the
+# emulated CPUs of a loaded host can starve a heartbeat) and the retry is
+# reported. Only the failing cases' lines and the tail are printed, so the
+# summary at the end is what a CI excerpt shows.
 run() {
-  local binary=$1 filter=$2 start=$SECONDS
+  local binary=$1 filter=$2 start=$SECONDS log=$logs/$1.log
   echo "=== $binary --gtest_filter=$filter"
-  if timeout -k 5 400 "$dir/$binary" --gtest_filter="$filter" --gtest_brief=1; then
+  local rc=0 cases
+  timeout -k 5 400 "$dir/$binary" --gtest_filter="$filter" --gtest_brief=1 > "$log" 2>&1 || rc=$?
+  if [ $rc -eq 0 ]; then
     echo "=== $binary: passed in $((SECONDS - start)) s"
-  else
-    echo "=== $binary: FAILED (exit $?) after $((SECONDS - start)) s"
-    failed+=("$binary")
+    return
   fi
+  cases=$(sed -n 's/^\[  FAILED  \] \([A-Za-z0-9_/.@]*\).*/\1/p' "$log" | sort -u | paste -sd: -)
+  echo "=== $binary: FAILED (exit $rc) after $((SECONDS - start)) s: ${cases:-no case named (crash or timeout)}"
+  grep -E '^\[  FAILED  \]|Failure|error:' "$log" | head -40
+  tail -n 30 "$log"
+  if [ -n "$cases" ] && timeout -k 5 300 "$dir/$binary" --gtest_filter="$cases" --gtest_brief=1 > "$log.retry" 2>&1; then
+    echo "=== $binary: $cases passed when run again (recorded as a retry)"
+    retried+=("$binary:$cases")
+    return
+  fi
+  [ -n "$cases" ] && tail -n 30 "$log.retry"
+  failed+=("$binary${cases:+ ($cases)}")
 }
 run collectives_test '*/0:*/2'
 run elastic_test '-*/1'
 run reconfigure_test '*'
 run joining_test '*'
 run named_reconfigure_test '*'
-# StoppedRankIsCaughtByTheTimeout stops its victim 600 ms after the start,
-# before an emulated rank under a loaded host has joined (init then times
-# out); a stopped member over ib is Elastic.AStoppedMemberIsFenced... above.
-run faults_test '-Faults.StoppedRankIsCaughtByTheTimeout'
+run faults_test '*'
 run signature_test '*'
 run pipeline_log_test '*'
 run moe_test '*'
+[ ${#retried[@]} -gt 0 ] && echo "suites over ib: passed only on a second run: ${retried[*]}"
 if [ ${#failed[@]} -gt 0 ]; then
   echo "suites over ib: failed: ${failed[*]}"
   exit 1

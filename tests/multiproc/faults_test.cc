@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <set>
@@ -28,39 +29,68 @@ std::set<std::string> devShmEntries() {
   return names;
 }
 
-// Loops allreduce until one fails; reports the failure text, or throws if
-// none failed within the loop budget.
-void allreduceUntilError(int rank, int n, const ecclUniqueId& id) {
-  ecclComm_t comm;
-  RANK_OK(ecclCommInitRank(&comm, n, id, rank), nullptr);
-  std::vector<float> v(1 << 16, 1.0f);
-  RANK_OK(ecclAllReduce(v.data(), v.data(), v.size(), ecclFloat32, ecclSum, comm, nullptr), comm);
-  for (int i = 0; i < 1000000; ++i) {
-    ecclResult_t r = ecclAllReduce(v.data(), v.data(), v.size(), ecclFloat32, ecclSum, comm, nullptr);
-    if (r != ecclSuccess) {
-      ecclResult_t async;
-      ecclCommGetAsyncError(comm, &async);
-      std::string msg = std::string(ecclGetErrorString(r)) + "|" + ecclGetLastError(comm);
-      // Every later op fails fast too: the communicator is revoked.
-      ecclResult_t again = ecclAllReduce(v.data(), v.data(), 1, ecclFloat32, ecclSum, comm, nullptr);
-      ecclCommAbort(comm);
-      if (again == ecclSuccess) throw std::runtime_error("op after failure succeeded: " + msg);
-      if (async == ecclSuccess) throw std::runtime_error("no async error after: " + msg);
-      throw std::runtime_error("FAILED-AS-EXPECTED " + msg);
+// Each rank leaves a file in a fresh directory once its first allreduce
+// is done; the victim is signalled only when every rank's is there, so a
+// slow start (a loaded host, an emulated CPU) never turns a fault in the
+// steady state into one during initialisation.
+struct ReadyFiles {
+  std::string dir;
+  ReadyFiles() {
+    char tmpl[] = "/tmp/eccl-faults-XXXXXX";
+    dir = mkdtemp(tmpl);
+  }
+  ~ReadyFiles() { std::filesystem::remove_all(dir); }
+  // Whether all `n` ranks' files are there before the deadline.
+  bool waitAll(int n, std::chrono::seconds deadline) const {
+    auto until = std::chrono::steady_clock::now() + deadline;
+    for (;;) {
+      int ready = 0;
+      for (int r = 0; r < n; ++r) ready += std::filesystem::exists(dir + "/" + std::to_string(r));
+      if (ready == n) return true;
+      if (std::chrono::steady_clock::now() > until) return false;
+      usleep(20 * 1000);
     }
   }
-  throw std::runtime_error("no error after a million allreduces");
+};
+
+// Loops allreduce until one fails; reports the failure text, or throws if
+// none failed within the loop budget.
+ProcessGroup::Body allreduceUntilError(const ReadyFiles& ready) {
+  return [dir = ready.dir](int rank, int n, const ecclUniqueId& id) {
+    ecclComm_t comm;
+    RANK_OK(ecclCommInitRank(&comm, n, id, rank), nullptr);
+    std::vector<float> v(1 << 16, 1.0f);
+    RANK_OK(ecclAllReduce(v.data(), v.data(), v.size(), ecclFloat32, ecclSum, comm, nullptr), comm);
+    std::fclose(std::fopen((dir + "/" + std::to_string(rank)).c_str(), "w"));
+    for (int i = 0; i < 1000000; ++i) {
+      ecclResult_t r = ecclAllReduce(v.data(), v.data(), v.size(), ecclFloat32, ecclSum, comm, nullptr);
+      if (r != ecclSuccess) {
+        ecclResult_t async;
+        ecclCommGetAsyncError(comm, &async);
+        std::string msg = std::string(ecclGetErrorString(r)) + "|" + ecclGetLastError(comm);
+        // Every later op fails fast too: the communicator is revoked.
+        ecclResult_t again = ecclAllReduce(v.data(), v.data(), 1, ecclFloat32, ecclSum, comm, nullptr);
+        ecclCommAbort(comm);
+        if (again == ecclSuccess) throw std::runtime_error("op after failure succeeded: " + msg);
+        if (async == ecclSuccess) throw std::runtime_error("no async error after: " + msg);
+        throw std::runtime_error("FAILED-AS-EXPECTED " + msg);
+      }
+    }
+    throw std::runtime_error("no error after a million allreduces");
+  };
 }
 
 TEST(Faults, KilledRankFailsEverySurvivorNamingIt) {
   setenv("ECCL_SOCKET_IFNAME", "lo", 1);
   setenv("ECCL_TIMEOUT_MS", "5000", 1);
   const auto shmBefore = devShmEntries();
-  ProcessGroup group(4, allreduceUntilError);
-  usleep(600 * 1000);
+  ReadyFiles ready;
+  ProcessGroup group(4, allreduceUntilError(ready));
+  const bool running = ready.waitAll(4, std::chrono::seconds(60));
   group.signal(kVictim, SIGKILL);
   auto outcomes = group.wait(std::chrono::seconds(20));
   unsetenv("ECCL_TIMEOUT_MS");
+  ASSERT_TRUE(running) << "the ranks did not all finish a first allreduce\n" << describe(outcomes);
   EXPECT_EQ(devShmEntries(), shmBefore) << "files left in /dev/shm after a crash and three aborts";
   for (const auto& o : outcomes) {
     if (o.rank == kVictim) continue;
@@ -76,18 +106,22 @@ TEST(Faults, KilledRankFailsEverySurvivorNamingIt) {
 TEST(Faults, StoppedRankIsCaughtByTheTimeout) {
   setenv("ECCL_SOCKET_IFNAME", "lo", 1);
   setenv("ECCL_TIMEOUT_MS", "1500", 1);
-  ProcessGroup group(4, allreduceUntilError);
-  usleep(600 * 1000);
+  ReadyFiles ready;
+  const auto start = std::chrono::steady_clock::now();
+  ProcessGroup group(4, allreduceUntilError(ready));
+  const bool running = ready.waitAll(4, std::chrono::seconds(60));
   group.signal(kVictim, SIGSTOP);
-  auto outcomes = group.wait(std::chrono::seconds(8));
+  const double stoppedAt = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  auto outcomes = group.wait(std::chrono::seconds(8) + std::chrono::milliseconds(static_cast<int>(stoppedAt * 1000)));
   unsetenv("ECCL_TIMEOUT_MS");
   group.signal(kVictim, SIGKILL);
+  ASSERT_TRUE(running) << "the ranks did not all finish a first allreduce\n" << describe(outcomes);
   int namingVictim = 0;
   for (const auto& o : outcomes) {
     if (o.rank == kVictim) continue;
     EXPECT_FALSE(o.hung) << describe(outcomes);
     EXPECT_NE(o.message.find("FAILED-AS-EXPECTED"), std::string::npos) << describe(outcomes);
-    EXPECT_LT(o.seconds, 0.6 + 1.5 * 3) << describe(outcomes);
+    EXPECT_LT(o.seconds, stoppedAt + 1.5 * 3) << "stopped at " << stoppedAt << " s\n" << describe(outcomes);
     namingVictim += o.message.find("rank 2") != std::string::npos;
   }
   // The stopped rank's ring neighbours wait on it directly and must name it.

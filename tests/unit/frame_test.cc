@@ -65,6 +65,28 @@ TEST(Frame, AnySingleBitFlipIsRejected) {
   }
 }
 
+TEST(Frame, RendezvousFlagAndChunkReferencesRoundTrip) {
+  uint8_t buf[FrameHeader::kSize];
+  FrameHeader h = sample();
+  encodeFrame(h, buf);
+  markRendezvous(buf, true);
+  auto d = decodeFrame(buf, nullptr);
+  ASSERT_TRUE(d);
+  EXPECT_TRUE(d->flags & FrameHeader::kRendezvous);
+  markRendezvous(buf, false);
+  d = decodeFrame(buf, nullptr);
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->flags, h.flags);
+  ChunkRef c{3, 9, 0x8000000000000011ull, 4096, 0x7f0012345000ull, 0xabcd, 65536, ChunkRef::kWriteHere};
+  auto bytes = encodeChunkRef(c);
+  ASSERT_EQ(bytes.size(), ChunkRef::kBytes);
+  ChunkRef back = decodeChunkRef(bytes.data());
+  EXPECT_TRUE(back.sameChunk(c));
+  EXPECT_EQ(back.address, c.address);
+  EXPECT_EQ(back.key, c.key);
+  EXPECT_EQ(back.answer, c.answer);
+}
+
 TEST(Frame, RejectsWithSpecificReasons) {
   uint8_t buf[FrameHeader::kSize];
   std::string why;
@@ -92,6 +114,21 @@ TEST(Frame, RejectsWithSpecificReasons) {
   encodeFrame(h, buf);
   EXPECT_FALSE(decodeFrame(buf, &why));
   EXPECT_NE(why.find("notice"), std::string::npos) << why;
+
+  h = sample();
+  h.type = FrameType::kClearToSend;
+  h.flags = 0;
+  h.length = ChunkRef::kBytes - 1;
+  encodeFrame(h, buf);
+  EXPECT_FALSE(decodeFrame(buf, &why));
+  EXPECT_NE(why.find("chunk reference"), std::string::npos) << why;
+
+  h = sample();
+  h.flags = FrameHeader::kRendezvous;
+  h.length = 0;  // a zero-copy chunk of nothing
+  encodeFrame(h, buf);
+  EXPECT_FALSE(decodeFrame(buf, &why));
+  EXPECT_NE(why.find("rendezvous"), std::string::npos) << why;
 
   h = sample();
   encodeFrame(h, buf);

@@ -41,7 +41,8 @@ Fd IbBackend::accept(std::string* from) {
 // before the other can receive. Nothing more is sent on the stream.
 std::unique_ptr<Conduit> IbBackend::open(Fd stream, bool dialer, Deadline deadline, const std::string& what) {
   const int fd = stream.get();
-  auto lane = std::make_unique<RingLane>(*context_, std::move(stream), opt_.ringBytes, what);
+  auto lane = std::make_unique<RingLane>(*context_, std::move(stream), opt_.ringBytes, what,
+                                         static_cast<size_t>(std::max<int64_t>(0, params::ibZeroCopyBytes())));
   LaneOffer mine = lane->offer(), theirs{};
   if (dialer) sendAll(fd, &mine, sizeof(mine), deadline, what + ": sending the queue pair's offer");
   recvAll(fd, &theirs, sizeof(theirs), deadline, what + ": receiving the peer's queue pair offer");

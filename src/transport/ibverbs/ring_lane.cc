@@ -27,13 +27,14 @@ bool RingLane::validRingBytes(uint64_t bytes) {
   return bytes >= 4096 && bytes <= (1ull << 30) && (bytes & (bytes - 1)) == 0;
 }
 
-RingLane::RingLane(Context& context, Fd stream, size_t ringBytes, std::string label)
+RingLane::RingLane(Context& context, Fd stream, size_t ringBytes, std::string label, size_t zeroCopyBytes)
     : context_(context),
       label_(std::move(label)),
       stream_(std::move(stream)),
       cq_(context, static_cast<int>(kSendDepth + kRecvDepth)),
       qp_(context, cq_, cq_, {kSendDepth, kRecvDepth, 64}),
-      ringBytes_(ringBytes) {
+      ringBytes_(ringBytes),
+      zeroCopyBytes_(zeroCopyBytes) {
   ECCL_CHECK_ARG(validRingBytes(ringBytes), "{}: a ring of {} bytes (a power of two, 4 KiB to 1 GiB)", label_,
                  ringBytes);
   recvRing_ = std::make_unique<uint8_t[]>(ringBytes_);
@@ -51,8 +52,13 @@ RingLane::RingLane(Context& context, Fd stream, size_t ringBytes, std::string la
 }
 
 RingLane::~RingLane() {
+  // The queue pair goes first (members are destroyed after this body), but
+  // a registration outlives nothing it can be read or written through:
+  // the device never frees a buffer it exposed or wrote from before the
+  // lane is closed.
   for (ibv_mr* mr : {recvMr_, sendMr_, wordsMr_})
     if (mr) ibv_dereg_mr(mr);
+  for (ibv_mr* mr : registrations_) ibv_dereg_mr(mr);
 }
 
 LaneOffer RingLane::offer() const {
@@ -104,7 +110,8 @@ void RingLane::drainCompletions() {
         if (!(imm & kCreditFlag)) arrived_ += imm;
         qp_.postRecv(0, nullptr, 0, 0);
       } else {
-        retired_ = std::max<uint64_t>(retired_, wc[i].wr_id + 1);
+        if (wc[i].wr_id & kZeroCopyWrite) zeroCopyDone_++;  // sends finish in the order posted
+        retired_ = std::max<uint64_t>(retired_, (wc[i].wr_id & ~kZeroCopyWrite) + 1);
       }
     }
   }
@@ -202,6 +209,46 @@ ssize_t RingLane::read(void* into, size_t n) {
   }
   if (consumed_ - reported_ >= ringBytes_ / 4) returnCredit();
   return static_cast<ssize_t>(take);
+}
+
+// A registration per transfer: one kept for later would go on naming the
+// old pages of memory the application freed and allocated again.
+std::optional<Conduit::Window> RingLane::expose(void* buffer, size_t bytes) {
+  ibv_mr* mr = ibv_reg_mr(context_.pd(), buffer, bytes, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  if (!mr) {
+    log::info("{}: cannot register {} bytes to receive into ({}); they come through the ring", label_, bytes,
+              strerror(errno));
+    return std::nullopt;
+  }
+  registrations_.insert(mr);
+  return Window{reinterpret_cast<uintptr_t>(buffer), mr->rkey, reinterpret_cast<uintptr_t>(mr)};
+}
+
+uint64_t RingLane::pin(const void* buffer, size_t bytes) {
+  // Read access only: a send may come from read-only memory.
+  ibv_mr* mr = ibv_reg_mr(context_.pd(), const_cast<void*>(buffer), bytes, 0);
+  if (!mr) {
+    log::info("{}: cannot register {} bytes to send from ({}); they go through the ring", label_, bytes,
+              strerror(errno));
+    return 0;
+  }
+  registrations_.insert(mr);
+  return reinterpret_cast<uintptr_t>(mr);
+}
+
+void RingLane::release(uint64_t handle) {
+  auto* mr = reinterpret_cast<ibv_mr*>(handle);
+  if (mr && registrations_.erase(mr)) ibv_dereg_mr(mr);
+}
+
+bool RingLane::writeZeroCopy(uint64_t pinned, const void* buffer, size_t bytes, uint64_t address, uint32_t key) {
+  drainCompletions();
+  if (!broken_.empty()) return true;  // shows in the next write()
+  if (!canPost()) return false;
+  auto* mr = reinterpret_cast<ibv_mr*>(pinned);
+  uint64_t id = posted_++ | kZeroCopyWrite;
+  qp_.postWrite(id, buffer, static_cast<uint32_t>(bytes), mr->lkey, address, key, std::nullopt, /*signaled=*/true);
+  return true;
 }
 
 // The stream's end of file is the peer's death (nothing is sent on it

@@ -7,6 +7,12 @@
 // word (also with an immediate: the sender wakes on it). A slow receiver
 // holds its sender back (write() returns 0); it never fails it.
 //
+// Chunks of at least zeroCopyBytes skip the rings: the device's rendezvous
+// (Conduit::expose, writeZeroCopy) has the sender RDMA-write them from its
+// buffer straight into the receiver's, each buffer registered for that
+// transfer only (a registration kept across transfers would go on naming
+// the old pages of memory the application freed and allocated again).
+//
 // The bootstrap stream stays open beside the queue pair as the lane's
 // liveness line, as a shared-memory lane's socket does: its end of file is
 // the peer's death. pollFd() is an epoll descriptor over the stream and
@@ -15,6 +21,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <set>
 #include <memory>
 #include <string>
 
@@ -40,7 +47,7 @@ class RingLane final : public Conduit {
   // Ring sizes a side may offer: powers of two in [4 KiB, 1 GiB].
   static bool validRingBytes(uint64_t bytes);
 
-  RingLane(Context& context, Fd stream, size_t ringBytes, std::string label);
+  RingLane(Context& context, Fd stream, size_t ringBytes, std::string label, size_t zeroCopyBytes = 0);
   ~RingLane() override;
   LaneOffer offer() const;
   // Checks the peer's offer and brings the queue pair up; throws naming
@@ -59,6 +66,12 @@ class RingLane final : public Conduit {
   ssize_t write(const iovec* iov, int count) override;
   ssize_t read(void* into, size_t n) override;
   bool armWakeup(bool wantSpace) override;
+  size_t zeroCopyMinBytes() const override { return zeroCopyBytes_; }
+  std::optional<Window> expose(void* buffer, size_t bytes) override;
+  uint64_t pin(const void* buffer, size_t bytes) override;
+  void release(uint64_t handle) override;
+  bool writeZeroCopy(uint64_t pinned, const void* buffer, size_t bytes, uint64_t address, uint32_t key) override;
+  uint64_t zeroCopyWritesDone() const override { return zeroCopyDone_; }
 
  private:
   void drainCompletions();
@@ -70,6 +83,7 @@ class RingLane final : public Conduit {
 
   static constexpr uint32_t kSendDepth = 128, kRecvDepth = 128;
   static constexpr uint32_t kCreditFlag = 1u << 31;
+  static constexpr uint64_t kZeroCopyWrite = 1ull << 63;  // in a send's wr_id
   Context& context_;
   std::string label_;
   Fd stream_, epoll_;
@@ -91,6 +105,9 @@ class RingLane final : public Conduit {
   uint64_t posted_ = 0, retired_ = 0;    // send work requests
   std::string broken_;                   // a failed completion: the lane is dead
   bool streamClosed_ = false;
+  size_t zeroCopyBytes_;
+  std::set<ibv_mr*> registrations_;  // pin() and expose() handles not yet released
+  uint64_t zeroCopyDone_ = 0;
 };
 
 }  // namespace eccl::transport::ibverbs

@@ -1,0 +1,167 @@
+// Zero-copy chunks by rendezvous, over a back end that writes into the
+// peer's memory (Conduit::zeroCopyMinBytes, docs/transport.md): the sender's
+// data frame goes out as a header alone (kRendezvous); the receiver finds
+// where the chunk belongs as for any frame, exposes that memory and answers
+// with a clear-to-send naming it; the sender writes the chunk there and then
+// sends kLanded on the same lane, which the connection delivers after the
+// data. Every exchange is answered in the order it was asked, so each side
+// keeps a queue per lane and checks the chunk it names.
+#include "transport/lane_device.h"
+
+namespace eccl::transport::lanes {
+
+// Receiver: a rendezvous header has been placed (or dropped).
+void LaneDevice::clearToSendLocked(Lane& lane) {
+  const FrameHeader& h = lane.frame;
+  ChunkRef chunk{h.epoch, h.tag, h.seq, h.offset, 0, 0, h.length, ChunkRef::kDropped};
+  if (!lane.conduit->zeroCopyMinBytes()) {
+    stats_.framesRejected++;
+    failPeerLocked(lane.key.remote, ecclRemoteError,
+                   fmt::format("peer {} sent a zero-copy chunk on lane {}, which cannot carry one ({}); connection "
+                               "dropped",
+                               labelLocked(lane.key.remote), lane.key.lane, lane.conduit->kind()),
+                   true);
+    return;
+  }
+  auto it = lane.discarding ? inbox_.end() : inbox_.find(lane.inboxKey);
+  if (it != inbox_.end()) {
+    if (auto window = lane.conduit->expose(lane.target, h.length)) {
+      chunk.address = window->address;
+      chunk.key = window->key;
+      chunk.answer = ChunkRef::kWriteHere;
+      lane.exposures.push_back({lane.inboxKey, chunk, window->handle});
+      it->second.exposed++;
+      stats_.zeroCopyChunksReceived++;
+    } else {
+      chunk.answer = ChunkRef::kSendOnLane;
+    }
+  }
+  lane.discarding = true;
+  queueControlLocked(lane, FrameType::kClearToSend, encodeChunkRef(chunk));
+}
+
+// Sender: the receiver said where (or that it dropped the chunk, or wants
+// it on the lane).
+void LaneDevice::onClearToSendLocked(Lane& lane) {
+  ChunkRef cleared = decodeChunkRef(lane.control.data());
+  if (lane.awaitingClearance.empty() || !lane.awaitingClearance.front().chunk.sameChunk(cleared) ||
+      cleared.answer > ChunkRef::kSendOnLane) {
+    stats_.framesRejected++;
+    failPeerLocked(lane.key.remote, ecclRemoteError,
+                   fmt::format("peer {} sent a clear-to-send on lane {} for a chunk not offered to it (op {:#x} tag {} "
+                               "offset {}, answer {}); connection dropped",
+                               labelLocked(lane.key.remote), lane.key.lane, cleared.seq, cleared.tag, cleared.offset,
+                               cleared.answer),
+                   true);
+    return;
+  }
+  SendItem item = std::move(lane.awaitingClearance.front());
+  lane.awaitingClearance.pop_front();
+  if (cleared.answer != ChunkRef::kWriteHere) {
+    lane.conduit->release(item.pinned);
+    item.pinned = 0;
+    if (cleared.answer == ChunkRef::kDropped) {
+      finishChunkLocked(item.request);
+      return;
+    }
+    // On the lane after all, as an ordinary frame, ahead of what has not
+    // started (never inside a frame half written).
+    item.rendezvous = false;
+    item.done = 0;
+    markRendezvous(item.header, false);
+    auto at = lane.sendQueue.begin();
+    if (at != lane.sendQueue.end() && at->done > 0) ++at;
+    lane.sendQueue.insert(at, std::move(item));
+    flushLocked(lane);
+    return;
+  }
+  item.chunk = cleared;
+  lane.zeroCopyWrites.push_back(std::move(item));
+  flushLocked(lane);
+}
+
+void LaneDevice::startZeroCopyWritesLocked(Lane& lane) {
+  for (SendItem& item : lane.zeroCopyWrites) {
+    if (item.ticket) continue;
+    if (!lane.conduit->writeZeroCopy(item.pinned, item.pinnedFrom, item.length, item.chunk.address, item.chunk.key))
+      return;
+    item.ticket = ++lane.zeroCopyStarted;
+    stats_.bytesSent += item.length;
+    stats_.zeroCopyChunksSent++;
+    queueControlLocked(lane, FrameType::kLanded, encodeChunkRef(item.chunk), /*flush=*/false);
+  }
+}
+
+bool LaneDevice::zeroCopyWriteFinishedLocked(const Lane& lane) const {
+  return !lane.zeroCopyWrites.empty() && lane.zeroCopyWrites.front().ticket != 0 &&
+         lane.zeroCopyWrites.front().ticket <= lane.conduit->zeroCopyWritesDone();
+}
+
+void LaneDevice::reapZeroCopyWritesLocked(Lane& lane) {
+  while (zeroCopyWriteFinishedLocked(lane)) {
+    SendItem& item = lane.zeroCopyWrites.front();
+    lane.conduit->release(item.pinned);
+    RequestPtr r = std::move(item.request);
+    lane.zeroCopyWrites.pop_front();
+    finishChunkLocked(r);
+  }
+}
+
+// Receiver: the sender's write of the oldest exposed chunk is in.
+void LaneDevice::onLandedLocked(Lane& lane) {
+  ChunkRef landed = decodeChunkRef(lane.control.data());
+  if (lane.exposures.empty() || !lane.exposures.front().chunk.sameChunk(landed)) {
+    stats_.framesRejected++;
+    failPeerLocked(lane.key.remote, ecclRemoteError,
+                   fmt::format("peer {} said a chunk landed on lane {} that it was not cleared to write (op {:#x} "
+                               "tag {} offset {}); connection dropped",
+                               labelLocked(lane.key.remote), lane.key.lane, landed.seq, landed.tag, landed.offset),
+                   true);
+    return;
+  }
+  Lane::Exposure exposure = lane.exposures.front();
+  lane.exposures.pop_front();
+  lane.conduit->release(exposure.handle);
+  stats_.bytesReceived += exposure.chunk.length;
+  chunkLandedLocked(exposure.key, exposure.chunk.length, /*arrived=*/true, labelLocked(lane.key.remote));
+}
+
+// An exposed chunk is done with: it arrived, or its lane closed (nothing
+// more can land; the message then fails with its peer).
+void LaneDevice::chunkLandedLocked(const InboxKey& key, size_t bytes, bool arrived, const std::string& peerLabel) {
+  if (auto it = inbox_.find(key); it != inbox_.end()) {
+    Inbox& box = it->second;
+    box.exposed--;
+    if (!arrived) return;
+    box.received += bytes;
+    if (box.cancelled) {
+      if (box.received >= box.total && box.exposed == 0) inbox_.erase(it);
+      return;
+    }
+    messageArrivedLocked(it, peerLabel);
+    return;
+  }
+  auto d = draining_.find(key);
+  if (d == draining_.end() || --d->second.exposed > 0) return;
+  if (d->second.request) completeLocked(d->second.request, d->second.code, d->second.reason);
+  draining_.erase(d);
+}
+
+std::map<InboxKey, Inbox>::iterator LaneDevice::dropBoxLocked(std::map<InboxKey, Inbox>::iterator it,
+                                                              ecclResult_t code, const std::string& reason) {
+  Inbox& box = it->second;
+  if (box.exposed == 0) {
+    if (box.request) completeLocked(box.request, code, reason);
+    return inbox_.erase(it);
+  }
+  draining_[it->first] = Draining{std::move(box.request), code, reason, std::move(box.staged), box.exposed};
+  return inbox_.erase(it);
+}
+
+void LaneDevice::failLaneSendsLocked(Lane& lane, ecclResult_t code, const std::string& reason) {
+  for (auto* queue : {&lane.sendQueue, &lane.awaitingClearance, &lane.zeroCopyWrites})
+    for (SendItem& item : *queue)
+      if (item.request) completeLocked(item.request, code, reason);
+}
+
+}  // namespace eccl::transport::lanes
