@@ -79,12 +79,11 @@ void LaneDevice::revokeLocked(ecclResult_t code, const std::string& reason, uint
   // discards the frame as part of a dead op).
   // A zero-copy chunk whose header went out is still sent when cleared,
   // from the pinned pages or a copy.
-  auto revoked = [&](const SendItem& item) { return item.request && revokesLocked(item.request->seq); };
   for (auto& [id, p] : peers_) {
     for (auto& lane : p.lanes) {
       std::deque<SendItem> keep;
       for (auto& item : lane->sendQueue) {
-        if (!revoked(item)) {
+        if (!item.request || !revokesLocked(item.request->seq)) {
           keep.push_back(std::move(item));
           continue;
         }
@@ -96,9 +95,10 @@ void LaneDevice::revokeLocked(ecclResult_t code, const std::string& reason, uint
       }
       lane->sendQueue = std::move(keep);
       for (SendItem& item : lane->awaitingClearance)
-        if (revoked(item)) completeLocked(item.request, code, reason), item.detach();
+        if (item.request && revokesLocked(item.request->seq)) completeLocked(item.request, code, reason), item.detach();
       for (SendItem& item : lane->zeroCopyWrites)  // written from the pinned pages
-        if (revoked(item)) completeLocked(item.request, code, reason), item.request.reset();
+        if (item.request && revokesLocked(item.request->seq))
+          completeLocked(item.request, code, reason), item.request.reset();
     }
   }
   // Buffers of failed receives must never be written again.
