@@ -12,7 +12,7 @@ const std::vector<Param>& all() {
       {"ECCL_TIMEOUT_MS", "int", "30000",
        "Deadline for every blocking wait (connect, send, receive, bootstrap), in milliseconds."},
       {"ECCL_NSOCKS_PERPEER", "int", "1",
-       "Lanes (TCP sockets, or shared-memory ring pairs) opened to each peer; large messages are striped across "
+       "Lanes (TCP sockets, shared-memory ring pairs or RDMA queue pairs) opened to each peer; large messages are striped across "
        "them."},
       {"ECCL_SOCKET_IFNAME", "string", "",
        "Network interface to use (prefix match; ^name excludes). Default: first non-loopback "

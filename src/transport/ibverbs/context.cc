@@ -6,6 +6,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "transport/ibverbs/library.h"
 #include "transport/ibverbs/verbs.h"
 
 namespace eccl::transport::ibverbs {
@@ -14,9 +15,9 @@ namespace {
 struct DeviceList {
   ibv_device** list = nullptr;
   int count = 0;
-  DeviceList() { list = ibv_get_device_list(&count); }
+  DeviceList() { list = verbs().get_device_list(&count); }
   ~DeviceList() {
-    if (list) ibv_free_device_list(list);
+    if (list) verbs().free_device_list(list);
   }
 };
 
@@ -55,7 +56,7 @@ int chooseGid(ibv_context* context, uint8_t port, int tableLength) {
   int best = -1, bestRank = 0;
   for (int i = 0; i < tableLength; ++i) {
     ibv_gid_entry e{};
-    if (ibv_query_gid_ex(context, port, static_cast<uint32_t>(i), &e, 0) != 0 || unset(e.gid)) continue;
+    if (verbs().queryGid(context, port, static_cast<uint32_t>(i), &e) != 0 || unset(e.gid)) continue;
     int rank = 0;
     if (e.gid_type == IBV_GID_TYPE_ROCE_V2 && ipv4Mapped(e.gid)) rank = 3;
     else if (e.gid_type == IBV_GID_TYPE_ROCE_V2 && !linkLocal(e.gid)) rank = 2;
@@ -71,16 +72,16 @@ std::string describeDevices() {
   if (!devices.list || devices.count == 0) return "no RDMA device";
   std::string out;
   for (int d = 0; d < devices.count; ++d) {
-    std::string entry = ibv_get_device_name(devices.list[d]);
-    if (ibv_context* c = ibv_open_device(devices.list[d])) {
+    std::string entry = verbs().get_device_name(devices.list[d]);
+    if (ibv_context* c = verbs().open_device(devices.list[d])) {
       ibv_device_attr attr{};
-      if (ibv_query_device(c, &attr) == 0)
+      if (verbs().query_device(c, &attr) == 0)
         for (uint8_t p = 1; p <= attr.phys_port_cnt; ++p) {
           ibv_port_attr pa{};
-          if (ibv_query_port(c, p, &pa) == 0)
-            entry += fmt::format(" (port {} {})", p, ibv_port_state_str(pa.state));
+          if (verbs().queryPort(c, p, &pa) == 0)
+            entry += fmt::format(" (port {} {})", p, verbs().port_state_str(pa.state));
         }
-      ibv_close_device(c);
+      verbs().close_device(c);
     }
     out += (out.empty() ? "" : ", ") + entry;
   }
@@ -98,21 +99,21 @@ std::unique_ptr<Context> Context::open(const std::string& hca, int gidIndex) {
   DeviceList devices;
   std::unique_ptr<Context> c(new Context());
   for (int d = 0; d < devices.count && !c->context_; ++d) {
-    const char* name = ibv_get_device_name(devices.list[d]);
+    const char* name = verbs().get_device_name(devices.list[d]);
     if (!wantName.empty() && wantName != name) continue;
-    ibv_context* context = ibv_open_device(devices.list[d]);
+    ibv_context* context = verbs().open_device(devices.list[d]);
     if (!context) continue;
     ibv_device_attr attr{};
     uint8_t chosen = 0;
     ibv_port_attr chosenAttr{};
-    if (ibv_query_device(context, &attr) == 0)
+    if (verbs().query_device(context, &attr) == 0)
       for (uint8_t p = 1; p <= attr.phys_port_cnt && !chosen; ++p) {
         ibv_port_attr pa{};
         if (wantPort && p != wantPort) continue;
-        if (ibv_query_port(context, p, &pa) == 0 && pa.state == IBV_PORT_ACTIVE) chosen = p, chosenAttr = pa;
+        if (verbs().queryPort(context, p, &pa) == 0 && pa.state == IBV_PORT_ACTIVE) chosen = p, chosenAttr = pa;
       }
     if (!chosen) {
-      ibv_close_device(context);
+      verbs().close_device(context);
       continue;
     }
     c->context_ = context;
@@ -131,11 +132,11 @@ std::unique_ptr<Context> Context::open(const std::string& hca, int gidIndex) {
          hca.empty() ? " (none has an ACTIVE port)" : fmt::format(" named '{}' with an ACTIVE port", hca),
          describeDevices());
   ibv_gid_entry e{};
-  if (ibv_query_gid_ex(c->context_, c->port_, static_cast<uint32_t>(c->gidIndex_), &e, 0) != 0)
+  if (verbs().queryGid(c->context_, c->port_, static_cast<uint32_t>(c->gidIndex_), &e) != 0)
     fail(ecclSystemError, "{} port {}: GID {} cannot be read: {}", c->name_, c->port_, c->gidIndex_, strerror(errno));
   c->gid_ = e.gid;
   c->gidText_ = fmt::format("{}, {}", gidText(e.gid), gidTypeName(e.gid_type));
-  c->pd_ = ibv_alloc_pd(c->context_);
+  c->pd_ = verbs().alloc_pd(c->context_);
   if (!c->pd_) fail(ecclSystemError, "{}: ibv_alloc_pd: {}", c->name_, strerror(errno));
   int flags = fcntl(c->context_->async_fd, F_GETFL);
   if (flags < 0 || fcntl(c->context_->async_fd, F_SETFL, flags | O_NONBLOCK) != 0)
@@ -145,14 +146,14 @@ std::unique_ptr<Context> Context::open(const std::string& hca, int gidIndex) {
 }
 
 Context::~Context() {
-  if (pd_) ibv_dealloc_pd(pd_);
-  if (context_) ibv_close_device(context_);
+  if (pd_) verbs().dealloc_pd(pd_);
+  if (context_) verbs().close_device(context_);
 }
 
 void Context::readAsyncEvents() {
   ibv_async_event event;
-  while (ibv_get_async_event(context_, &event) == 0) {
-    const char* what = ibv_event_type_str(event.event_type);
+  while (verbs().get_async_event(context_, &event) == 0) {
+    const char* what = verbs().event_type_str(event.event_type);
     {
       MutexLock lock(asyncMu_);
       switch (event.event_type) {
@@ -178,7 +179,7 @@ void Context::readAsyncEvents() {
       }
     }
     log::warn("ibverbs: {}: asynchronous event: {}", name_, what);
-    ibv_ack_async_event(&event);
+    verbs().ack_async_event(&event);
   }
 }
 

@@ -8,27 +8,28 @@
 #include <random>
 
 #include "common/error.h"
+#include "transport/ibverbs/library.h"
 #include "transport/ibverbs/verbs.h"
 
 namespace eccl::transport::ibverbs {
 
 CompletionQueue::CompletionQueue(Context& context, int entries) {
-  channel_ = ibv_create_comp_channel(context.raw());
+  channel_ = verbs().create_comp_channel(context.raw());
   if (!channel_) fail(ecclSystemError, "{}: ibv_create_comp_channel: {}", context.name(), strerror(errno));
   // The progress thread polls the descriptor with everything else it waits on.
   int flags = fcntl(channel_->fd, F_GETFL);
   if (flags < 0 || fcntl(channel_->fd, F_SETFL, flags | O_NONBLOCK) < 0)
     fail(ecclSystemError, "{}: the completion channel cannot be made non-blocking: {}", context.name(), strerror(errno));
-  cq_ = ibv_create_cq(context.raw(), entries, nullptr, channel_, 0);
+  cq_ = verbs().create_cq(context.raw(), entries, nullptr, channel_, 0);
   if (!cq_) {
-    ibv_destroy_comp_channel(channel_);
-    fail(ecclSystemError, "{}: ibv_create_cq({} entries): {}", context.name(), entries, strerror(errno));
+    verbs().destroy_comp_channel(channel_);
+    fail(ecclSystemError, "{}: verbs().create_cq({} entries): {}", context.name(), entries, strerror(errno));
   }
 }
 
 CompletionQueue::~CompletionQueue() {
-  ibv_destroy_cq(cq_);
-  ibv_destroy_comp_channel(channel_);
+  verbs().destroy_cq(cq_);
+  verbs().destroy_comp_channel(channel_);
 }
 
 int CompletionQueue::fd() const { return channel_->fd; }
@@ -40,7 +41,7 @@ void CompletionQueue::arm() {
 void CompletionQueue::consumeEvent() {
   ibv_cq* cq = nullptr;
   void* context = nullptr;
-  if (ibv_get_cq_event(channel_, &cq, &context) == 0) ibv_ack_cq_events(cq, 1);
+  if (verbs().get_cq_event(channel_, &cq, &context) == 0) verbs().ack_cq_events(cq, 1);
 }
 
 int CompletionQueue::poll(ibv_wc* out, int max) {
@@ -73,7 +74,7 @@ QueuePair::QueuePair(Context& context, CompletionQueue& send, CompletionQueue& r
   init.cap.max_send_sge = 1;
   init.cap.max_recv_sge = 1;
   init.cap.max_inline_data = limits.inlineBytes;
-  qp_ = ibv_create_qp(context.pd(), &init);
+  qp_ = verbs().create_qp(context.pd(), &init);
   if (!qp_) fail(ecclSystemError, "{}: ibv_create_qp (RC, {} sends, {} receives): {}", context.name(),
                  limits.sendDepth, limits.recvDepth, strerror(errno));
   inline_ = init.cap.max_inline_data;
@@ -83,15 +84,15 @@ QueuePair::QueuePair(Context& context, CompletionQueue& send, CompletionQueue& r
   attr.pkey_index = 0;
   attr.port_num = context.port();
   attr.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
-  if (int rc = ibv_modify_qp(qp_, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)) {
-    ibv_destroy_qp(qp_);
+  if (int rc = verbs().modify_qp(qp_, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)) {
+    verbs().destroy_qp(qp_);
     fail(ecclSystemError, "{}: queue pair to INIT: {}", context.name(), strerror(rc));
   }
   context_.queuePairsCreated_.fetch_add(1, std::memory_order_relaxed);
 }
 
 QueuePair::~QueuePair() {
-  ibv_destroy_qp(qp_);
+  verbs().destroy_qp(qp_);
   context_.queuePairsDestroyed_.fetch_add(1, std::memory_order_relaxed);
 }
 
@@ -124,7 +125,7 @@ void QueuePair::connect(const Endpoint& remote) {
   } else {
     attr.ah_attr.dlid = remote.lid;
   }
-  if (int rc = ibv_modify_qp(qp_, &attr,
+  if (int rc = verbs().modify_qp(qp_, &attr,
                              IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
                                  IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
     fail(ecclSystemError, "queue pair {} to RTR against QP {}: {}", qp_->qp_num, remote.qpn, strerror(rc));
@@ -135,7 +136,7 @@ void QueuePair::connect(const Endpoint& remote) {
   attr.rnr_retry = 7;  // a receiver short of posted receives is waited for
   attr.sq_psn = psn_;
   attr.max_rd_atomic = 1;
-  if (int rc = ibv_modify_qp(qp_, &attr,
+  if (int rc = verbs().modify_qp(qp_, &attr,
                              IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
                                  IBV_QP_MAX_QP_RD_ATOMIC))
     fail(ecclSystemError, "queue pair {} to RTS: {}", qp_->qp_num, strerror(rc));
@@ -144,7 +145,7 @@ void QueuePair::connect(const Endpoint& remote) {
 ibv_qp_state QueuePair::state() const {
   ibv_qp_attr attr{};
   ibv_qp_init_attr init{};
-  if (ibv_query_qp(qp_, &attr, IBV_QP_STATE, &init) != 0) return IBV_QPS_ERR;
+  if (verbs().query_qp(qp_, &attr, IBV_QP_STATE, &init) != 0) return IBV_QPS_ERR;
   return attr.qp_state;
 }
 

@@ -2,12 +2,13 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "transport/ibverbs/library.h"
 #include "transport/ibverbs/verbs.h"
 
 namespace eccl::transport::ibverbs {
 
 RegistrationCache::~RegistrationCache() {
-  for (auto& [start, e] : entries_) ibv_dereg_mr(e.mr);
+  for (auto& [start, e] : entries_) verbs().dereg_mr(e.mr);
 }
 
 ibv_mr* RegistrationCache::acquire(const void* address, size_t bytes) {
@@ -27,14 +28,14 @@ ibv_mr* RegistrationCache::acquire(const void* address, size_t bytes) {
       return e.mr;
     }
   }
-  ibv_mr* mr = ibv_reg_mr(context_.pd(), const_cast<void*>(address), bytes,
+  ibv_mr* mr = verbs().reg_mr(context_.pd(), const_cast<void*>(address), bytes,
                           IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
   if (!mr && errno == ENOMEM) {  // pinned memory ran out: let go of what nobody holds, once
     size_t cap = cap_;
     cap_ = 0;
     evictIdle();
     cap_ = cap;
-    mr = ibv_reg_mr(context_.pd(), const_cast<void*>(address), bytes,
+    mr = verbs().reg_mr(context_.pd(), const_cast<void*>(address), bytes,
                     IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
   }
   if (!mr) fail(ecclSystemError, "{}: registering {} bytes at {}: {}", context_.name(), bytes, address, strerror(errno));
@@ -42,13 +43,13 @@ ibv_mr* RegistrationCache::acquire(const void* address, size_t bytes) {
     // A shorter registration at the same address: the longer one replaces
     // it once nobody holds the old one (held ones stay valid meanwhile).
     if (old->second.holders > 0) {
-      ibv_dereg_mr(mr);
+      verbs().dereg_mr(mr);
       fail(ecclInternalError, "registration at {} is held with {} bytes; {} asked", address, old->second.mr->length,
            bytes);
     }
     idle_.erase(old->second.idle);
     stats_.bytes -= old->second.mr->length;
-    ibv_dereg_mr(old->second.mr);
+    verbs().dereg_mr(old->second.mr);
     entries_.erase(old);
   }
   entries_[start] = Entry{mr, 1, idle_.end()};
@@ -73,7 +74,7 @@ void RegistrationCache::evictIdle() {
     auto it = entries_.find(idle_.front());
     idle_.pop_front();
     stats_.bytes -= it->second.mr->length;
-    ibv_dereg_mr(it->second.mr);
+    verbs().dereg_mr(it->second.mr);
     entries_.erase(it);
     stats_.evictions++;
   }

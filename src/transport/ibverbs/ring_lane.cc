@@ -10,12 +10,13 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "transport/ibverbs/library.h"
 
 namespace eccl::transport::ibverbs {
 namespace {
 
 ibv_mr* registerOrFail(Context& c, void* address, size_t bytes, const std::string& what) {
-  ibv_mr* mr = ibv_reg_mr(c.pd(), address, bytes,
+  ibv_mr* mr = verbs().reg_mr(c.pd(), address, bytes,
                           IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
   if (!mr) fail(ecclSystemError, "{}: registering {} bytes: {}", what, bytes, strerror(errno));
   return mr;
@@ -57,8 +58,8 @@ RingLane::~RingLane() {
   // the device never frees a buffer it exposed or wrote from before the
   // lane is closed.
   for (ibv_mr* mr : {recvMr_, sendMr_, wordsMr_})
-    if (mr) ibv_dereg_mr(mr);
-  for (ibv_mr* mr : registrations_) ibv_dereg_mr(mr);
+    if (mr) verbs().dereg_mr(mr);
+  for (ibv_mr* mr : registrations_) verbs().dereg_mr(mr);
 }
 
 LaneOffer RingLane::offer() const {
@@ -102,7 +103,7 @@ void RingLane::drainCompletions() {
       if (wc[i].status != IBV_WC_SUCCESS) {
         if (broken_.empty())
           broken_ = fmt::format("a work request failed: {} (the peer is gone, or its queue pair is in error)",
-                                ibv_wc_status_str(wc[i].status));
+                                verbs().wc_status_str(wc[i].status));
         continue;
       }
       if (wc[i].opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
@@ -214,7 +215,7 @@ ssize_t RingLane::read(void* into, size_t n) {
 // A registration per transfer: one kept for later would go on naming the
 // old pages of memory the application freed and allocated again.
 std::optional<Conduit::Window> RingLane::expose(void* buffer, size_t bytes) {
-  ibv_mr* mr = ibv_reg_mr(context_.pd(), buffer, bytes, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  ibv_mr* mr = verbs().reg_mr(context_.pd(), buffer, bytes, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
   if (!mr) {
     log::info("{}: cannot register {} bytes to receive into ({}); they come through the ring", label_, bytes,
               strerror(errno));
@@ -226,7 +227,7 @@ std::optional<Conduit::Window> RingLane::expose(void* buffer, size_t bytes) {
 
 uint64_t RingLane::pin(const void* buffer, size_t bytes) {
   // Read access only: a send may come from read-only memory.
-  ibv_mr* mr = ibv_reg_mr(context_.pd(), const_cast<void*>(buffer), bytes, 0);
+  ibv_mr* mr = verbs().reg_mr(context_.pd(), const_cast<void*>(buffer), bytes, 0);
   if (!mr) {
     log::info("{}: cannot register {} bytes to send from ({}); they go through the ring", label_, bytes,
               strerror(errno));
@@ -238,7 +239,7 @@ uint64_t RingLane::pin(const void* buffer, size_t bytes) {
 
 void RingLane::release(uint64_t handle) {
   auto* mr = reinterpret_cast<ibv_mr*>(handle);
-  if (mr && registrations_.erase(mr)) ibv_dereg_mr(mr);
+  if (mr && registrations_.erase(mr)) verbs().dereg_mr(mr);
 }
 
 bool RingLane::writeZeroCopy(uint64_t pinned, const void* buffer, size_t bytes, uint64_t address, uint32_t key) {
