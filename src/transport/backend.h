@@ -24,6 +24,7 @@ namespace eccl::transport {
 struct BackendCounters {
   uint64_t queuePairsCreated = 0;
   uint64_t queuePairsDestroyed = 0;
+  uint64_t completionQueuesOpen = 0;
 };
 
 // What every back end is created with; each uses what applies to it.

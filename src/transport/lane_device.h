@@ -285,6 +285,7 @@ class LaneDevice final : public Device {
       BackendCounters c = backend->counters();
       s.queuePairsCreated += c.queuePairsCreated;
       s.queuePairsDestroyed += c.queuePairsDestroyed;
+      s.completionQueuesOpen += c.completionQueuesOpen;
     }
     return s;
   }

@@ -102,6 +102,9 @@ TEST_P(DeviceOverEachBackEnd, StripedMessageArrivesIntactInBothOrders) {
   EXPECT_EQ(got, big);
   EXPECT_EQ(p.a->stats().openByBackEnd, (std::map<std::string, uint64_t>{{GetParam(), 3}}));
   EXPECT_EQ(p.a->stats().openConnections, 3u);
+  // Over verbs, three queue pairs and one completion queue serving them.
+  EXPECT_EQ(p.a->stats().queuePairsCreated - p.a->stats().queuePairsDestroyed, GetParam() == "ib" ? 3u : 0u);
+  EXPECT_EQ(p.a->stats().completionQueuesOpen, GetParam() == "ib" ? 1u : 0u);
   // Send first: the receiver stages it, then copies on the late post.
   std::fill(got.begin(), got.end(), 0);
   s = p.a->isend(1, 2, 0, big.data(), big.size());

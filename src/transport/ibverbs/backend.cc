@@ -42,7 +42,8 @@ Fd IbBackend::accept(std::string* from) {
 std::unique_ptr<Conduit> IbBackend::open(Fd stream, bool dialer, Deadline deadline, const std::string& what) {
   const int fd = stream.get();
   auto lane = std::make_unique<RingLane>(*context_, std::move(stream), opt_.ringBytes, what,
-                                         static_cast<size_t>(std::max<int64_t>(0, params::ibZeroCopyBytes())));
+                                         static_cast<size_t>(std::max<int64_t>(0, params::ibZeroCopyBytes())),
+                                         completionsForALane());
   LaneOffer mine = lane->offer(), theirs{};
   if (dialer) sendAll(fd, &mine, sizeof(mine), deadline, what + ": sending the queue pair's offer");
   recvAll(fd, &theirs, sizeof(theirs), deadline, what + ": receiving the peer's queue pair offer");
@@ -60,6 +61,24 @@ std::unique_ptr<Conduit> IbBackend::openDialed(Fd stream, Deadline deadline, con
 
 std::unique_ptr<Conduit> IbBackend::openAccepted(Fd stream, Deadline deadline, const std::string& what) {
   return open(std::move(stream), false, deadline, what);
+}
+
+// One queue for up to 64 lanes; a device that cannot make one that large
+// gets one per lane.
+std::shared_ptr<SharedCompletions> IbBackend::completionsForALane() {
+  constexpr uint32_t kLanesPerQueue = 64;
+  MutexLock lock(completionsMu_);
+  for (auto& shared : completions_)
+    if (shared->reserve(RingLane::kCompletionEntries)) return shared;
+  std::shared_ptr<SharedCompletions> fresh;
+  try {
+    fresh = std::make_shared<SharedCompletions>(*context_, kLanesPerQueue * RingLane::kCompletionEntries);
+  } catch (const Error&) {
+    fresh = std::make_shared<SharedCompletions>(*context_, RingLane::kCompletionEntries);
+  }
+  fresh->reserve(RingLane::kCompletionEntries);
+  completions_.push_back(fresh);
+  return fresh;
 }
 
 BackendSpec backendSpec() {

@@ -10,6 +10,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/netif.h"
 #include "transport/backend.h"
@@ -25,7 +26,7 @@ class IbBackend final : public Backend {
   std::string describe() const override;
   int listenFd() const override { return listenFd_.get(); }
   BackendCounters counters() const override {
-    return {context_->queuePairsCreated(), context_->queuePairsDestroyed()};
+    return {context_->queuePairsCreated(), context_->queuePairsDestroyed(), context_->completionQueuesOpen()};
   }
   Fd dial(MemberId member, const std::string& address, Deadline deadline, const std::string& what,
           const std::function<bool()>& giveUp) override;
@@ -35,8 +36,13 @@ class IbBackend final : public Backend {
 
  private:
   std::unique_ptr<Conduit> open(Fd stream, bool dialer, Deadline deadline, const std::string& what);
+  // A completion queue with room for one more lane (dials and accepts run
+  // on several threads at once).
+  std::shared_ptr<SharedCompletions> completionsForALane();
   BackendOptions opt_;
   std::unique_ptr<Context> context_;
+  Mutex completionsMu_;
+  std::vector<std::shared_ptr<SharedCompletions>> completions_ ECCL_GUARDED_BY(completionsMu_);
   NetInterface nic_;
   SockAddr address_;
   Fd listenFd_;

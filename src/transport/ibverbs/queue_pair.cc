@@ -13,7 +13,7 @@
 
 namespace eccl::transport::ibverbs {
 
-CompletionQueue::CompletionQueue(Context& context, int entries) {
+CompletionQueue::CompletionQueue(Context& context, int entries) : context_(context) {
   channel_ = verbs().create_comp_channel(context.raw());
   if (!channel_) fail(ecclSystemError, "{}: ibv_create_comp_channel: {}", context.name(), strerror(errno));
   // The progress thread polls the descriptor with everything else it waits on.
@@ -23,11 +23,13 @@ CompletionQueue::CompletionQueue(Context& context, int entries) {
   cq_ = verbs().create_cq(context.raw(), entries, nullptr, channel_, 0);
   if (!cq_) {
     verbs().destroy_comp_channel(channel_);
-    fail(ecclSystemError, "{}: verbs().create_cq({} entries): {}", context.name(), entries, strerror(errno));
+    fail(ecclSystemError, "{}: ibv_create_cq({} entries): {}", context.name(), entries, strerror(errno));
   }
+  context_.completionQueuesOpen_.fetch_add(1, std::memory_order_relaxed);
 }
 
 CompletionQueue::~CompletionQueue() {
+  context_.completionQueuesOpen_.fetch_sub(1, std::memory_order_relaxed);
   verbs().destroy_cq(cq_);
   verbs().destroy_comp_channel(channel_);
 }

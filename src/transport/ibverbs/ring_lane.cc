@@ -28,12 +28,25 @@ bool RingLane::validRingBytes(uint64_t bytes) {
   return bytes >= 4096 && bytes <= (1ull << 30) && (bytes & (bytes - 1)) == 0;
 }
 
-RingLane::RingLane(Context& context, Fd stream, size_t ringBytes, std::string label, size_t zeroCopyBytes)
+namespace {
+
+std::shared_ptr<SharedCompletions> ownCompletions(Context& context) {
+  auto own = std::make_shared<SharedCompletions>(context, RingLane::kCompletionEntries);
+  own->reserve(RingLane::kCompletionEntries);
+  return own;
+}
+
+}  // namespace
+
+RingLane::RingLane(Context& context, Fd stream, size_t ringBytes, std::string label, size_t zeroCopyBytes,
+                   std::shared_ptr<SharedCompletions> completions)
     : context_(context),
       label_(std::move(label)),
       stream_(std::move(stream)),
-      cq_(context, static_cast<int>(kSendDepth + kRecvDepth)),
-      qp_(context, cq_, cq_, {kSendDepth, kRecvDepth, 64}),
+      completions_(completions ? std::move(completions) : ownCompletions(context)),
+      queuePair_(std::in_place, context, completions_->queue(), completions_->queue(),
+                 QueuePair::Limits{kSendDepth, kRecvDepth, 64}),
+      qp_(*queuePair_),
       ringBytes_(ringBytes),
       zeroCopyBytes_(zeroCopyBytes) {
   ECCL_CHECK_ARG(validRingBytes(ringBytes), "{}: a ring of {} bytes (a power of two, 4 KiB to 1 GiB)", label_,
@@ -43,7 +56,7 @@ RingLane::RingLane(Context& context, Fd stream, size_t ringBytes, std::string la
   wordsMr_ = registerOrFail(context, const_cast<uint64_t*>(words_), sizeof(words_), label_);
   epoll_ = Fd(epoll_create1(EPOLL_CLOEXEC));
   if (!epoll_) fail(ecclSystemError, "{}: epoll_create1: {}", label_, strerror(errno));
-  for (int fd : {stream_.get(), cq_.fd(), context_.asyncFd()}) {
+  for (int fd : {stream_.get(), completions_->queue().fd(), context_.asyncFd()}) {
     epoll_event e{};
     e.events = EPOLLIN;
     e.data.fd = fd;
@@ -53,10 +66,10 @@ RingLane::RingLane(Context& context, Fd stream, size_t ringBytes, std::string la
 }
 
 RingLane::~RingLane() {
-  // The queue pair goes first (members are destroyed after this body), but
-  // a registration outlives nothing it can be read or written through:
-  // the device never frees a buffer it exposed or wrote from before the
-  // lane is closed.
+  const uint32_t qpn = qp_.qpn();
+  queuePair_.reset();
+  completions_->detach(qpn);
+  completions_->unreserve(kCompletionEntries);
   for (ibv_mr* mr : {recvMr_, sendMr_, wordsMr_})
     if (mr) verbs().dereg_mr(mr);
   for (ibv_mr* mr : registrations_) verbs().dereg_mr(mr);
@@ -83,6 +96,9 @@ void RingLane::connect(const LaneOffer& peer) {
   sendMr_ = registerOrFail(context_, sendRing_.get(), peerRingBytes_, label_);
   qp_.connect(peer.endpoint);
   for (uint32_t i = 0; i < kRecvDepth; ++i) qp_.postRecv(0, nullptr, 0, 0);
+  // Last: from here on another lane's drain may deliver this one's
+  // completions (none can come before the peer hears we are ready).
+  completions_->attach(qp_.qpn(), this);
 }
 
 uint64_t RingLane::peerConsumed() const {
@@ -97,27 +113,26 @@ void RingLane::drainCompletions() {
     std::string failure = context_.failureOf(qp_.qpn());
     if (!failure.empty()) broken_ = failure;
   }
-  ibv_wc wc[32];
-  for (int n; (n = cq_.poll(wc, 32)) > 0;) {
-    for (int i = 0; i < n; ++i) {
-      if (wc[i].status != IBV_WC_SUCCESS) {
-        if (broken_.empty())
-          broken_ = fmt::format("a work request failed: {} (the peer is gone, or its queue pair is in error)",
-                                verbs().wc_status_str(wc[i].status));
-        continue;
-      }
-      if (wc[i].opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
-        uint32_t imm = ntohl(wc[i].imm_data);
-        if (!(imm & kCreditFlag)) arrived_ += imm;
-        qp_.postRecv(0, nullptr, 0, 0);
-      } else {
-        if (wc[i].wr_id & kZeroCopyWrite) zeroCopyDone_++;  // sends finish in the order posted
-        retired_ = std::max<uint64_t>(retired_, (wc[i].wr_id & ~kZeroCopyWrite) + 1);
-      }
-    }
-  }
+  completions_->drain();
   if (arrived_ - consumed_ > ringBytes_ && broken_.empty())
     broken_ = fmt::format("the peer wrote {} bytes into a ring of {}", arrived_ - consumed_, ringBytes_);
+}
+
+void RingLane::onCompletion(const ibv_wc& wc) {
+  if (wc.status != IBV_WC_SUCCESS) {
+    if (broken_.empty())
+      broken_ = fmt::format("a work request failed: {} (the peer is gone, or its queue pair is in error)",
+                            verbs().wc_status_str(wc.status));
+    return;
+  }
+  if (wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
+    uint32_t imm = ntohl(wc.imm_data);
+    if (!(imm & kCreditFlag)) arrived_ += imm;
+    qp_.postRecv(0, nullptr, 0, 0);
+    return;
+  }
+  if (wc.wr_id & kZeroCopyWrite) zeroCopyDone_++;  // sends finish in the order posted
+  retired_ = std::max<uint64_t>(retired_, (wc.wr_id & ~kZeroCopyWrite) + 1);
 }
 
 bool RingLane::postWrite(uint32_t offset, uint32_t bytes) {
@@ -263,7 +278,7 @@ bool RingLane::streamEnded() {
 }
 
 void RingLane::onPollReady() {
-  cq_.consumeEvent();  // non-blocking: nothing to consume when the stream woke us
+  completions_->queue().consumeEvent();  // non-blocking: nothing to consume when the stream woke us
   context_.readAsyncEvents();
 }
 
@@ -272,7 +287,7 @@ bool RingLane::armWakeup(bool wantSpace) {
   if (arrived_ > consumed_ || !broken_.empty()) return false;
   if (consumed_ - reported_ >= ringBytes_ / 4) returnCredit();
   if (wantSpace && sent_ - peerConsumed() < peerRingBytes_ && canPost()) return false;
-  cq_.arm();
+  completions_->queue().arm();
   // A completion between the drain and the arm raised no event: look again.
   drainCompletions();
   return arrived_ == consumed_ && broken_.empty() && !(wantSpace && sent_ - peerConsumed() < peerRingBytes_);

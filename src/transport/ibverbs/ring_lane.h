@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <set>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "common/socket.h"
@@ -42,12 +43,17 @@ struct LaneOffer {
 };
 static_assert(sizeof(LaneOffer) == 64);
 
-class RingLane final : public Conduit {
+class RingLane final : public Conduit, private SharedCompletions::Sink {
  public:
   // Ring sizes a side may offer: powers of two in [4 KiB, 1 GiB].
   static bool validRingBytes(uint64_t bytes);
 
-  RingLane(Context& context, Fd stream, size_t ringBytes, std::string label, size_t zeroCopyBytes = 0);
+  // Room for the completions one lane can have outstanding.
+  static constexpr uint32_t kCompletionEntries = 256;
+  // `completions`: the back end's shared queue, with kCompletionEntries
+  // reserved for this lane (released when it goes); null: a queue of its own.
+  RingLane(Context& context, Fd stream, size_t ringBytes, std::string label, size_t zeroCopyBytes = 0,
+           std::shared_ptr<SharedCompletions> completions = nullptr);
   ~RingLane() override;
   LaneOffer offer() const;
   // Checks the peer's offer and brings the queue pair up; throws naming
@@ -75,6 +81,7 @@ class RingLane final : public Conduit {
 
  private:
   void drainCompletions();
+  void onCompletion(const ibv_wc& wc) override;
   bool postWrite(uint32_t ringOffset, uint32_t bytes);  // false: no send slot free
   void returnCredit();
   bool streamEnded();
@@ -82,13 +89,15 @@ class RingLane final : public Conduit {
   uint64_t peerConsumed() const;
 
   static constexpr uint32_t kSendDepth = 128, kRecvDepth = 128;
+  static_assert(kSendDepth + kRecvDepth <= kCompletionEntries);
   static constexpr uint32_t kCreditFlag = 1u << 31;
   static constexpr uint64_t kZeroCopyWrite = 1ull << 63;  // in a send's wr_id
   Context& context_;
   std::string label_;
   Fd stream_, epoll_;
-  CompletionQueue cq_;
-  QueuePair qp_;
+  std::shared_ptr<SharedCompletions> completions_;
+  std::optional<QueuePair> queuePair_;  // destroyed first, so its completions can be taken out
+  QueuePair& qp_;
   size_t ringBytes_;  // ours: the peer writes into it
   size_t peerRingBytes_ = 0;
   std::unique_ptr<uint8_t[]> recvRing_, sendRing_;

@@ -63,6 +63,7 @@ class Context {
   // Queue pairs made and destroyed on this context, for the statistics.
   uint64_t queuePairsCreated() const { return queuePairsCreated_.load(std::memory_order_relaxed); }
   uint64_t queuePairsDestroyed() const { return queuePairsDestroyed_.load(std::memory_order_relaxed); }
+  uint64_t completionQueuesOpen() const { return completionQueuesOpen_.load(std::memory_order_relaxed); }
 
  private:
   Context() = default;
@@ -75,11 +76,12 @@ class Context {
   ibv_mtu mtu_ = IBV_MTU_1024;
   bool ethernet_ = false;
   std::string name_, gidText_;
-  std::atomic<uint64_t> queuePairsCreated_{0}, queuePairsDestroyed_{0};
+  std::atomic<uint64_t> queuePairsCreated_{0}, queuePairsDestroyed_{0}, completionQueuesOpen_{0};
   mutable Mutex asyncMu_;
   std::string portFailure_ ECCL_GUARDED_BY(asyncMu_);
   std::map<uint32_t, std::string> queuePairFailures_ ECCL_GUARDED_BY(asyncMu_);
   friend class QueuePair;
+  friend class CompletionQueue;
 };
 
 // A completion queue with its own event channel: fd() is readable once a
@@ -103,8 +105,48 @@ class CompletionQueue {
   ibv_wc waitOne(Deadline deadline, const std::string& what);
 
  private:
+  Context& context_;
   ibv_comp_channel* channel_ = nullptr;
   ibv_cq* cq_ = nullptr;
+};
+
+// One completion queue serving the queue pairs of many lanes, so a back
+// end with many peers has one queue and one event channel rather than one
+// of each per lane: each lane reserves room for every completion it can
+// have outstanding, attaches as the sink of its queue pair's completions,
+// and drain() hands each completion to its sink. Completions for a queue
+// pair not attached yet are kept for it; detach() takes whatever is left
+// for a destroyed one out of the queue before its number can be reused.
+//
+// Sinks are called from drain() only; whoever calls drain() must be the
+// only thread touching the sinks' lanes then (the device lock does that).
+class SharedCompletions {
+ public:
+  class Sink {
+   public:
+    virtual void onCompletion(const ibv_wc& wc) = 0;
+
+   protected:
+    ~Sink() = default;
+  };
+  SharedCompletions(Context& context, uint32_t capacity);
+  CompletionQueue& queue() { return cq_; }
+  // Room for `entries` more outstanding completions; false when full.
+  bool reserve(uint32_t entries);
+  void unreserve(uint32_t entries);
+  void attach(uint32_t qpn, Sink* sink);
+  // After the queue pair is destroyed.
+  void detach(uint32_t qpn);
+  void drain();
+
+ private:
+  void pollLocked() ECCL_REQUIRES(mu_);
+  CompletionQueue cq_;
+  const uint32_t capacity_;
+  Mutex mu_;
+  uint32_t reserved_ ECCL_GUARDED_BY(mu_) = 0;
+  std::map<uint32_t, Sink*> sinks_ ECCL_GUARDED_BY(mu_);
+  std::vector<ibv_wc> undelivered_ ECCL_GUARDED_BY(mu_);  // polled, for sinks not attached yet
 };
 
 // What a peer needs to connect a queue pair to ours.
