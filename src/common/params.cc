@@ -68,6 +68,11 @@ const std::vector<Param>& all() {
        "ibverbs back end: chunks of at least this many bytes go by rendezvous, written by RDMA straight from the "
        "sender's buffer into the receiver's (both registered for that transfer); smaller ones are copied through "
        "the lane's ring. 0: always through the ring."},
+      {"ECCL_IB_REGISTRATION_CACHE_BYTES", "int", "0",
+       "ibverbs back end: keep the registrations of zero-copy buffers for reuse, up to this many bytes (idle ones "
+       "dropped oldest first); 0: register each transfer's buffers for that transfer only. Only for applications "
+       "that never free a buffer's memory while eccl may use it again: a kept registration of freed and "
+       "reallocated memory names the old pages, and data would go to or come from them."},
       {"ECCL_GPU_CHUNK_BYTES", "int", "4194304",
        "Device-buffer collectives that split (allreduce, broadcast, reduce) run in chunks of this many bytes, so "
        "the device-host copies of one chunk overlap the network transfer of another. Must match on every rank."},
@@ -161,6 +166,7 @@ int64_t netEagerBytes() { return getInt("ECCL_NET_EAGER_BYTES"); }
 std::string ibHca() { return getString("ECCL_IB_HCA"); }
 int64_t ibGidIndex() { return getInt("ECCL_IB_GID_INDEX"); }
 int64_t ibZeroCopyBytes() { return getInt("ECCL_IB_ZERO_COPY_BYTES"); }
+int64_t ibRegistrationCacheBytes() { return getInt("ECCL_IB_REGISTRATION_CACHE_BYTES"); }
 std::string netLogRanks() { return getString("ECCL_NET_LOG_RANKS"); }
 std::string netLogWhenFull() { return getString("ECCL_NET_LOG_WHEN_FULL"); }
 std::string transport() { return getString("ECCL_TRANSPORT"); }

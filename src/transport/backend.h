@@ -25,6 +25,7 @@ struct BackendCounters {
   uint64_t queuePairsCreated = 0;
   uint64_t queuePairsDestroyed = 0;
   uint64_t completionQueuesOpen = 0;
+  uint64_t registrationsReused = 0;  // zero-copy buffers found registered already
 };
 
 // What every back end is created with; each uses what applies to it.

@@ -286,6 +286,7 @@ class LaneDevice final : public Device {
       s.queuePairsCreated += c.queuePairsCreated;
       s.queuePairsDestroyed += c.queuePairsDestroyed;
       s.completionQueuesOpen += c.completionQueuesOpen;
+      s.registrationsReused += c.registrationsReused;
     }
     return s;
   }

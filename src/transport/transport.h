@@ -68,6 +68,7 @@ struct DeviceStats {
   uint64_t queuePairsCreated = 0;
   uint64_t queuePairsDestroyed = 0;
   uint64_t completionQueuesOpen = 0;  // verbs: one serves many lanes
+  uint64_t registrationsReused = 0;   // verbs, ECCL_IB_REGISTRATION_CACHE_BYTES: cache hits
   // Chunks moved by rendezvous straight between the users' buffers.
   uint64_t zeroCopyChunksSent = 0;
   uint64_t zeroCopyChunksReceived = 0;

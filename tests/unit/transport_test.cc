@@ -165,6 +165,25 @@ TEST_P(DeviceOverEachBackEnd, LargeChunksMoveZeroCopyOverRdma) {
   EXPECT_EQ(got, big);
 }
 
+// ECCL_IB_REGISTRATION_CACHE_BYTES keeps zero-copy registrations: a buffer
+// sent from (and one received into) again is found registered.
+TEST_P(DeviceOverEachBackEnd, KeptRegistrationsAreReusedWhenAsked) {
+  setenv("ECCL_IB_REGISTRATION_CACHE_BYTES", "67108864", 1);
+  Pair p(1, GetParam());
+  unsetenv("ECCL_IB_REGISTRATION_CACHE_BYTES");
+  std::vector<uint8_t> big(1 << 20), got(big.size());
+  for (int round = 0; round < 3; ++round) {
+    for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<uint8_t>(i * 7 + round);
+    auto r = p.b->irecv(0, round + 1, 0, got.data(), got.size());
+    p.a->wait(p.a->isend(1, round + 1, 0, big.data(), big.size()), deadlineAfterMs(20000), "send");
+    p.b->wait(r, deadlineAfterMs(20000), "recv");
+    ASSERT_EQ(got, big) << "round " << round;
+  }
+  const bool rdma = GetParam() == "ib";
+  EXPECT_EQ(p.a->stats().registrationsReused, rdma ? 2u : 0u);  // the source, in rounds 2 and 3
+  EXPECT_EQ(p.b->stats().registrationsReused, rdma ? 2u : 0u);  // the destination
+}
+
 TEST_P(DeviceOverEachBackEnd, ChecksummedMessagesAreVerifiedByTheReceiver) {
   Pair p(2, GetParam());
   std::vector<uint8_t> msg(100000), got(msg.size());

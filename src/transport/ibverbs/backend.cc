@@ -13,6 +13,8 @@ IbBackend::IbBackend(const BackendOptions& options)
     : opt_(options), context_(Context::open(params::ibHca(), static_cast<int>(params::ibGidIndex()))) {
   ECCL_CHECK_ARG(RingLane::validRingBytes(opt_.ringBytes),
                  "ibverbs ring size {} must be a power of two between 4 KiB and 1 GiB", opt_.ringBytes);
+  if (int64_t cap = params::ibRegistrationCacheBytes(); cap > 0)
+    registrations_ = std::make_unique<RegistrationCache>(*context_, static_cast<size_t>(cap));
   nic_ = pickInterface(options.ifname);
   auto [fd, bound] = listenOn(nic_.addr);
   listenFd_ = std::move(fd);
@@ -43,7 +45,7 @@ std::unique_ptr<Conduit> IbBackend::open(Fd stream, bool dialer, Deadline deadli
   const int fd = stream.get();
   auto lane = std::make_unique<RingLane>(*context_, std::move(stream), opt_.ringBytes, what,
                                          static_cast<size_t>(std::max<int64_t>(0, params::ibZeroCopyBytes())),
-                                         completionsForALane());
+                                         completionsForALane(), registrations_.get(), &registrationsReused_);
   LaneOffer mine = lane->offer(), theirs{};
   if (dialer) sendAll(fd, &mine, sizeof(mine), deadline, what + ": sending the queue pair's offer");
   recvAll(fd, &theirs, sizeof(theirs), deadline, what + ": receiving the peer's queue pair offer");

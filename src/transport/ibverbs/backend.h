@@ -26,7 +26,10 @@ class IbBackend final : public Backend {
   std::string describe() const override;
   int listenFd() const override { return listenFd_.get(); }
   BackendCounters counters() const override {
-    return {context_->queuePairsCreated(), context_->queuePairsDestroyed(), context_->completionQueuesOpen()};
+    // The cache's statistics are read without the device lock that guards
+    // its use: a relaxed counter is enough for them.
+    return {context_->queuePairsCreated(), context_->queuePairsDestroyed(), context_->completionQueuesOpen(),
+            registrationsReused_.load(std::memory_order_relaxed)};
   }
   Fd dial(MemberId member, const std::string& address, Deadline deadline, const std::string& what,
           const std::function<bool()>& giveUp) override;
@@ -41,6 +44,10 @@ class IbBackend final : public Backend {
   std::shared_ptr<SharedCompletions> completionsForALane();
   BackendOptions opt_;
   std::unique_ptr<Context> context_;
+  // ECCL_IB_REGISTRATION_CACHE_BYTES > 0: zero-copy registrations kept
+  // (used by the lanes under the device lock only).
+  std::unique_ptr<RegistrationCache> registrations_;
+  std::atomic<uint64_t> registrationsReused_{0};
   Mutex completionsMu_;
   std::vector<std::shared_ptr<SharedCompletions>> completions_ ECCL_GUARDED_BY(completionsMu_);
   NetInterface nic_;

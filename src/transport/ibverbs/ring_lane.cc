@@ -39,7 +39,8 @@ std::shared_ptr<SharedCompletions> ownCompletions(Context& context) {
 }  // namespace
 
 RingLane::RingLane(Context& context, Fd stream, size_t ringBytes, std::string label, size_t zeroCopyBytes,
-                   std::shared_ptr<SharedCompletions> completions)
+                   std::shared_ptr<SharedCompletions> completions, RegistrationCache* cache,
+                   std::atomic<uint64_t>* cacheHits)
     : context_(context),
       label_(std::move(label)),
       stream_(std::move(stream)),
@@ -48,7 +49,9 @@ RingLane::RingLane(Context& context, Fd stream, size_t ringBytes, std::string la
                  QueuePair::Limits{kSendDepth, kRecvDepth, 64}),
       qp_(*queuePair_),
       ringBytes_(ringBytes),
-      zeroCopyBytes_(zeroCopyBytes) {
+      zeroCopyBytes_(zeroCopyBytes),
+      cache_(cache),
+      cacheHits_(cacheHits) {
   ECCL_CHECK_ARG(validRingBytes(ringBytes), "{}: a ring of {} bytes (a power of two, 4 KiB to 1 GiB)", label_,
                  ringBytes);
   recvRing_ = std::make_unique<uint8_t[]>(ringBytes_);
@@ -73,6 +76,7 @@ RingLane::~RingLane() {
   for (ibv_mr* mr : {recvMr_, sendMr_, wordsMr_})
     if (mr) verbs().dereg_mr(mr);
   for (ibv_mr* mr : registrations_) verbs().dereg_mr(mr);
+  for (ibv_mr* mr : cached_) cache_->release(mr);
 }
 
 LaneOffer RingLane::offer() const {
@@ -230,6 +234,11 @@ ssize_t RingLane::read(void* into, size_t n) {
 // A registration per transfer: one kept for later would go on naming the
 // old pages of memory the application freed and allocated again.
 std::optional<Conduit::Window> RingLane::expose(void* buffer, size_t bytes) {
+  if (cache_) {
+    if (ibv_mr* mr = fromCache(buffer, bytes)) return Window{reinterpret_cast<uintptr_t>(buffer), mr->rkey,
+                                                             reinterpret_cast<uintptr_t>(mr)};
+    return std::nullopt;
+  }
   ibv_mr* mr = verbs().reg_mr(context_.pd(), buffer, bytes, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
   if (!mr) {
     log::info("{}: cannot register {} bytes to receive into ({}); they come through the ring", label_, bytes,
@@ -241,6 +250,7 @@ std::optional<Conduit::Window> RingLane::expose(void* buffer, size_t bytes) {
 }
 
 uint64_t RingLane::pin(const void* buffer, size_t bytes) {
+  if (cache_) return reinterpret_cast<uintptr_t>(fromCache(buffer, bytes));
   // Read access only: a send may come from read-only memory.
   ibv_mr* mr = verbs().reg_mr(context_.pd(), const_cast<void*>(buffer), bytes, 0);
   if (!mr) {
@@ -255,6 +265,26 @@ uint64_t RingLane::pin(const void* buffer, size_t bytes) {
 void RingLane::release(uint64_t handle) {
   auto* mr = reinterpret_cast<ibv_mr*>(handle);
   if (mr && registrations_.erase(mr)) verbs().dereg_mr(mr);
+  if (auto held = mr ? cached_.find(mr) : cached_.end(); held != cached_.end()) {
+    cached_.erase(held);
+    cache_->release(mr);
+  }
+}
+
+// A cached registration covers send and receive alike (it is made for
+// local and remote access); memory that cannot be registered so (read-only
+// pages) goes through the ring.
+ibv_mr* RingLane::fromCache(const void* buffer, size_t bytes) {
+  try {
+    const uint64_t hitsBefore = cache_->stats().hits;
+    ibv_mr* mr = cache_->acquire(buffer, bytes);
+    cached_.insert(mr);
+    if (cacheHits_ && cache_->stats().hits > hitsBefore) cacheHits_->fetch_add(1, std::memory_order_relaxed);
+    return mr;
+  } catch (const Error& e) {
+    log::info("{}: {}; the chunk goes through the ring", label_, e.what());
+    return nullptr;
+  }
 }
 
 bool RingLane::writeZeroCopy(uint64_t pinned, const void* buffer, size_t bytes, uint64_t address, uint32_t key) {

@@ -11,7 +11,8 @@
 // (Conduit::expose, writeZeroCopy) has the sender RDMA-write them from its
 // buffer straight into the receiver's, each buffer registered for that
 // transfer only (a registration kept across transfers would go on naming
-// the old pages of memory the application freed and allocated again).
+// the old pages of memory the application freed and allocated again),
+// unless the back end keeps them in a RegistrationCache on request.
 //
 // The bootstrap stream stays open beside the queue pair as the lane's
 // liveness line, as a shared-memory lane's socket does: its end of file is
@@ -53,7 +54,8 @@ class RingLane final : public Conduit, private SharedCompletions::Sink {
   // `completions`: the back end's shared queue, with kCompletionEntries
   // reserved for this lane (released when it goes); null: a queue of its own.
   RingLane(Context& context, Fd stream, size_t ringBytes, std::string label, size_t zeroCopyBytes = 0,
-           std::shared_ptr<SharedCompletions> completions = nullptr);
+           std::shared_ptr<SharedCompletions> completions = nullptr, RegistrationCache* cache = nullptr,
+           std::atomic<uint64_t>* cacheHits = nullptr);
   ~RingLane() override;
   LaneOffer offer() const;
   // Checks the peer's offer and brings the queue pair up; throws naming
@@ -82,6 +84,7 @@ class RingLane final : public Conduit, private SharedCompletions::Sink {
  private:
   void drainCompletions();
   void onCompletion(const ibv_wc& wc) override;
+  ibv_mr* fromCache(const void* buffer, size_t bytes);
   bool postWrite(uint32_t ringOffset, uint32_t bytes);  // false: no send slot free
   void returnCredit();
   bool streamEnded();
@@ -116,6 +119,9 @@ class RingLane final : public Conduit, private SharedCompletions::Sink {
   bool streamClosed_ = false;
   size_t zeroCopyBytes_;
   std::set<ibv_mr*> registrations_;  // pin() and expose() handles not yet released
+  RegistrationCache* cache_;         // the back end's, when zero-copy registrations are kept
+  std::atomic<uint64_t>* cacheHits_;
+  std::multiset<ibv_mr*> cached_;    // holds on cache_'s registrations, one per handle given out
   uint64_t zeroCopyDone_ = 0;
 };
 
