@@ -229,10 +229,12 @@ TEST_F(Elastic, ReplaceOrShrinkReplacesWhileStandbysLastThenShrinks) {
 TEST_F(Elastic, AStoppedMemberIsFencedAndNeverSilentlyReadmitted) {
   constexpr int n = 3, victim = 2;
   setenv("ECCL_HEARTBEAT_TIMEOUT_MS", "1000", 1);  // the 3 s stop must be taken for a failure
+  ReadyFiles ready;
   ProcessGroup group(n, [&](int index, int, const ecclUniqueId& id) {
     ecclComm_t comm;
     RANK_OK(ecclCommInitRank(&comm, n, id, index), nullptr);
     checkAllreduce(comm);
+    ReadyFiles::mark(ready.dir, index);
     if (index == victim) {
       // The parent stops us here and continues us after the others shrank.
       std::this_thread::sleep_for(std::chrono::seconds(4));
@@ -258,11 +260,12 @@ TEST_F(Elastic, AStoppedMemberIsFencedAndNeverSilentlyReadmitted) {
     checkAllreduce(comm);
     RANK_OK(ecclCommDestroy(comm), comm);
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  const bool running = ready.waitAll(n, std::chrono::seconds(60));
   group.signal(victim, SIGSTOP);
   std::this_thread::sleep_for(std::chrono::milliseconds(3000));
   group.signal(victim, SIGCONT);
   auto outcomes = group.wait(std::chrono::seconds(60));
+  ASSERT_TRUE(running) << "the ranks did not all finish a first allreduce\n" << describe(outcomes);
   EXPECT_TRUE(allSucceeded(outcomes)) << describe(outcomes);
 }
 

@@ -29,30 +29,6 @@ std::set<std::string> devShmEntries() {
   return names;
 }
 
-// Each rank leaves a file in a fresh directory once its first allreduce
-// is done; the victim is signalled only when every rank's is there, so a
-// slow start (a loaded host, an emulated CPU) never turns a fault in the
-// steady state into one during initialisation.
-struct ReadyFiles {
-  std::string dir;
-  ReadyFiles() {
-    char tmpl[] = "/tmp/eccl-faults-XXXXXX";
-    dir = mkdtemp(tmpl);
-  }
-  ~ReadyFiles() { std::filesystem::remove_all(dir); }
-  // Whether all `n` ranks' files are there before the deadline.
-  bool waitAll(int n, std::chrono::seconds deadline) const {
-    auto until = std::chrono::steady_clock::now() + deadline;
-    for (;;) {
-      int ready = 0;
-      for (int r = 0; r < n; ++r) ready += std::filesystem::exists(dir + "/" + std::to_string(r));
-      if (ready == n) return true;
-      if (std::chrono::steady_clock::now() > until) return false;
-      usleep(20 * 1000);
-    }
-  }
-};
-
 // Loops allreduce until one fails; reports the failure text, or throws if
 // none failed within the loop budget.
 ProcessGroup::Body allreduceUntilError(const ReadyFiles& ready) {
@@ -61,7 +37,7 @@ ProcessGroup::Body allreduceUntilError(const ReadyFiles& ready) {
     RANK_OK(ecclCommInitRank(&comm, n, id, rank), nullptr);
     std::vector<float> v(1 << 16, 1.0f);
     RANK_OK(ecclAllReduce(v.data(), v.data(), v.size(), ecclFloat32, ecclSum, comm, nullptr), comm);
-    std::fclose(std::fopen((dir + "/" + std::to_string(rank)).c_str(), "w"));
+    ReadyFiles::mark(dir, rank);
     for (int i = 0; i < 1000000; ++i) {
       ecclResult_t r = ecclAllReduce(v.data(), v.data(), v.size(), ecclFloat32, ecclSum, comm, nullptr);
       if (r != ecclSuccess) {

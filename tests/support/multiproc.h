@@ -5,8 +5,12 @@
 #pragma once
 
 #include <sys/types.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <stdexcept>
 #include <string>
@@ -42,6 +46,34 @@ class ProcessGroup {
   std::vector<int> pipes_;
   std::chrono::steady_clock::time_point start_;
   bool waited_ = false;
+};
+
+// Each rank leaves a file in a fresh directory once it is running (its
+// first allreduce done, say); a test signals a victim only once every
+// rank's file is there, so a slow start (a loaded host, an emulated CPU)
+// never turns a fault in the steady state into one during initialisation.
+struct ReadyFiles {
+  std::string dir;
+  ReadyFiles() {
+    char tmpl[] = "/tmp/eccl-faults-XXXXXX";
+    dir = mkdtemp(tmpl);
+  }
+  ~ReadyFiles() { std::filesystem::remove_all(dir); }
+  // In a rank's body (a forked process: by the directory's name).
+  static void mark(const std::string& dir, int rank) {
+    if (FILE* f = std::fopen((dir + "/" + std::to_string(rank)).c_str(), "w")) std::fclose(f);
+  }
+  // Whether all `n` ranks' files are there before the deadline.
+  bool waitAll(int n, std::chrono::seconds deadline) const {
+    auto until = std::chrono::steady_clock::now() + deadline;
+    for (;;) {
+      int ready = 0;
+      for (int r = 0; r < n; ++r) ready += std::filesystem::exists(dir + "/" + std::to_string(r));
+      if (ready == n) return true;
+      if (std::chrono::steady_clock::now() > until) return false;
+      usleep(20 * 1000);
+    }
+  }
 };
 
 // Formats outcomes for a failed assertion.
