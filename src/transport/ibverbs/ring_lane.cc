@@ -109,9 +109,8 @@ uint64_t RingLane::peerConsumed() const {
   return __atomic_load_n(const_cast<uint64_t*>(&words_[0]), __ATOMIC_ACQUIRE);
 }
 
-// Completions: a write of ours that finished (its slots are free again), a
-// write of the peer's into our ring (bytes to read), or its report of how
-// far it has read ours (room to write).
+// Takes this lane's completions (and hands the other lanes theirs) from
+// the shared queue, and notes a failure the device reported.
 void RingLane::drainCompletions() {
   if (broken_.empty()) {
     std::string failure = context_.failureOf(qp_.qpn());
@@ -122,6 +121,10 @@ void RingLane::drainCompletions() {
     broken_ = fmt::format("the peer wrote {} bytes into a ring of {}", arrived_ - consumed_, ringBytes_);
 }
 
+// A completion: a write of ours that finished (its slots are free again), a
+// write of the peer's into our ring (bytes to read), or its report of how
+// far it has read ours (room to write),
+// or a zero-copy write of ours that finished.
 void RingLane::onCompletion(const ibv_wc& wc) {
   if (wc.status != IBV_WC_SUCCESS) {
     if (broken_.empty())
