@@ -3,7 +3,10 @@
 // widens those to float32 first, so partial sums are rounded only once).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
+#include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "coll/links.h"
@@ -27,11 +30,41 @@ struct Blocks {
 
 // Ring reduce-scatter: rank r ends with block r of acc fully reduced
 // (acc[b] = in[b] op partials), segment by segment so the reduction of one
-// segment overlaps the receipt of the next.
+// segment overlaps the receipt of the next. `ownSegmentDone(k)`, when
+// given, runs as soon as segment k of block r is final, so a following
+// all-gather can send it while later segments are still being reduced.
 void ringReduceScatter(Links& links, const void* in, void* acc, const Blocks& blocks,
-                       ecclDataType_t type, ecclRedOp_t op, uint32_t phase);
+                       ecclDataType_t type, ecclRedOp_t op, uint32_t phase,
+                       const std::function<void(size_t segment)>& ownSegmentDone = {});
 // Ring all-gather: rank r starts with block r of buf; ends with all blocks.
 void ringAllGather(Links& links, void* buf, const Blocks& blocks, size_t elemSize, uint32_t phase);
+
+// The all-gather in parts, for callers that produce rank r's block segment
+// by segment: construction posts every receive, sendOwn(k) sends segment k
+// of block r once it is final, finish() forwards the rest and waits.
+class RingAllGather {
+ public:
+  RingAllGather(Links& links, void* buf, const Blocks& blocks, size_t elemSize, uint32_t phase);
+  size_t ownSegments() const { return segments(links_.rank()); }
+  void sendOwn(size_t segment);
+  void finish();
+
+ private:
+  size_t segments(int block) const { return (blocks_.size(block) + seg_ - 1) / seg_; }
+  size_t segmentLength(int block, size_t k) const { return std::min(seg_, blocks_.size(block) - k * seg_); }
+  uint8_t* at(int block, size_t k) const { return buf_ + (blocks_.offsets[block] + k * seg_) * elemSize_; }
+  int receivedAt(int step) const { return modRank(links_.rank() - step - 1, links_.size()); }
+
+  Links& links_;
+  uint8_t* const buf_;
+  const Blocks& blocks_;
+  const size_t elemSize_;
+  const uint32_t phase_;
+  const size_t seg_;
+  const int next_, prev_;
+  std::vector<std::vector<RequestPtr>> recvs_;
+  std::vector<RequestPtr> sends_;
+};
 
 void allreduceRing(Links& links, const void* in, void* out, size_t count, ecclDataType_t type,
                    ecclRedOp_t op);
