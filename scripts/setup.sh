@@ -11,7 +11,9 @@ packages=(cmake ninja-build g++ clang pkg-config iproute2 python3 python3-venv p
   # scripts/rdma-vm.sh: a VM with Debian's kernel and Soft-RoCE for the verbs tests
   qemu-system-x86 linux-image-amd64 busybox-static kmod cpio xz-utils ibverbs-providers ibverbs-utils
   # perf/verbs_compare: perftest beside eccl in the same VM
-  perftest)
+  perftest
+  # the replicated coordinator keeps its state in etcd; its tests start a real cluster
+  etcd-server)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
