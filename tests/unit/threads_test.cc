@@ -48,6 +48,25 @@ TEST(Threads, SmallAllreduceByTreeAndByRecursiveDoublingAtSevenRanks) {
   unsetenv("ECCL_ALLREDUCE_SMALL_ALGO");
 }
 
+// Tiny ring segments make the reduce-scatter and the all-gather overlap
+// over many segments (each reduced segment of a rank's own block goes out
+// at once, while later ones are still arriving), in place and out of place,
+// with uneven blocks.
+TEST(Threads, RingAllreduceOverlapsItsHalvesOverManySegments) {
+  setenv("ECCL_SOCKET_IFNAME", "lo", 1);
+  setenv("ECCL_RING_SEGMENT_BYTES", "4096", 1);
+  setenv("ECCL_ALLREDUCE_SMALL_BYTES", "0", 1);
+  for (int n : {2, 3, 5}) {
+    SCOPED_TRACE(n);
+    runThreads(n, [](int, ecclComm_t comm) {
+      for (size_t count : {size_t(1), size_t(1023), size_t(100003)})
+        for (bool inPlace : {false, true}) checkEveryCollective(comm, count, inPlace);
+    });
+  }
+  unsetenv("ECCL_RING_SEGMENT_BYTES");
+  unsetenv("ECCL_ALLREDUCE_SMALL_BYTES");
+}
+
 TEST(Threads, ResultsAreBitwiseIdenticalAcrossRanksAndRuns) {
   setenv("ECCL_SOCKET_IFNAME", "lo", 1);
   std::vector<std::vector<float>> results(2 * 3);
