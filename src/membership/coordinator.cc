@@ -22,12 +22,14 @@ namespace eccl::membership {
 namespace {
 
 // Best effort: a member that cannot take a message is dealt with by its
-// heartbeat or its closed connection, not here.
-void trySend(SealedChannel& ch, const CoordMessage& msg, int64_t ms) {
+// heartbeat or its closed connection, not here. Returns whether it went.
+bool trySend(SealedChannel& ch, const CoordMessage& msg, int64_t ms, bool quiet = false) {
   try {
     ch.send(msg, deadlineAfterMs(ms));
+    return true;
   } catch (const Error& e) {
-    log::warn("coordinator: {}", e.what());
+    if (!quiet) log::warn("coordinator: {}", e.what());
+    return false;
   }
 }
 
@@ -49,6 +51,11 @@ struct Coordinator::State {
     bool retired = false; // a joiner of an aborted migration: no longer a standby
     bool reserved = false; // held for a REPLACE that waits for more standbys
     bool leftOut = false;  // left out of a named membership; has not yet asked as the standby it now is
+    // A send to it failed: its connection is broken and its end of file or
+    // silence will declare it; until then nothing more is sent (when many
+    // members die at once, each notice would otherwise try, and log, every
+    // dead one: N^2 of each).
+    bool unreachable = false;
   };
 
   // A reconfiguration being prepared (expected migration): the next view
@@ -126,7 +133,8 @@ struct Coordinator::State {
   }
 
   void send(Member& m, const CoordMessage& msg) {
-    if (m.channel) trySend(*m.channel, msg, 1000);
+    if (!m.channel || m.unreachable) return;
+    if (!trySend(*m.channel, msg, 1000)) m.unreachable = true;
   }
 
   void sendView(uint64_t member, const std::string& why) {
@@ -352,7 +360,8 @@ struct Coordinator::State {
     CoordMessage ev;
     ev.kind = CoordKind::kEvicted;
     ev.text = fmt::format("{} was declared failed at epoch {}: {}", who, epoch, reason);
-    if (it->second.channel) trySend(*it->second.channel, ev, 50);
+    // It is most likely dead: a failure to tell it is expected, not news.
+    if (it->second.channel && !it->second.unreachable) trySend(*it->second.channel, ev, 50, /*quiet=*/true);
     fenced.insert(member);
     failed.push_back(member);
     if (neededFrom) failedNeededFrom[member] = neededFrom;

@@ -1,0 +1,308 @@
+// coord_scale: the membership coordinator under a large job, simulated.
+//
+// Per N in --members, a real coordinator (`ecclcoord serve`, its own
+// process) and N members speaking the real protocol through eccl's own
+// member client (authenticated connection, sealed messages, heartbeats both
+// ways), many per process, plus --standbys standbys. No data connections:
+// only the coordinator is measured.
+//   admit_ms        first connection to every member holding the formed view
+//   coord_cpu_pct   the coordinator's CPU at steady heartbeats (user+system
+//                   over --steady-s seconds, % of one core)
+//   notice_p50_ms / notice_max_ms
+//                   one member's connection closed (its process "died") to
+//                   each survivor's failure notice
+//   replace_ms      that death to every survivor holding the view in which
+//                   a standby has the dead member's rank (every survivor
+//                   asks for REPLACE when told, as ecclCommRecover does)
+// --check fails (exit 1) unless every survivor was told and the new view
+// puts a standby in the dead rank: what the ctest slice runs.
+#include <CLI/CLI.hpp>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "membership/coord_client.h"
+#include "membership/unique_id.h"
+
+namespace {
+
+using namespace eccl;
+using membership::CoordClient;
+using membership::CoordMessage;
+using membership::JoinRequest;
+using membership::Role;
+using membership::ViewUpdate;
+using Clock = std::chrono::steady_clock;
+
+double msBetween(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+// Runs fn(i) for i in [0, n) on `threads` threads; rethrows the first error.
+template <typename Fn>
+void parallelFor(size_t n, int threads, Fn fn) {
+  std::atomic<size_t> next{0};
+  std::mutex mu;
+  std::exception_ptr first;
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t)
+    pool.emplace_back([&] {
+      for (size_t i; (i = next++) < n;) {
+        try {
+          fn(i);
+        } catch (...) {
+          std::lock_guard<std::mutex> lock(mu);
+          if (!first) first = std::current_exception();
+        }
+      }
+    });
+  for (auto& th : pool) th.join();
+  if (first) std::rethrow_exception(first);
+}
+
+struct CoordinatorProcess {
+  pid_t pid = -1;
+  std::string idText;
+  const std::string idFile, log;
+
+  CoordinatorProcess(const std::string& ecclcoord, const std::string& idPath) : idFile(idPath), log(idPath + ".log") {
+    ::unlink(idFile.c_str());
+    pid = fork();
+    if (pid == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGTERM);  // never outlive the benchmark
+      // Its own log: the id it prints and the one failure each run causes.
+      int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (fd >= 0) dup2(fd, 1), dup2(fd, 2);
+      execl(ecclcoord.c_str(), ecclcoord.c_str(), "serve", "--id-file", idFile.c_str(), nullptr);
+      _exit(127);
+    }
+    for (int i = 0; i < 300 && idText.empty(); ++i) {
+      std::ifstream in(idFile);
+      in >> idText;
+      if (idText.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    if (idText.empty()) throw std::runtime_error("coord_scale: " + ecclcoord + " serve wrote no id");
+  }
+  ~CoordinatorProcess() {
+    ::kill(pid, SIGTERM);
+    for (int i = 0; i < 100 && ::waitpid(pid, nullptr, WNOHANG) == 0; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (::waitpid(pid, nullptr, WNOHANG) == 0) {
+      fprintf(stderr, "coord_scale: the coordinator did not stop within 5 s of SIGTERM; killed\n");
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+    ::unlink(idFile.c_str());
+    if (std::uncaught_exceptions() == 0)
+      ::unlink(log.c_str());
+    else
+      fprintf(stderr, "coord_scale: the coordinator's log is %s\n", log.c_str());
+  }
+  // User + system CPU seconds so far.
+  double cpuSeconds() const {
+    std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+    std::string text((std::istreambuf_iterator<char>(in)), {});
+    std::istringstream rest(text.substr(text.rfind(')') + 2));
+    std::string field;
+    double ticks = 0;
+    for (int i = 3; i <= 15 && rest >> field; ++i)
+      if (i == 14 || i == 15) ticks += std::stod(field);
+    return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
+  }
+};
+
+struct Member {
+  std::unique_ptr<CoordClient> client;
+  uint64_t id = 0;
+  ViewUpdate view;
+  std::atomic<int64_t> toldAtNs{0};  // the failure notice, steady clock
+};
+
+struct Result {
+  int members = 0, standbys = 0;
+  double admitMs = 0, cpuPct = 0, noticeP50 = 0, noticeMax = 0, replaceMs = 0;
+  int told = 0;
+  bool standbyTookTheRank = false;
+};
+
+Result runOnce(const std::string& ecclcoord, int n, int standbys, double steadyS, int threads) {
+  Result r;
+  r.members = n;
+  r.standbys = standbys;
+  CoordinatorProcess coord(ecclcoord, "/tmp/eccl-coord-scale-" + std::to_string(getpid()) + ".id");
+  auto id = membership::decodeUniqueId(membership::uniqueIdFromText(coord.idText));
+  const int64_t beatMs = 500, beatTimeoutMs = 3000;
+  // Member ids drawn here, one thread, distinct.
+  std::mt19937_64 rng(std::random_device{}());
+  std::vector<uint64_t> ids;
+  while (ids.size() < static_cast<size_t>(n + standbys)) {
+    uint64_t v = rng() | 1;
+    if (std::find(ids.begin(), ids.end(), v) == ids.end()) ids.push_back(v);
+  }
+  auto join = [&](Role role, int rank, uint64_t memberId) {
+    auto m = std::make_unique<Member>();
+    m->id = memberId;
+    JoinRequest req;
+    req.role = role;
+    req.rank = rank;
+    req.nranks = n;
+    req.member = m->id;
+    req.dataAddress = "127.0.0.1:" + std::to_string(20000 + (rank < 0 ? 0 : rank % 40000));
+    m->client = std::make_unique<CoordClient>(id, req, beatMs, beatTimeoutMs,
+                                              Clock::now() + std::chrono::seconds(120));
+    return m;
+  };
+
+  std::vector<std::unique_ptr<Member>> spare(standbys);
+  parallelFor(spare.size(), threads, [&](size_t i) { spare[i] = join(Role::kStandby, -1, ids[n + i]); });
+
+  std::vector<std::unique_ptr<Member>> ranks(n);
+  auto start = Clock::now();
+  // Every join first: the view forms only once all ranks are in.
+  parallelFor(ranks.size(), threads, [&](size_t i) { ranks[i] = join(Role::kRank, static_cast<int>(i), ids[i]); });
+  parallelFor(ranks.size(), threads, [&](size_t i) {
+    ranks[i]->view = ranks[i]->client->awaitView(Clock::now() + std::chrono::seconds(180), "coord_scale formation");
+  });
+  r.admitMs = msBetween(start, Clock::now());
+
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+  double cpu0 = coord.cpuSeconds();
+  std::this_thread::sleep_for(std::chrono::duration<double>(steadyS));
+  r.cpuPct = 100.0 * (coord.cpuSeconds() - cpu0) / steadyS;
+
+  const int victim = n / 2;
+  std::atomic<int> told{0};
+  for (int i = 0; i < n; ++i) {
+    if (i == victim) continue;
+    Member* m = ranks[i].get();
+    CoordClient::Callbacks cb;
+    cb.onFailed = [m, &told](const CoordMessage&) {
+      int64_t zero = 0;
+      if (m->toldAtNs.compare_exchange_strong(zero, Clock::now().time_since_epoch().count())) told++;
+    };
+    m->client->setCallbacks(std::move(cb));
+  }
+  auto died = Clock::now();
+  ranks[victim].reset();  // no goodbye: its connection just closes
+  const uint32_t epoch = ranks[0]->view.epoch;
+  std::vector<double> notices;
+  std::atomic<int> newViews{0};
+  std::atomic<bool> standbyRank{true};
+  std::vector<Clock::time_point> viewAt(n);
+  // Each survivor asks for REPLACE once told (asking never blocks), then
+  // all wait: the coordinator answers once every survivor has asked.
+  parallelFor(ranks.size(), threads, [&](size_t i) {
+    if (i == static_cast<size_t>(victim)) return;
+    Member& m = *ranks[i];
+    auto until = Clock::now() + std::chrono::seconds(60);
+    while (m.toldAtNs.load() == 0 && Clock::now() < until) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    if (m.toldAtNs.load() != 0) m.client->requestRecover(epoch, ecclRecoverReplace);
+  });
+  parallelFor(ranks.size(), threads, [&](size_t i) {
+    if (i == static_cast<size_t>(victim) || ranks[i]->toldAtNs.load() == 0) return;
+    Member& m = *ranks[i];
+    ViewUpdate v = m.client->awaitView(Clock::now() + std::chrono::seconds(60), "coord_scale replace");
+    viewAt[i] = Clock::now();
+    newViews++;
+    bool fromStandby = false;
+    for (auto& s : spare) fromStandby |= s && v.entries.size() > static_cast<size_t>(victim) &&
+                                         v.entries[victim].member == s->id;
+    if (!fromStandby) standbyRank = false;
+  });
+  for (int i = 0; i < n; ++i)
+    if (i != victim && ranks[i]->toldAtNs.load())
+      notices.push_back((ranks[i]->toldAtNs.load() - died.time_since_epoch().count()) / 1e6);
+  std::sort(notices.begin(), notices.end());
+  r.told = static_cast<int>(notices.size());
+  if (!notices.empty()) {
+    r.noticeP50 = notices[notices.size() / 2];
+    r.noticeMax = notices.back();
+  }
+  Clock::time_point last = died;
+  for (int i = 0; i < n; ++i)
+    if (i != victim) last = std::max(last, viewAt[i]);
+  r.replaceMs = msBetween(died, last);
+  r.standbyTookTheRank = standbys > 0 && newViews == n - 1 && standbyRank;
+  // Members leave in order, so the coordinator's last act is not n failures.
+  parallelFor(ranks.size(), threads, [&](size_t i) {
+    if (ranks[i]) ranks[i]->client->leave();
+  });
+  for (auto& s : spare) s->client->leave();
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"coord_scale: the membership coordinator with many simulated members"};
+  std::vector<int> sizes = {256, 1024, 4096};
+  int standbys = 64, threads = 32;
+  double steadyS = 4;
+  bool json = false, check = false;
+  std::string ecclcoord;
+  app.add_option("--members", sizes, "job sizes to run")->delimiter(',');
+  app.add_option("--standbys", standbys, "standbys registered before the ranks");
+  app.add_option("--steady-s", steadyS, "seconds of steady heartbeats measured");
+  app.add_option("--threads", threads, "threads that join members and wait for views");
+  app.add_option("--ecclcoord", ecclcoord, "the coordinator daemon (default: beside this binary)");
+  app.add_flag("--json", json, "also print one JSON line per size");
+  app.add_flag("--check", check, "exit 1 unless every survivor was told and a standby took the rank");
+  CLI11_PARSE(app, argc, argv);
+  setvbuf(stdout, nullptr, _IOLBF, 0);
+  if (ecclcoord.empty()) {
+    std::string self = std::filesystem::canonical("/proc/self/exe").string();
+    ecclcoord = self.substr(0, self.rfind('/')) + "/../bootstrap/ecclcoord";
+  }
+  rlimit files{};
+  getrlimit(RLIMIT_NOFILE, &files);
+  files.rlim_cur = files.rlim_max;
+  setrlimit(RLIMIT_NOFILE, &files);
+
+  printf("# coord_scale: one coordinator (ecclcoord serve), members over loopback, heartbeats 500 ms\n");
+  printf("# %8s %9s %10s %13s %14s %14s %11s %6s\n", "members", "standbys", "admit_ms", "coord_cpu_pct",
+         "notice_p50_ms", "notice_max_ms", "replace_ms", "told");
+  bool ok = true;
+  for (int n : sizes) {
+    Result r;
+    try {
+      r = runOnce(ecclcoord, n, standbys, steadyS, threads);
+    } catch (const std::exception& e) {
+      fprintf(stderr, "coord_scale: at %d members: %s\n", n, e.what());
+      return 1;
+    }
+    printf("  %8d %9d %10.1f %13.1f %14.2f %14.2f %11.1f %6d\n", r.members, r.standbys, r.admitMs, r.cpuPct,
+           r.noticeP50, r.noticeMax, r.replaceMs, r.told);
+    if (json)
+      printf("%s\n", nlohmann::json{{"members", r.members}, {"standbys", r.standbys}, {"admit_ms", r.admitMs},
+                                    {"coord_cpu_pct", r.cpuPct}, {"notice_p50_ms", r.noticeP50},
+                                    {"notice_max_ms", r.noticeMax}, {"replace_ms", r.replaceMs},
+                                    {"told", r.told}, {"standby_took_rank", r.standbyTookTheRank}}
+                         .dump()
+                         .c_str());
+    fflush(stdout);
+    if (r.told != n - 1 || !r.standbyTookTheRank) {
+      fprintf(stderr, "coord_scale: at %d members %d of %d survivors were told%s\n", n, r.told, n - 1,
+              r.standbyTookTheRank ? "" : ", and no standby took the dead rank");
+      ok = false;
+    }
+  }
+  return check && !ok ? 1 : 0;
+}
