@@ -178,6 +178,7 @@ Result runOnce(const std::string& ecclcoord, int n, int standbys, double steadyS
   auto start = Clock::now();
   // Every join first: the view forms only once all ranks are in.
   parallelFor(ranks.size(), threads, [&](size_t i) { ranks[i] = join(Role::kRank, static_cast<int>(i), ids[i]); });
+  fprintf(stderr, "coord_scale: %d members joined in %.0f ms\n", n, msBetween(start, Clock::now()));
   parallelFor(ranks.size(), threads, [&](size_t i) {
     ranks[i]->view = ranks[i]->client->awaitView(Clock::now() + std::chrono::seconds(180), "coord_scale formation");
   });
