@@ -190,14 +190,13 @@ Result runOnce(const std::string& ecclcoord, int n, int standbys, double steadyS
   r.cpuPct = 100.0 * (coord.cpuSeconds() - cpu0) / steadyS;
 
   const int victim = n / 2;
-  std::atomic<int> told{0};
   for (int i = 0; i < n; ++i) {
     if (i == victim) continue;
     Member* m = ranks[i].get();
     CoordClient::Callbacks cb;
-    cb.onFailed = [m, &told](const CoordMessage&) {
-      int64_t zero = 0;
-      if (m->toldAtNs.compare_exchange_strong(zero, Clock::now().time_since_epoch().count())) told++;
+    cb.onFailed = [m](const CoordMessage&) {
+      int64_t zero = 0;  // the first notice only
+      m->toldAtNs.compare_exchange_strong(zero, Clock::now().time_since_epoch().count());
     };
     m->client->setCallbacks(std::move(cb));
   }
@@ -267,6 +266,15 @@ int main(int argc, char** argv) {
   app.add_flag("--json", json, "also print one JSON line per size");
   app.add_flag("--check", check, "exit 1 unless every survivor was told and a standby took the rank");
   CLI11_PARSE(app, argc, argv);
+  for (int n : sizes)
+    if (n < 2) {
+      fprintf(stderr, "coord_scale: --members %d: a job needs at least 2 members (one dies)\n", n);
+      return 2;
+    }
+  if (threads < 1 || steadyS <= 0 || standbys < 0) {
+    fprintf(stderr, "coord_scale: --threads and --steady-s must be positive, --standbys not negative\n");
+    return 2;
+  }
   setvbuf(stdout, nullptr, _IOLBF, 0);
   if (ecclcoord.empty()) {
     std::string self = std::filesystem::canonical("/proc/self/exe").string();
