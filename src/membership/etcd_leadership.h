@@ -6,6 +6,12 @@
 // again even if it does not know yet; there is no window in which two
 // coordinators can both change the job's state.
 //
+// A leader also stops believing it leads on its own clock: its lease is
+// known to last at least until (when it last sent a renewal) + TTL, and
+// leading() turns false at 9/10 of that unless a renewal got through. A
+// leader cut off from etcd therefore stops acting before etcd can let
+// another candidate in: members never hear two leaders.
+//
 // Threads: one owner thread drives an instance (campaign, renew, write);
 // holder() and the client's calls are safe from others.
 #pragma once
@@ -28,10 +34,15 @@ class EtcdLeadership {
   // One attempt to lead: takes the leader key if nobody holds it. Returns
   // whether this candidate leads now (also true if it already did).
   bool campaign();
-  // Refreshes the lease; false when it expired (leadership is then lost,
-  // and campaign() starts over with a new lease). Call well within the TTL.
+  // Refreshes the lease; returns leading(). An expired lease loses
+  // leadership (campaign() starts over with a new lease); etcd out of reach
+  // keeps it only until the lease's known lower bound runs out (lastError()
+  // says why). Call a few times per TTL.
   bool renew();
-  bool leading() const { return leading_; }
+  bool leading() const;
+  // When leading() turns false unless a renewal gets through first.
+  std::chrono::steady_clock::time_point leadingUntil() const { return validUntil_; }
+  const std::string& lastError() const { return lastError_; }
   // Gives up leadership at once (deletes the key with the lease).
   void resign();
 
@@ -53,6 +64,8 @@ class EtcdLeadership {
   const int64_t ttlSeconds_;
   int64_t lease_ = 0;
   bool leading_ = false;
+  std::chrono::steady_clock::time_point validUntil_{};
+  std::string lastError_;
 };
 
 }  // namespace eccl::membership

@@ -115,8 +115,9 @@ TEST_F(Etcd, ADeposedLeaderCanNeverWriteAndAnotherTakesOverWithinTheLease) {
   EXPECT_EQ(b.holder(), "coord-b");
   ASSERT_TRUE(b.writeIfLeading({EtcdWrite::put("/eccl/job1/view", "epoch 2")}));
 
-  // a wakes up still believing it leads: its write is refused and it learns.
-  EXPECT_TRUE(a.leading());
+  // a wakes up: by its own clock it no longer leads, and a write it tries
+  // anyway is refused by etcd (the compares, not its belief, decide).
+  EXPECT_FALSE(a.leading());
   EXPECT_FALSE(a.writeIfLeading({EtcdWrite::put("/eccl/job1/view", "stale epoch 1b")}));
   EXPECT_FALSE(a.leading());
   EXPECT_FALSE(a.renew());
@@ -127,6 +128,39 @@ TEST_F(Etcd, ADeposedLeaderCanNeverWriteAndAnotherTakesOverWithinTheLease) {
   b.resign();
   EXPECT_TRUE(a.campaign());
   EXPECT_EQ(a.holder(), "coord-a");
+}
+
+// A leader that reaches only one etcd node, which stops answering, is cut
+// off while the other two keep a quorum: it stops believing it leads before
+// etcd lets anyone else in, so the two never lead at once.
+TEST_F(Etcd, ALeaderCutOffFromEtcdStopsLeadingBeforeAnotherCan) {
+  EtcdClient cutOff(cluster->endpoint(0), 300ms);
+  EtcdClient rest(cluster->endpoint(1) + "," + cluster->endpoint(2), 3s);
+  EtcdLeadership a(cutOff, "/eccl/job5/", "coord-a", 1), b(rest, "/eccl/job5/", "coord-b", 1);
+  ASSERT_TRUE(a.campaign());
+  ASSERT_TRUE(a.renew());
+  cluster->stop(0);
+  auto cut = Clock::now();
+  double bLeads = -1;
+  while (secondsSince(cut) < 8.0 && bLeads < 0) {
+    a.renew();
+    if (b.campaign()) {
+      bLeads = secondsSince(cut);
+      EXPECT_FALSE(a.leading()) << "two leaders at " << bLeads << " s";
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+  cluster->resume(0);
+  ASSERT_GE(bLeads, 0) << "b never took over; a: " << a.lastError();
+  // a's own bound: at most 0.9 s after its last renewal got through, which
+  // was before the cut; b got in only after etcd expired the lease.
+  double aStopped = std::chrono::duration<double>(a.leadingUntil() - cut).count();
+  EXPECT_LT(aStopped, 0.9) << "a trusted its lease past the cut";
+  EXPECT_LT(aStopped, bLeads);
+  EXPECT_FALSE(a.leading());
+  EXPECT_NE(a.lastError().find("etcd unreachable"), std::string::npos) << a.lastError();
+  RecordProperty("cut_off_leader_stopped_s", std::to_string(aStopped));
+  RecordProperty("other_leads_s", std::to_string(bLeads));
 }
 
 TEST_F(Etcd, OneNodeDownOrStoppedChangesNothingForTheCaller) {
