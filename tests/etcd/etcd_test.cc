@@ -2,6 +2,8 @@
 // three-node etcd cluster on loopback: data round trips, a leader that can
 // never write once deposed, and what one node down and all nodes down do.
 #include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <sys/time.h>
 
 #include <atomic>
 #include <chrono>
@@ -217,8 +219,20 @@ TEST_F(Etcd, AnEndpointAnsweringGarbageIsSkipped) {
       SockAddr peer;
       Fd c = acceptUntil(fd, deadlineAfterMs(100), &peer);
       if (!c) continue;
+      // Read the request first and close gracefully: closing with unread
+      // bytes would reset the connection before the client sees the junk.
+      timeval wait{1, 0};
+      setsockopt(c.get(), SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof wait);
+      std::string request;
+      char buf[4096];
+      ssize_t got;
+      while (request.find("\r\n\r\n") == std::string::npos && (got = ::recv(c.get(), buf, sizeof buf, 0)) > 0)
+        request.append(buf, static_cast<size_t>(got));
       const char reply[] = "SSH-2.0-not-etcd\r\n\r\n{{{";
       (void)!::write(c.get(), reply, sizeof reply - 1);
+      ::shutdown(c.get(), SHUT_WR);
+      while (::recv(c.get(), buf, sizeof buf, 0) > 0) {
+      }
     }
   });
   EtcdClient etcd(addr.str() + "," + cluster->endpoints(), 5s);
