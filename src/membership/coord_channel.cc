@@ -77,17 +77,29 @@ bool SealedChannel::readAvailable() {
     }
     if (errno == EINTR) continue;
     if (errno == EAGAIN) break;
-    fail(ecclRemoteError, "coordinator channel from {}: receive failed: {}", peer_, strerror(errno));
+    // What arrived before the reset is authentic and may be the point (an
+    // eviction, a view): whole messages are kept for drain() to hand over.
+    const int error = errno;
+    takeWhole();
+    fail(ecclRemoteError, "coordinator channel from {}: receive failed: {}", peer_, strerror(error));
   }
   takeWhole();
   return open;
 }
 
 bool SealedChannel::drain(std::vector<CoordMessage>* out) {
-  bool open = readAvailable();
-  for (auto& m : ready_) out->push_back(std::move(m));
-  ready_.clear();
-  return open;
+  auto handOver = [&] {
+    for (auto& m : ready_) out->push_back(std::move(m));
+    ready_.clear();
+  };
+  try {
+    bool open = readAvailable();
+    handOver();
+    return open;
+  } catch (const Error&) {
+    handOver();  // messages that were whole before the failure still count
+    throw;
+  }
 }
 
 CoordMessage SealedChannel::receive(Deadline deadline) {

@@ -27,7 +27,9 @@ class SealedChannel {
   // Blocks until one message is whole; throws on deadline, EOF, bad seal.
   CoordMessage receive(Deadline deadline);
   // Reads what is available without blocking and appends whole messages.
-  // Returns false at end of file. Throws on a bad seal or malformed message.
+  // Returns false at end of file. Throws on a bad seal, a malformed message
+  // or a failed receive (a reset), after appending the messages that were
+  // whole before it.
   bool drain(std::vector<CoordMessage>* out);
 
  private:

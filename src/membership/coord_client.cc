@@ -328,17 +328,24 @@ void CoordClient::run() {
     }
     std::vector<CoordMessage> got;
     bool open = true;
+    std::string failure;
     if (n > 0 && fds[0].revents) {
       try {
         open = channel_->drain(&got);
       } catch (const Error& e) {
-        lose(e.what());
-        continue;
+        failure = e.what();
       }
       lastHeard = Clock::now();
     }
+    // What came before a reset is delivered first: a coordinator that
+    // evicts a member closes on it, and the view or eviction it sent last
+    // must not be lost to the reset.
     for (auto& m : got)
       if (m.kind != CoordKind::kHeartbeat) deliver(std::move(m));
+    if (!failure.empty()) {
+      lose(failure);
+      continue;
+    }
     if (!open) {
       lose("the coordinator closed the connection");
       continue;
