@@ -108,8 +108,16 @@ CoordMessage SealedChannel::receive(Deadline deadline) {
     int rc = ::poll(&p, 1, static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(msUntil(deadline), 1 << 30))));
     if (rc == 0) fail(ecclTimeout, "coordinator channel from {}: no message before the deadline", peer_);
     if (rc < 0 && errno != EINTR) fail(ecclSystemError, "poll(): {}", strerror(errno));
-    if (rc > 0 && !readAvailable() && ready_.empty())
-      fail(ecclRemoteError, "coordinator channel from {}: connection closed", peer_);
+    if (rc > 0) {
+      bool open;
+      try {
+        open = readAvailable();
+      } catch (const Error&) {
+        if (ready_.empty()) throw;
+        break;  // a message came whole before the failure: it is the answer
+      }
+      if (!open && ready_.empty()) fail(ecclRemoteError, "coordinator channel from {}: connection closed", peer_);
+    }
   }
   CoordMessage m = std::move(ready_.front());
   ready_.pop_front();
