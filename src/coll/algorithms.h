@@ -31,8 +31,9 @@ struct Blocks {
 // Ring reduce-scatter: rank r ends with block r of acc fully reduced
 // (acc[b] = in[b] op partials), segment by segment so the reduction of one
 // segment overlaps the receipt of the next. `ownSegmentDone(k)`, when
-// given, runs as soon as segment k of block r is final, so a following
-// all-gather can send it while later segments are still being reduced.
+// given and n > 1, runs as soon as segment k of block r is final, so a
+// following all-gather can send it while later segments are still being
+// reduced (at n = 1 there is nobody to send to).
 void ringReduceScatter(Links& links, const void* in, void* acc, const Blocks& blocks,
                        ecclDataType_t type, ecclRedOp_t op, uint32_t phase,
                        const std::function<void(size_t segment)>& ownSegmentDone = {});

@@ -24,8 +24,6 @@ void ringReduceScatter(Links& links, const void* inv, void* accv, const Blocks& 
   auto* acc = static_cast<uint8_t*>(accv);
   if (n == 1) {
     if (acc != in) std::memcpy(acc + blocks.offsets[0] * es, in + blocks.offsets[0] * es, blocks.size(0) * es);
-    if (ownSegmentDone)
-      for (size_t k = 0; k * segmentElems(links, blocks.maxSize(), es) < blocks.size(0); ++k) ownSegmentDone(k);
     return;
   }
   const int next = modRank(r + 1, n), prev = modRank(r - 1, n);

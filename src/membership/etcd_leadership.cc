@@ -21,6 +21,10 @@ std::chrono::steady_clock::time_point trustedUntil(std::chrono::steady_clock::ti
 
 }  // namespace
 
+std::vector<EtcdCompare> EtcdLeadership::heldByMe() const {
+  return {EtcdCompare::valueIs(leaderKey_, candidate_), EtcdCompare::leaseIs(leaderKey_, lease_)};
+}
+
 bool EtcdLeadership::leading() const { return leading_ && std::chrono::steady_clock::now() < validUntil_; }
 
 bool EtcdLeadership::campaign() {
@@ -31,8 +35,7 @@ bool EtcdLeadership::campaign() {
   // Take the key if nobody holds it; if it already names this candidate
   // under this lease (an answer lost on the way back), that is leading too.
   leading_ = etcd_.transaction({EtcdCompare::absent(leaderKey_)}, {EtcdWrite::put(leaderKey_, candidate_, lease_)}) ||
-             etcd_.transaction({EtcdCompare::valueIs(leaderKey_, candidate_), EtcdCompare::leaseIs(leaderKey_, lease_)},
-                               {});
+             etcd_.transaction(heldByMe(), {});
   if (leading_) validUntil_ = trustedUntil(sent, ttlSeconds_);
   return leading_;
 }
@@ -67,8 +70,7 @@ bool EtcdLeadership::writeIfLeading(const std::vector<EtcdWrite>& writes, const 
   // leading_, not leading(): past its own bound a leader may still try; the
   // transaction's compares decide, never its belief.
   if (!leading_) return false;
-  std::vector<EtcdCompare> compares = {EtcdCompare::valueIs(leaderKey_, candidate_),
-                                       EtcdCompare::leaseIs(leaderKey_, lease_)};
+  std::vector<EtcdCompare> compares = heldByMe();
   compares.insert(compares.end(), extra.begin(), extra.end());
   if (etcd_.transaction(compares, writes)) return true;
   // Either an extra compare failed, or this candidate no longer leads.

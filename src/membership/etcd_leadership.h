@@ -58,6 +58,9 @@ class EtcdLeadership {
   int64_t lease() const { return lease_; }
 
  private:
+  // The compares of "the leader key names this candidate under its lease".
+  std::vector<EtcdCompare> heldByMe() const;
+
   EtcdClient& etcd_;
   const std::string leaderKey_;
   const std::string candidate_;

@@ -122,9 +122,9 @@ void RingLane::drainCompletions() {
 }
 
 // A completion: a write of ours that finished (its slots are free again), a
-// write of the peer's into our ring (bytes to read), or its report of how
-// far it has read ours (room to write),
-// or a zero-copy write of ours that finished.
+// write of the peer's into our ring (bytes to read), its report of how far
+// it has read ours (room to write), or a zero-copy write of ours that
+// finished.
 void RingLane::onCompletion(const ibv_wc& wc) {
   if (wc.status != IBV_WC_SUCCESS) {
     if (broken_.empty())
