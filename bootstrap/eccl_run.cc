@@ -1,7 +1,9 @@
 // eccl-run: starts N ranks of a program with the environment that
 // ecclCommInitFromEnv reads, prefixes their output with the rank, forwards
 // SIGINT/SIGTERM, and exits non-zero if any rank fails. The rendezvous root
-// runs inside the launcher, so killing any rank never kills it. Ranks go to
+// runs inside the launcher, so killing any rank never kills it; with --etcd
+// the launcher starts replicated coordinators beside it instead (see
+// replicated_coordinators.h), which may be killed too. Ranks go to
 // the hosts of --host-list in turn; a remote one is started through the
 // remote shell (--rsh, default ssh: `ssh HOST env ECCL_...=... PROGRAM`).
 #include <CLI/CLI.hpp>
@@ -21,10 +23,13 @@
 #include <string>
 #include <vector>
 
+#include "bootstrap/replicated_coordinators.h"
 #include "membership/coordinator.h"
 #include "membership/unique_id.h"
 #include "common/clock.h"
+#include "common/crypto.h"
 #include "common/error.h"
+#include "common/netif.h"
 #include "common/params.h"
 
 namespace {
@@ -88,6 +93,15 @@ void drainExited(Child& c) {
       *fd = -1;
     }
   }
+}
+
+// A program installed beside this one (ecclcoord next to eccl-run).
+std::string siblingProgram(const std::string& name) {
+  char self[4096];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n <= 0) return name;
+  std::string path(self, static_cast<size_t>(n));
+  return path.substr(0, path.rfind('/') + 1) + name;
 }
 
 bool isLocalHost(const std::string& h) { return h.empty() || h == "localhost" || h == "127.0.0.1" || h == "::1"; }
@@ -211,6 +225,22 @@ int main(int argc, char** argv) {
   app.add_option("--kill-when", killWhens,
                  "fault injection: SIGKILL rank R once its output contains TEXT (R:TEXT, repeatable)")
       ->allow_extra_args(false);
+  std::string etcd, etcdPrefix;
+  int coordinators = 3, etcdTtl = 2, coordChaosMs = 0, coordChaosMax = 1000000;
+  app.add_option("--etcd", etcd,
+                 "replicated coordinators: start --coordinators of them (ecclcoord serve --etcd) beside the launcher, "
+                 "leading in turn through this etcd cluster (IP:port,...)");
+  app.add_option("--coordinators", coordinators, "with --etcd: how many coordinator replicas (default 3)")
+      ->check(CLI::Range(1, 13));
+  app.add_option("--etcd-prefix", etcdPrefix, "with --etcd: the job's keys (default /eccl/run-<random>/)");
+  app.add_option("--etcd-ttl", etcdTtl, "with --etcd: seconds a dead leader holds the lead (default 2)")
+      ->check(CLI::Range(1, 60));
+  app.add_option("--coord-chaos", coordChaosMs,
+                 "with --etcd: SIGKILL the leading coordinator every MS milliseconds on average (a new replica "
+                 "takes its address)")
+      ->check(CLI::Range(100, 3600000));
+  app.add_option("--coord-chaos-max", coordChaosMax, "stop killing coordinators after this many")
+      ->check(CLI::Range(1, 100000000));
   // Everything from the program name on belongs to the program.
   app.prefix_command();
   // mpirun's spelling "-np N" is the one people type; CLI11 takes one-letter
@@ -260,13 +290,39 @@ int main(int argc, char** argv) {
     }
     setenv("ECCL_REPLACE_WAIT_MS", std::to_string(timeoutMs / 2).c_str(), 1);
   }
-  // The coordinator lives here, never in a rank: killing any rank leaves it up.
+  if (etcd.empty() && coordChaosMs > 0) {
+    fprintf(stderr, "eccl-run: --coord-chaos needs --etcd (a single coordinator has no successor)\n");
+    return 2;
+  }
+  // The coordinator lives here, never in a rank: killing any rank leaves it
+  // up. Replicated, it lives in processes of its own beside the launcher.
   std::string idText;
   std::unique_ptr<eccl::membership::Coordinator> coordinator;
+  std::unique_ptr<eccl::launcher::ReplicatedCoordinators> replicated;
   try {
-    ecclUniqueId id;
-    coordinator = eccl::membership::createJob(&id);
-    idText = eccl::membership::uniqueIdToText(id);
+    if (etcd.empty()) {
+      ecclUniqueId id;
+      coordinator = eccl::membership::createJob(&id);
+      idText = eccl::membership::uniqueIdToText(id);
+    } else {
+      eccl::launcher::ReplicaSet set;
+      set.etcdEndpoints = etcd;
+      uint64_t tag;
+      eccl::randomBytes(&tag, sizeof(tag));
+      set.prefix = etcdPrefix.empty() ? fmt::format("/eccl/run-{:016x}/", tag) : etcdPrefix;
+      set.ecclcoord = siblingProgram("ecclcoord");
+      set.listenIp = eccl::pickInterface(eccl::params::socketIfname()).addr.str();
+      set.listenIp = set.listenIp.substr(0, set.listenIp.rfind(':'));
+      set.replicas = coordinators;
+      set.ttlSeconds = etcdTtl;
+      replicated = std::make_unique<eccl::launcher::ReplicatedCoordinators>(set);
+      idText = replicated->idText();
+      // Members look for the next leader for longer than a takeover takes.
+      setenv("ECCL_COORD_FAILOVER_MS", getenv("ECCL_COORD_FAILOVER_MS") ?: std::to_string(etcdTtl * 1000 + 8000).c_str(),
+             1);
+      fprintf(stderr, "eccl-run: %d coordinator replicas through etcd at %s (keys under %s)\n", coordinators,
+              etcd.c_str(), set.prefix.c_str());
+    }
     if (!idFile.empty()) {
       std::string tmp = idFile + ".tmp";
       FILE* f = fopen(tmp.c_str(), "w");
@@ -277,6 +333,10 @@ int main(int argc, char** argv) {
     fprintf(stderr, "eccl-run: %s\n", e.what());
     return 2;
   }
+  auto idlePids = [&] { return coordinator ? coordinator->idleStandbyPids() : replicated->idleStandbyPids(); };
+  auto viewPids = [&] { return coordinator ? coordinator->viewPids() : replicated->viewPids(); };
+  int coordChaosKills = 0;
+  auto nextCoordChaos = eccl::Clock::now() + std::chrono::milliseconds(coordChaosMs);
 
   struct sigaction sa {};
   sa.sa_handler = onSignal;
@@ -367,7 +427,7 @@ int main(int argc, char** argv) {
       c.injected = f.signal == SIGKILL;
       kill(c.pid, f.signal);
     }
-    auto idle = coordinator->idleStandbyPids();
+    auto idle = idlePids();
     for (auto& c : children)
       if (idle.count(static_cast<uint64_t>(c.pid))) c.seenIdle = true;
     // A standby is available while it is starting or idle; a promoted one
@@ -386,7 +446,7 @@ int main(int argc, char** argv) {
     // this one too: faster kills would leave REPLACE waiting for standbys
     // the pool never grows to hold.
     size_t unreplaced = 0;
-    auto inView = coordinator->viewPids();
+    auto inView = viewPids();
     for (auto& c : children) unreplaced += c.injected && inView.count(static_cast<uint64_t>(c.pid));
     bool poolCovers = unreplaced + 1 <= idle.size();
     if (chaosMs > 0 && !jobEnding && !timedOut && chaosKills < chaosMax && eccl::Clock::now() >= nextChaos &&
@@ -407,6 +467,24 @@ int main(int argc, char** argv) {
       }
       nextChaos = eccl::Clock::now() +
                   std::chrono::milliseconds(std::uniform_int_distribution<int>(chaosMs / 2, chaosMs * 3 / 2)(chaosRng));
+    }
+    if (coordChaosMs > 0 && !jobEnding && !timedOut && coordChaosKills < coordChaosMax &&
+        eccl::Clock::now() >= nextCoordChaos) {
+      std::string did;
+      try {
+        did = replicated->killLeader();
+      } catch (const eccl::Error& e) {
+        did = "";
+        fprintf(stderr, "eccl-run: coordinator chaos: %s\n", e.what());
+      }
+      if (!did.empty())
+        fprintf(stderr, "eccl-run: coordinator chaos kill %d: %s at %.2f s\n", ++coordChaosKills, did.c_str(), elapsed);
+      // After a random pause; while a takeover is under way there is no
+      // leader to kill, so look again soon.
+      nextCoordChaos = eccl::Clock::now() + std::chrono::milliseconds(
+                                                did.empty() ? 200
+                                                            : std::uniform_int_distribution<int>(
+                                                                  coordChaosMs / 2, coordChaosMs * 3 / 2)(chaosRng));
     }
     // When no rank is left, standbys that were never promoted are released.
     if (!standbysReleased && standbys > 0) {
@@ -465,6 +543,7 @@ int main(int argc, char** argv) {
     int status;
     pid_t pid;
     while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+      if (replicated && replicated->exited(pid, status)) continue;
       for (auto& c : children) {
         if (c.pid != pid) continue;
         c.exited = true;
@@ -503,6 +582,11 @@ int main(int argc, char** argv) {
   for (auto& c : children)
     if (!c.injected && (!WIFEXITED(c.status) || WEXITSTATUS(c.status) != 0)) ++failed;
   if (chaosMs > 0) fprintf(stderr, "eccl-run: chaos killed %d processes; %d standbys started\n", chaosKills, standbysStarted);
+  if (coordChaosMs > 0) fprintf(stderr, "eccl-run: coordinator chaos killed %d leaders\n", coordChaosKills);
+  if (replicated && replicated->failures()) {
+    fprintf(stderr, "eccl-run: %d coordinator replicas failed on their own\n", replicated->failures());
+    failed += replicated->failures();
+  }
   if (failed) fprintf(stderr, "eccl-run: %d of %zu processes failed\n", failed, children.size());
   return failed ? 1 : 0;
 }

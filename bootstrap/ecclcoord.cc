@@ -1,5 +1,8 @@
 // ecclcoord: the membership coordinator as a daemon, and its tool.
 //   ecclcoord serve [--id-file F]        run a coordinator; print the job's id
+//   ecclcoord serve --etcd EPS [--etcd-prefix P] [--etcd-ttl S] [--listen IP[:PORT]]
+//                   [--replicas N] [--id-file F]
+//                                        one of a job's replicated coordinators
 //   ecclcoord status [--id ID | --id-file F]
 //   ecclcoord migrate --rank R [--id ID | --id-file F]
 // The id defaults to $ECCL_UNIQUE_ID. eccl-run --id-file F writes the id of
@@ -8,12 +11,15 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
+#include <exception>
 #include <cstdio>
 #include <fstream>
 #include <thread>
 
 #include "membership/coordinator.h"
+#include "membership/replica.h"
 #include "membership/unique_id.h"
 #include "common/error.h"
 #include "common/params.h"
@@ -36,10 +42,7 @@ std::string readId(const std::string& id, const std::string& idFile) {
   return env;
 }
 
-int serve(const std::string& idFile) {
-  ecclUniqueId id;
-  auto coordinator = eccl::membership::createJob(&id);
-  std::string text = eccl::membership::uniqueIdToText(id);
+void announce(const std::string& text, const std::string& idFile) {
   if (!idFile.empty()) {
     std::string tmp = idFile + ".tmp";
     {
@@ -51,6 +54,42 @@ int serve(const std::string& idFile) {
   }
   printf("ECCL_UNIQUE_ID=%s\n", text.c_str());
   fflush(stdout);
+}
+
+void onSignalsStop() {
+  struct sigaction sa {};
+  sa.sa_handler = onStop;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+}
+
+// A replica campaigns and serves on a thread of its own; SIGINT/SIGTERM
+// stop it in order (it resigns, and the next replica takes over at once).
+int serveReplicated(const std::string& idFile, const eccl::membership::ReplicaOptions& options) {
+  onSignalsStop();
+  std::atomic<bool> stop{false};
+  std::exception_ptr failure;
+  std::atomic<bool> failed{false};
+  std::thread replica([&] {
+    try {
+      eccl::membership::runReplica(options, stop, [&](const std::string& text) { announce(text, idFile); });
+    } catch (...) {
+      failure = std::current_exception();
+      failed = true;
+    }
+  });
+  while (!stopRequested && !failed) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  stop = true;
+  replica.join();
+  if (failure) std::rethrow_exception(failure);
+  fprintf(stderr, "ecclcoord: stopping\n");
+  return 0;
+}
+
+int serve(const std::string& idFile) {
+  ecclUniqueId id;
+  auto coordinator = eccl::membership::createJob(&id);
+  announce(eccl::membership::uniqueIdToText(id), idFile);
   struct sigaction sa {};
   sa.sa_handler = onStop;
   sigaction(SIGINT, &sa, nullptr);
@@ -70,6 +109,19 @@ int main(int argc, char** argv) {
   int64_t timeoutMs = 5000;
   auto* serveCmd = app.add_subcommand("serve", "run a coordinator until SIGINT/SIGTERM and print the job id");
   serveCmd->add_option("--id-file", idFile, "also write the id to this file");
+  eccl::membership::ReplicaOptions replica;
+  serveCmd->add_option("--etcd", replica.etcdEndpoints,
+                       "replicate through this etcd cluster (IP:port,...): one of the job's coordinators leads, "
+                       "the others take over when it dies");
+  serveCmd->add_option("--etcd-prefix", replica.prefix, "the job's keys in etcd (default /eccl/job/)");
+  serveCmd->add_option("--etcd-ttl", replica.ttlSeconds, "seconds a dead leader holds the lead (default 2)")
+      ->check(CLI::Range(1, 60));
+  serveCmd->add_option("--listen", replica.listen,
+                       "with --etcd: this replica's address, IP[:PORT] (default: ECCL_SOCKET_IFNAME's, any port)");
+  serveCmd->add_option("--replicas", replica.replicas,
+                       "with --etcd: how many replicas the job's id names; the first leader waits up to 30 s for "
+                       "them to register (start them all before the job's ranks)")
+      ->check(CLI::Range(1, 13));
   auto* statusCmd = app.add_subcommand("status", "print the view, standbys and health");
   auto* migrateCmd = app.add_subcommand("migrate", "move a rank to a registered standby (expected migration)");
   migrateCmd->add_option("--rank", rank, "the rank to move")->required()->check(CLI::NonNegativeNumber);
@@ -80,6 +132,10 @@ int main(int argc, char** argv) {
   }
   CLI11_PARSE(app, argc, argv);
   try {
+    if (serveCmd->parsed() && !replica.etcdEndpoints.empty()) {
+      replica.coordinator = eccl::membership::coordinatorOptionsFromEnv();
+      return serveReplicated(idFile, replica);
+    }
     if (serveCmd->parsed()) return serve(idFile);
     ecclUniqueId uid = eccl::membership::uniqueIdFromText(readId(id, idFile));
     auto data = eccl::membership::decodeUniqueId(uid);

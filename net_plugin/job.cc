@@ -42,6 +42,7 @@ std::unique_ptr<JobLink> JobLink::join(uint64_t self, const std::string& address
   try {
     membership::UniqueIdData id = membership::decodeUniqueId(membership::uniqueIdFromText(idText));
     membership::JoinRequest req{membership::Role::kRank, rank, nranks, self, address, false};
+    req.failoverMs = params::coordFailoverMs();
     link->client_ = std::make_unique<membership::CoordClient>(id, req, params::heartbeatMs(),
                                                               params::heartbeatTimeoutMs(),
                                                               deadlineAfterMs(params::timeoutMs()));

@@ -79,11 +79,16 @@ void parallelFor(size_t n, int threads, Fn fn) {
 }
 
 struct CoordinatorProcess {
+  static inline int runs = 0;
   pid_t pid = -1;
   std::string idText;
   const std::string idFile, log;
 
-  CoordinatorProcess(const std::string& ecclcoord, const std::string& idPath) : idFile(idPath), log(idPath + ".log") {
+  // With etcd endpoints: one replica of a replicated coordinator (it leads
+  // and writes every state change to etcd before announcing it).
+  CoordinatorProcess(const std::string& ecclcoord, const std::string& idPath, const std::string& etcd)
+      : idFile(idPath), log(idPath + ".log") {
+    const std::string prefix = "/coord-scale/" + std::to_string(getpid()) + "-" + std::to_string(++runs) + "/";
     ::unlink(idFile.c_str());
     pid = fork();
     if (pid == 0) {
@@ -91,7 +96,11 @@ struct CoordinatorProcess {
       // Its own log: the id it prints and the one failure each run causes.
       int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       if (fd >= 0) dup2(fd, 1), dup2(fd, 2);
-      execl(ecclcoord.c_str(), ecclcoord.c_str(), "serve", "--id-file", idFile.c_str(), nullptr);
+      if (etcd.empty())
+        execl(ecclcoord.c_str(), ecclcoord.c_str(), "serve", "--id-file", idFile.c_str(), nullptr);
+      else
+        execl(ecclcoord.c_str(), ecclcoord.c_str(), "serve", "--id-file", idFile.c_str(), "--etcd", etcd.c_str(),
+              "--etcd-prefix", prefix.c_str(), nullptr);
       _exit(127);
     }
     for (int i = 0; i < 300 && idText.empty(); ++i) {
@@ -143,11 +152,12 @@ struct Result {
   bool standbyTookTheRank = false;
 };
 
-Result runOnce(const std::string& ecclcoord, int n, int standbys, double steadyS, int threads) {
+Result runOnce(const std::string& ecclcoord, const std::string& etcd, int n, int standbys, double steadyS,
+               int threads) {
   Result r;
   r.members = n;
   r.standbys = standbys;
-  CoordinatorProcess coord(ecclcoord, "/tmp/eccl-coord-scale-" + std::to_string(getpid()) + ".id");
+  CoordinatorProcess coord(ecclcoord, "/tmp/eccl-coord-scale-" + std::to_string(getpid()) + ".id", etcd);
   auto id = membership::decodeUniqueId(membership::uniqueIdFromText(coord.idText));
   const int64_t beatMs = 500, beatTimeoutMs = 3000;
   // Member ids drawn here, one thread, distinct.
@@ -262,6 +272,10 @@ int main(int argc, char** argv) {
   app.add_option("--standbys", standbys, "standbys registered before the ranks");
   app.add_option("--steady-s", steadyS, "seconds of steady heartbeats measured");
   app.add_option("--threads", threads, "threads that join members and wait for views");
+  std::string etcd;
+  app.add_option("--etcd", etcd,
+                 "replicated: the coordinator is an ecclcoord serve --etcd replica writing to this etcd cluster "
+                 "(IP:port,...)");
   app.add_option("--ecclcoord", ecclcoord, "the coordinator daemon (default: beside this binary)");
   app.add_flag("--json", json, "also print one JSON line per size");
   app.add_flag("--check", check, "exit 1 unless every survivor was told and a standby took the rank");
@@ -285,14 +299,19 @@ int main(int argc, char** argv) {
   files.rlim_cur = files.rlim_max;
   setrlimit(RLIMIT_NOFILE, &files);
 
-  printf("# coord_scale: one coordinator (ecclcoord serve), members over loopback, heartbeats 500 ms\n");
+  if (etcd.empty())
+    printf("# coord_scale: one coordinator (ecclcoord serve), members over loopback, heartbeats 500 ms\n");
+  else
+    printf("# coord_scale: a replicated coordinator (ecclcoord serve --etcd %s, leading), members over loopback, "
+           "heartbeats 500 ms\n",
+           etcd.c_str());
   printf("# %8s %9s %10s %13s %14s %14s %11s %6s\n", "members", "standbys", "admit_ms", "coord_cpu_pct",
          "notice_p50_ms", "notice_max_ms", "replace_ms", "told");
   bool ok = true;
   for (int n : sizes) {
     Result r;
     try {
-      r = runOnce(ecclcoord, n, standbys, steadyS, threads);
+      r = runOnce(ecclcoord, etcd, n, standbys, steadyS, threads);
     } catch (const std::exception& e) {
       fprintf(stderr, "coord_scale: at %d members: %s\n", n, e.what());
       return 1;

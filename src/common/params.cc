@@ -30,6 +30,10 @@ const std::vector<Param>& all() {
       {"ECCL_RING_SEGMENT_BYTES", "int", "524288",
        "Pipeline segment of the ring algorithms: reduction of one segment overlaps receiving "
        "the next."},
+      {"ECCL_COORD_FAILOVER_MS", "int", "0",
+       "When a member loses the coordinator, how long it looks for a successor at the addresses the job's id names "
+       "(replicated coordinators: eccl-run --etcd, which sets it, or ecclcoord serve --etcd) before the loss is "
+       "final; it resumes with the one that leads, keeping its id and rank. 0: a lost coordinator is final at once."},
       {"ECCL_SPIN_US", "int", "20",
        "How long a caller waiting on a message polls its peer's sockets before it sleeps in poll(), "
        "in microseconds."},
@@ -68,6 +72,11 @@ const std::vector<Param>& all() {
        "ibverbs back end: chunks of at least this many bytes go by rendezvous, written by RDMA straight from the "
        "sender's buffer into the receiver's (both registered for that transfer); smaller ones are copied through "
        "the lane's ring. 0: always through the ring."},
+      {"ECCL_IB_POLL_US", "int", "1000000",
+       "ibverbs back end: how long a caller waiting on a message goes on polling the completion queue, in "
+       "microseconds, while an RDMA transfer of its own is in flight (a rendezvous asked, a write posted, its buffer "
+       "exposed to the peer), as NCCL's proxy thread and MPI libraries do, before it sleeps on completion events; "
+       "polling costs a core meanwhile. 0: sleep after ECCL_SPIN_US like any wait."},
       {"ECCL_IB_REGISTRATION_CACHE_BYTES", "int", "0",
        "ibverbs back end: keep the registrations of zero-copy buffers for reuse, up to this many bytes (idle ones "
        "dropped oldest first); 0: register each transfer's buffers for that transfer only. Only for applications "
@@ -160,6 +169,8 @@ int64_t ringSegmentBytes() { return getInt("ECCL_RING_SEGMENT_BYTES"); }
 int64_t handshakeTimeoutMs() { return getInt("ECCL_HANDSHAKE_TIMEOUT_MS"); }
 int64_t maxUnauthenticated() { return getInt("ECCL_MAX_UNAUTHENTICATED"); }
 int64_t spinUs() { return getInt("ECCL_SPIN_US"); }
+int64_t coordFailoverMs() { return getInt("ECCL_COORD_FAILOVER_MS"); }
+int64_t ibPollUs() { return getInt("ECCL_IB_POLL_US"); }
 int64_t netPoolIdleMs() { return getInt("ECCL_NET_POOL_IDLE_MS"); }
 int64_t netLogBytes() { return getInt("ECCL_NET_LOG_BYTES"); }
 int64_t netEagerBytes() { return getInt("ECCL_NET_EAGER_BYTES"); }

@@ -37,6 +37,8 @@ int64_t handshakeTimeoutMs();
 int64_t maxUnauthenticated();
 int pinProgressThread();
 int64_t spinUs();
+int64_t coordFailoverMs();
+int64_t ibPollUs();
 int64_t netPoolIdleMs();
 int64_t netEagerBytes();
 std::string ibHca();

@@ -134,7 +134,8 @@ Fd connectTo(const SockAddr& addr, Deadline deadline, const std::string& what, c
     }
     if (lastErr != ECONNREFUSED && lastErr != EAGAIN && lastErr != ETIMEDOUT)
       fail(ecclSystemError, "{}: connect to {} failed: {}", what, addr.str(), strerror(lastErr));
-    if (giveUp && giveUp()) fail(ecclRemoteError, "{}: connect to {} abandoned: the peer is gone", what, addr.str());
+    if (giveUp && giveUp())
+      fail(ecclRemoteError, "{}: connect to {} abandoned ({}): the peer is gone", what, addr.str(), strerror(lastErr));
     ::usleep(20 * 1000);
   } while (Clock::now() < deadline);
   fail(ecclTimeout, "{}: could not connect to {} before the deadline ({})", what, addr.str(),

@@ -104,6 +104,7 @@ void Communicator::join(const ecclUniqueId& id, membership::Role role, int rank,
   t.ifname = params::socketIfname();
   t.pinProgressThread = params::pinProgressThread() != 0;
   t.spinUs = std::max<int64_t>(0, params::spinUs());
+  t.rdmaPollUs = std::max<int64_t>(0, params::ibPollUs());
   if (std::string choice = params::transport(); choice != "auto") t.backends = transport::parseBackendList(choice);
   t.ringBytes = static_cast<size_t>(params::shmRingBytes());
   device_ = transport::createDevice(t);
@@ -114,6 +115,7 @@ void Communicator::join(const ecclUniqueId& id, membership::Role role, int rank,
   device_->onRevoked = [this](ecclResult_t code, const std::string& reason) { onRevoked(code, reason); };
   worker_ = std::make_unique<BackgroundWorker>();
   membership::JoinRequest req{role, rank, nranks, self_, device_->address(), eager_};
+  req.failoverMs = params::coordFailoverMs();
   client_ = std::make_unique<membership::CoordClient>(idData, req, params::heartbeatMs(), params::heartbeatTimeoutMs(),
                                                      deadlineAfterMs(timeoutMs_));
   {

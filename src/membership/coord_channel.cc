@@ -5,6 +5,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <thread>
 
 #include "common/error.h"
 
@@ -25,16 +26,50 @@ SealedChannel::SealedChannel(Fd fd, const Secret& key, bool isServer, std::strin
     : fd_(std::move(fd)), key_(key), sendDir_(isServer ? 'S' : 'C'), recvDir_(isServer ? 'C' : 'S'),
       peer_(std::move(peer)) {}
 
-void SealedChannel::send(const CoordMessage& m, Deadline deadline) {
+std::vector<uint8_t> SealedChannel::frame(const CoordMessage& m) {
   auto body = encodeCoordMessage(m);
   Mac mac = seal(key_, sendDir_, sent_++, body.data(), body.size());
-  std::vector<uint8_t> frame(4 + body.size() + mac.size());
+  std::vector<uint8_t> out(4 + body.size() + mac.size());
   uint32_t len = static_cast<uint32_t>(body.size());
-  std::memcpy(frame.data(), &len, 4);
-  std::memcpy(frame.data() + 4, body.data(), body.size());
-  std::memcpy(frame.data() + 4 + body.size(), mac.data(), mac.size());
-  sendAll(fd_.get(), frame.data(), frame.size(), deadline,
+  std::memcpy(out.data(), &len, 4);
+  std::memcpy(out.data() + 4, body.data(), body.size());
+  std::memcpy(out.data() + 4 + body.size(), mac.data(), mac.size());
+  return out;
+}
+
+void SealedChannel::send(const CoordMessage& m, Deadline deadline) {
+  if (queuedBytes() > 0)  // messages are numbered in the order they are sealed
+    fail(ecclInternalError, "coordinator channel to {}: a blocking send behind queued messages", peer_);
+  auto bytes = frame(m);
+  sendAll(fd_.get(), bytes.data(), bytes.size(), deadline,
           fmt::format("coordinator channel to {} ({} message)", peer_, coordKindName(m.kind)));
+}
+
+bool SealedChannel::enqueue(const CoordMessage& m, size_t limit) {
+  if (queuedBytes() > limit) return false;
+  if (outSent_ > 0 && outSent_ == outbuf_.size()) outbuf_.clear(), outSent_ = 0;
+  auto bytes = frame(m);
+  outbuf_.insert(outbuf_.end(), bytes.begin(), bytes.end());
+  return true;
+}
+
+void SealedChannel::flush() {
+  while (outSent_ < outbuf_.size()) {
+    ssize_t n = ::send(fd_.get(), outbuf_.data() + outSent_, outbuf_.size() - outSent_, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n > 0) {
+      outSent_ += static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+    fail(ecclRemoteError, "coordinator channel to {}: send failed: {}", peer_, n < 0 ? strerror(errno) : "closed");
+  }
+  // Keep the buffer from growing without bound: drop what went once it is
+  // most of it.
+  if (outSent_ > 0 && outSent_ * 2 >= outbuf_.size()) {
+    outbuf_.erase(outbuf_.begin(), outbuf_.begin() + static_cast<std::ptrdiff_t>(outSent_));
+    outSent_ = 0;
+  }
 }
 
 void SealedChannel::takeWhole() {
@@ -122,6 +157,35 @@ CoordMessage SealedChannel::receive(Deadline deadline) {
   CoordMessage m = std::move(ready_.front());
   ready_.pop_front();
   return m;
+}
+
+Fd connectToCoordinator(const UniqueIdData& id, Deadline deadline, const std::string& what) {
+  const auto all = id.coordinators();
+  if (all.size() == 1) return connectTo(id.root, deadline, what);
+  // One try each per round: a refusal moves on at once, and a dead host's
+  // address, which may swallow the connect, gets a slice.
+  constexpr int64_t kSliceMs = 300;
+  std::string tried;
+  do {
+    for (const auto& address : all) {
+      try {
+        return connectTo(address, std::min(deadline, deadlineAfterMs(kSliceMs)), what, [] { return true; });
+      } catch (const Error& e) {
+        tried = e.what();
+      }
+      if (Clock::now() >= deadline) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  } while (Clock::now() < deadline);
+  fail(ecclTimeout, "{}: none of the job's coordinators ({}) took the connection before the deadline (last: {})",
+       what, coordinatorLabel(id), tried);
+}
+
+std::string coordinatorLabel(const UniqueIdData& id) {
+  std::string label = "the coordinator at " + id.root.str();
+  for (size_t i = 0; i < id.spares.size(); ++i)
+    label += (i + 1 == id.spares.size() ? " or " : ", ") + id.spares[i].str();
+  return label;
 }
 
 }  // namespace eccl::membership

@@ -14,32 +14,83 @@ namespace eccl::membership {
 CoordClient::CoordClient(const UniqueIdData& id, const JoinRequest& join, int64_t heartbeatMs,
                          int64_t heartbeatTimeoutMs, Deadline deadline)
     : self_(join.member),
-      coordinator_(fmt::format("the coordinator at {}", id.root.str())),
+      id_(id),
+      failoverMs_(join.failoverMs),
+      coordinator_(coordinatorLabel(id)),
       heartbeatMs_(heartbeatMs),
       heartbeatTimeoutMs_(heartbeatTimeoutMs) {
   std::string what = fmt::format("{} {} joining {}", join.role == Role::kRank ? "rank" : "standby",
                                  join.role == Role::kRank ? std::to_string(join.rank) : "", coordinator_);
-  Fd fd = connectTo(id.root, deadline, what);
-  Hello hello{Purpose::kBootstrap, id.jobId, join.member, 0, 0};
-  Secret key;
-  authenticateAsClient(fd.get(), id.secret, hello, deadline, what, &key);
-  channel_ = std::make_unique<SealedChannel>(std::move(fd), key, false, coordinator_);
-  CoordMessage m;
-  m.kind = CoordKind::kJoin;
-  m.role = join.role;
-  m.rank = join.rank;
-  m.nranks = static_cast<uint32_t>(join.nranks);
-  m.member = join.member;
-  m.pid = static_cast<uint64_t>(getpid());
-  m.address = join.dataAddress;
-  m.policy = join.eager ? 1 : 0;
-  channel_->send(m, deadline);
+  join_.kind = CoordKind::kJoin;
+  join_.role = join.role;
+  join_.rank = join.rank;
+  join_.nranks = static_cast<uint32_t>(join.nranks);
+  join_.member = join.member;
+  join_.pid = static_cast<uint64_t>(getpid());
+  join_.address = join.dataAddress;
+  join_.policy = join.eager ? 1 : 0;
+  channel_ = open(join_, deadline, what);
   wakeFd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wakeFd_ < 0) fail(ecclSystemError, "eventfd: {}", strerror(errno));
   thread_ = std::thread([this] {
     run();
     releaseThreadCryptoState();
   });
+}
+
+std::unique_ptr<SealedChannel> CoordClient::open(const CoordMessage& join, Deadline deadline,
+                                                 const std::string& what) {
+  Fd fd = connectToCoordinator(id_, deadline, what);
+  Hello hello{Purpose::kBootstrap, id_.jobId, join.member, 0, 0};
+  Secret key;
+  authenticateAsClient(fd.get(), id_.secret, hello, deadline, what, &key);
+  auto channel = std::make_unique<SealedChannel>(std::move(fd), key, false, coordinator_);
+  channel->send(join, deadline);
+  return channel;
+}
+
+// The coordinator answers a resume with the view it holds: one of the
+// epoch this member is in acknowledges it (nothing was missed, so a request
+// it had sent is asked again in case it was lost with the old coordinator);
+// a newer one is news, delivered as any view.
+bool CoordClient::resume(std::string* why) {
+  const Deadline until = deadlineAfterMs(failoverMs_);
+  CoordMessage join = join_;
+  join.uuid = kJoinResuming;
+  std::optional<CoordMessage> ask;
+  {
+    MutexLock lock(mu_);
+    join.epoch = epoch_;
+    ask = unanswered_;
+  }
+  const std::string what = fmt::format("member {:016x} resuming with {}", self_, coordinator_);
+  while (Clock::now() < until) {
+    {
+      MutexLock lock(mu_);
+      if (stopping_) return false;
+    }
+    try {
+      auto channel = open(join, std::min(until, deadlineAfterMs(1000)), what);
+      CoordMessage first = channel->receive(std::min(until, deadlineAfterMs(heartbeatTimeoutMs_)));
+      if (first.kind == CoordKind::kError) {
+        *why = fmt::format("{} refused the resume: {}", coordinator_, first.text);
+        return false;
+      }
+      channel_ = std::move(channel);
+      log::info("member {:016x}: resumed with {} (epoch {})", self_, coordinator_, first.epoch);
+      if (first.kind != CoordKind::kView || first.epoch != join.epoch) {
+        deliver(std::move(first));
+      } else if (ask) {
+        channel_->send(*ask, deadlineAfterMs(heartbeatTimeoutMs_));
+      }
+      return true;
+    } catch (const Error& e) {
+      *why = e.what();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  *why = fmt::format("no coordinator took the member back within {} ms (last: {})", failoverMs_, *why);
+  return false;
 }
 
 CoordClient::~CoordClient() {
@@ -76,6 +127,8 @@ void CoordClient::setCallbacks(Callbacks callbacks) {
 void CoordClient::post(CoordMessage m, bool wake) {
   {
     MutexLock lock(mu_);
+    if (m.kind == CoordKind::kRecover || m.kind == CoordKind::kGrow || m.kind == CoordKind::kReconfigure)
+      unanswered_ = m;
     outbox_.push_back(std::move(m));
   }
   if (!wake) return;
@@ -223,6 +276,8 @@ void CoordClient::deliver(CoordMessage m) {
   {
     MutexLock lock(mu_);
     if (m.kind == CoordKind::kView || m.kind == CoordKind::kError) {
+      unanswered_.reset();
+      if (m.kind == CoordKind::kView) epoch_ = m.epoch;
       // An idle standby hears of every view change; only the latest of
       // those rankless views matters, so they do not pile up unread.
       bool standbyView = m.kind == CoordKind::kView && m.rank < 0;
@@ -287,7 +342,16 @@ void CoordClient::deliver(CoordMessage m) {
 void CoordClient::run() {
   auto lastHeard = Clock::now();
   auto nextBeat = Clock::now();
-  auto lose = [&](const std::string& why) {
+  auto lose = [&](std::string why) {
+    if (failoverMs_ > 0) {
+      log::warn("member {:016x}: lost {}: {}; looking for its successor for up to {} ms", self_, coordinator_, why,
+                failoverMs_);
+      if (resume(&why)) {
+        lastHeard = Clock::now();
+        nextBeat = Clock::now();
+        return;
+      }
+    }
     MutexLock lock(mu_);
     if (!lost_) lost_ = why;
     cv_.notifyAll();
@@ -300,7 +364,10 @@ void CoordClient::run() {
       out.swap(outbox_);
     }
     try {
-      for (auto& m : out) channel_->send(m, deadlineAfterMs(heartbeatTimeoutMs_));
+      while (!out.empty()) {
+        channel_->send(out.front(), deadlineAfterMs(heartbeatTimeoutMs_));
+        out.pop_front();
+      }
       if (Clock::now() >= nextBeat) {
         CoordMessage beat;
         beat.kind = CoordKind::kHeartbeat;
@@ -308,6 +375,10 @@ void CoordClient::run() {
         nextBeat = Clock::now() + std::chrono::milliseconds(heartbeatMs_);
       }
     } catch (const Error& e) {
+      {
+        MutexLock lock(mu_);  // what did not go goes to a successor, in order
+        outbox_.insert(outbox_.begin(), std::make_move_iterator(out.begin()), std::make_move_iterator(out.end()));
+      }
       lose(e.what());
     }
     {

@@ -39,6 +39,11 @@ struct JoinRequest {
   uint64_t member = 0;
   std::string dataAddress;
   bool eager = false;  // standbys: keep data connections to the members open
+  // When the coordinator is lost, how long to try the job's coordinator
+  // address again for a successor that took over its state (a replicated
+  // coordinator): the member resumes there with its id and rank, and
+  // requests left unanswered are asked again. 0: a lost coordinator is final.
+  int64_t failoverMs = 0;
 };
 
 class CoordClient {
@@ -95,8 +100,16 @@ class CoordClient {
   void post(CoordMessage m, bool wake = true);
   void postGroup(uint64_t uuid, bool leave);
   void deliver(CoordMessage m);
+  // Opens a channel to the coordinator and sends `join`; throws naming it.
+  std::unique_ptr<SealedChannel> open(const CoordMessage& join, Deadline deadline, const std::string& what);
+  // After a loss: resumes with a successor within join.failoverMs; false
+  // (and why) when none took the member back.
+  bool resume(std::string* why);
 
   const uint64_t self_;
+  const UniqueIdData id_;
+  CoordMessage join_;  // as first sent; a resume sends it again, marked
+  const int64_t failoverMs_;
   std::unique_ptr<SealedChannel> channel_;
   const std::string coordinator_;
   const int64_t heartbeatMs_, heartbeatTimeoutMs_;
@@ -114,6 +127,10 @@ class CoordClient {
   Callbacks callbacks_ ECCL_GUARDED_BY(mu_);
   std::optional<CoordMessage> failedBeforeCallbacks_ ECCL_GUARDED_BY(mu_);
   std::vector<CoordMessage> reconfigBeforeCallbacks_ ECCL_GUARDED_BY(mu_);
+  uint32_t epoch_ ECCL_GUARDED_BY(mu_) = 0;  // of the last view delivered
+  // The last request that waits for a view or an error (recover, grow,
+  // reconfigure): asked again after a resume that brought no answer.
+  std::optional<CoordMessage> unanswered_ ECCL_GUARDED_BY(mu_);
 };
 
 }  // namespace eccl::membership

@@ -13,7 +13,8 @@ namespace eccl::membership {
 
 enum class CoordKind : uint32_t {
   kJoin = 1,       // member -> coord: role, rank, nranks, member, address, pid,
-                   // policy (standbys: 1 = prepare eagerly)
+                   // policy (standbys: 1 = prepare eagerly); uuid 1: resuming (an
+                   // earlier coordinator of the job admitted it; epoch: its view's)
   kView = 2,       // coord -> member: epoch, rank (-1: standby), entries, text (why)
   kHeartbeat = 3,  // both ways
   kReport = 4,     // member -> coord: epoch, members (the failed), neededFrom, text (what it saw)
@@ -49,6 +50,9 @@ enum class CoordKind : uint32_t {
 };
 
 enum class Role : uint32_t { kRank = 1, kStandby = 2, kTool = 3 };
+
+// kJoin's uuid when a member comes back to the job's new coordinator.
+constexpr uint64_t kJoinResuming = 1;
 
 struct ViewEntry {
   uint64_t member = 0;

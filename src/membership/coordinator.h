@@ -8,6 +8,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <set>
 #include <string>
@@ -30,6 +31,16 @@ struct CoordinatorOptions {
   // A REPLACE short of standbys is held this long, the idle ones reserved,
   // while more register (a launcher refilling its pool); 0 refuses at once.
   int64_t replaceWaitMs = 0;
+  // A successor's start: the durable state of the coordinator it replaces
+  // (CoordinatorCore::exportState); its members resume with it. Empty: a
+  // new job.
+  std::string takeOver;
+  // Replication (membership/replica.h): called on the coordinator's thread
+  // every round, with the durable state when it may have changed (before
+  // the actions that announce the change go out) and null otherwise.
+  // Returning false means this coordinator no longer leads: it stops at
+  // once, carrying out nothing more, and closes every connection.
+  std::function<bool(const std::string* state)> replicate;
 };
 
 class Coordinator {
@@ -42,6 +53,8 @@ class Coordinator {
   // Process ids of the current view's members, failed ones included until
   // a new view replaces them.
   std::set<uint64_t> viewPids() const;
+  // Whether it stopped on its own (it lost the lead, or failed).
+  bool stopped() const { return stopped_; }
   Coordinator(const Coordinator&) = delete;
   Coordinator& operator=(const Coordinator&) = delete;
 
@@ -53,6 +66,7 @@ class Coordinator {
   std::set<uint64_t> idleStandbyPids_ ECCL_GUARDED_BY(snapshotMu_);
   std::set<uint64_t> viewPids_ ECCL_GUARDED_BY(snapshotMu_);
   std::atomic<bool> stopping_{false};
+  std::atomic<bool> stopped_{false};
   std::thread thread_;
 };
 
@@ -68,6 +82,14 @@ CoordinatorOptions coordinatorOptionsFromEnv();
 
 // A status query from a tool (ecclcoord status): the view, standbys, health.
 std::string queryCoordinatorStatus(const UniqueIdData& id, Deadline deadline);
+// The process ids a status names: the view's members (failed ones too) and
+// the standbys not reserved for a replacement, as Coordinator's
+// viewPids()/idleStandbyPids() give them in process (a launcher whose
+// coordinators run elsewhere reads them this way).
+struct StatusPids {
+  std::set<uint64_t> view, idleStandbys;
+};
+StatusPids parseStatusPids(const std::string& status);
 // ecclcoord migrate: asks for an expected migration of `rank` to a standby;
 // returns the coordinator's status once it is announced, throws its refusal.
 std::string requestMigration(const UniqueIdData& id, int rank, Deadline deadline);

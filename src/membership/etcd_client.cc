@@ -197,7 +197,13 @@ std::string EtcdClient::call(const std::string& path, const std::string& body) {
   // cut off) leaves time for the others; the last try gets what is left.
   const auto slice = std::max<std::chrono::milliseconds>(std::chrono::milliseconds(200),
                                                          timeout_ / (2 * static_cast<int64_t>(endpoints_.size())));
-  std::string why;
+  // What each node said, each distinct answer once (a node tried many times
+  // says the same thing many times).
+  std::vector<std::vector<std::string>> said(endpoints_.size());
+  auto note = [&](size_t index, std::string what) {
+    if (std::find(said[index].begin(), said[index].end(), what) == said[index].end())
+      said[index].push_back(std::move(what));
+  };
   const size_t first = preferred_.load();
   for (size_t tried = 0; Clock::now() < deadline; ++tried) {
     const size_t index = (first + tried) % endpoints_.size();
@@ -214,12 +220,12 @@ std::string EtcdClient::call(const std::string& path, const std::string& body) {
       int code = error.is_object() ? error.value("code", 0) : 0;
       std::string message = error.is_object() ? error.value("message", error.value("error", answer.body)) : answer.body;
       if (retryableCode(code))
-        why += fmt::format("; {}: {}", endpoint, message);
+        note(index, message);
       else
         refusal = fmt::format("etcd at {} refused {}: {} (HTTP {}, code {})", endpoint, path, message, answer.status,
                               code);
     } catch (const Error& e) {
-      why += fmt::format("; {}: {}", endpoint, e.what());
+      note(index, e.what());
     }
     if (refusal) throw Error(ecclSystemError, *refusal);
     if ((tried + 1) % endpoints_.size() == 0) {
@@ -229,8 +235,13 @@ std::string EtcdClient::call(const std::string& path, const std::string& body) {
                                                                       std::chrono::milliseconds(msUntil(deadline))));
     }
   }
-  std::string list;
-  for (const auto& e : endpoints_) list += (list.empty() ? "" : ",") + e;
+  std::string list, why;
+  for (size_t i = 0; i < endpoints_.size(); ++i) {
+    list += (list.empty() ? "" : ",") + endpoints_[i];
+    std::string all;
+    for (const auto& w : said[i]) all += (all.empty() ? "" : ", then ") + w;
+    why += fmt::format("; {}: {}", endpoints_[i], all.empty() ? "not tried in time" : all);
+  }
   fail(ecclSystemError, "etcd unreachable within {} ms for {} (endpoints {}){}", timeout_.count(), path, list, why);
 }
 

@@ -61,9 +61,14 @@ bool EtcdLeadership::renew() {
 }
 
 void EtcdLeadership::resign() {
-  if (lease_ != 0) etcd_.revokeLease(lease_);  // the key goes with its lease
-  lease_ = 0;
   leading_ = false;
+  if (lease_ == 0) return;
+  try {
+    etcd_.revokeLease(lease_);  // the key goes with its lease
+  } catch (const Error& e) {
+    lastError_ = e.what();  // etcd out of reach: the lease runs out on its own
+  }
+  lease_ = 0;
 }
 
 bool EtcdLeadership::writeIfLeading(const std::vector<EtcdWrite>& writes, const std::vector<EtcdCompare>& extra) {

@@ -43,7 +43,8 @@ class EtcdLeadership {
   // When leading() turns false unless a renewal gets through first.
   std::chrono::steady_clock::time_point leadingUntil() const { return validUntil_; }
   const std::string& lastError() const { return lastError_; }
-  // Gives up leadership at once (deletes the key with the lease).
+  // Gives up leadership at once (deletes the key with the lease); with etcd
+  // out of reach it stops believing it leads and the lease runs out.
   void resign();
 
   // Applies `writes` only while this candidate still holds the leader key

@@ -45,6 +45,10 @@ struct DeviceOptions {
   int64_t handshakeTimeoutMs = 5000;
   bool pinProgressThread = true;
   int64_t spinUs = 0;  // how long a waiting caller polls before it sleeps
+  // How long it goes on polling while an RDMA transfer of its own is in
+  // flight (a completion is due: sleeping on the completion channel costs
+  // an interrupt and a wake-up per completion, as in NCCL's proxy thread).
+  int64_t rdmaPollUs = 0;
   // The back ends to use (backend.h), in the order a dial tries them; the
   // first that reaches a member carries all its lanes, and a member none
   // reaches fails. Empty: every registered one (ECCL_TRANSPORT=auto), where

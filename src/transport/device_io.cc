@@ -30,12 +30,18 @@ void LaneDevice::serviceLanesLocked(bool sockets) {
 // for whatever comes next; false when something is there already.
 bool LaneDevice::armLanesLocked() {
   for (Lane* lane : memoryLanes_) {
-    if (!lane->conduit->armWakeup(lane->hasSends())) return false;
+    if (!lane->conduit->armWakeup(lane->wantsRoom())) return false;
     // armWakeup looks at the completions once more after arming: a
     // zero-copy write it saw finish raises no event of its own.
     if (zeroCopyWriteFinishedLocked(*lane)) return false;
   }
   return true;
+}
+
+bool LaneDevice::rdmaInFlightLocked() const {
+  for (const Lane* lane : memoryLanes_)
+    if (!lane->awaitingClearance.empty() || !lane->zeroCopyWrites.empty() || !lane->exposures.empty()) return true;
+  return false;
 }
 
 void LaneDevice::completeLocked(const RequestPtr& r, ecclResult_t code, std::string error) {
@@ -345,7 +351,9 @@ bool LaneDevice::driveLocked(const RequestPtr& r, Deadline until) {
   r->driverWakeFd = wakeFd;
   drivers_++;
   setCallerOwnedLocked(true);
-  const auto spinUntil = Clock::now() + std::chrono::microseconds(opt_.spinUs);
+  const auto started = Clock::now();
+  const auto spinUntil = started + std::chrono::microseconds(opt_.spinUs);
+  const auto rdmaPollUntil = started + std::chrono::microseconds(opt_.rdmaPollUs);
   unsigned pass = 0;
   while (r->state.load() == Request::kPending) {
     // Sockets cost a system call to look at and lanes in memory do not:
@@ -358,7 +366,7 @@ bool LaneDevice::driveLocked(const RequestPtr& r, Deadline until) {
     // The clock is read on the passes that make system calls anyway.
     auto now = syscallPass ? Clock::now() : spinUntil - std::chrono::nanoseconds(1);
     if (now >= until) break;
-    if (now < spinUntil) {
+    if (now < spinUntil || (now < rdmaPollUntil && rdmaInFlightLocked())) {
       mu_.unlock();
       if (syscallPass)
         sched_yield();

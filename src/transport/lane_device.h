@@ -169,6 +169,12 @@ struct Lane {
   };
   std::deque<Exposure> exposures;
   bool hasSends() const { return !sendQueue.empty() || !zeroCopyWrites.empty(); }
+  // Whether a send waits for room on the conduit (ring space or a send
+  // slot); a zero-copy write under way waits for its completion instead,
+  // which the armed conduit announces, so it must not keep anyone spinning.
+  bool wantsRoom() const {
+    return !sendQueue.empty() || (!zeroCopyWrites.empty() && zeroCopyWrites.back().ticket == 0);
+  }
 };
 
 struct Peer {
@@ -299,6 +305,11 @@ class LaneDevice final : public Device {
                 const std::string& label, const std::pair<uint64_t, Secret>& credentials) ECCL_EXCLUDES(mu_);
   void installLaneLocked(Peer& peer, uint32_t lane, std::unique_ptr<Conduit> conduit) ECCL_REQUIRES(mu_);
   bool armLanesLocked() ECCL_REQUIRES(mu_);
+  // Whether an RDMA transfer of ours is under way on some lane (a
+  // rendezvous asked, a write posted, our memory exposed to the peer): its
+  // completion is due within the transfer's time, so a waiting caller polls
+  // for it (DeviceOptions::rdmaPollUs) rather than sleep.
+  bool rdmaInFlightLocked() const ECCL_REQUIRES(mu_);
   void startBackends();
   Backend* backendFor(MemberId member, const std::vector<std::pair<std::string, std::string>>& address,
                       Deadline deadline, const std::string& what, const std::function<bool()>& giveUp, Fd* stream);

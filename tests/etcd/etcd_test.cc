@@ -175,8 +175,17 @@ TEST_F(Etcd, OneNodeDownOrStoppedChangesNothingForTheCaller) {
     EXPECT_TRUE(lead.renew()) << "after killing node " << node;
     EXPECT_TRUE(lead.writeIfLeading({EtcdWrite::put("/eccl/job2/n", std::to_string(node))}));
     EXPECT_LT(secondsSince(t), 4.0) << "a write took too long with node " << node << " down";
+    // The next kill must leave a quorum: wait until this node is back in
+    // it, renewing as a leader does meanwhile (a restart under load can
+    // outlast the lease).
     cluster->restart(node);
-    cluster->waitHealthy(30s);
+    auto back = Clock::now();
+    while (!cluster->serves(node)) {
+      ASSERT_LT(secondsSince(back), 30.0) << "node " << node << " did not rejoin";
+      ASSERT_TRUE(lead.renew()) << "while node " << node << " restarts: " << lead.lastError();
+      std::this_thread::sleep_for(100ms);
+    }
+    ASSERT_TRUE(lead.renew()) << lead.lastError();
   }
   // A stopped node holds its connections open and answers nothing: calls
   // move on within their slice of the budget.

@@ -46,6 +46,14 @@ def descendants(roots: set[int]) -> set[int]:
     return found
 
 
+def program(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
 def socket_inodes(pids: set[int]) -> dict[int, int]:
     owner = {}
     for pid in pids:
@@ -155,7 +163,11 @@ def main() -> int:
         live = {}
         for _, _, mode, target in held:
             live[(mode, target)] = live.get((mode, target), 0) + 1
+        # The coordinator: that process's listener, or a replicated
+        # coordinator's (an ecclcoord under it) when it has none.
         coordinator = [t for t in targets if t[0] == "tcp" and (t[2] == a.coordinator_pid or not a.coordinator_pid)]
+        if not coordinator:
+            coordinator = [t for t in targets if t[0] == "tcp" and program(t[2]) == "ecclcoord"]
         for kind, addr, pid in targets:
             for mode in ("silent", "slow"):
                 if mode in modes and live.get((mode, (kind, addr)), 0) < a.per_listener:

@@ -3,22 +3,41 @@
 # killed and a standby takes its rank: the job must finish with parameters
 # bit-identical to a failure-free run, and nobody but rank 2 may be
 # declared failed (no missed heartbeat, no lost coordinator).
-#   flood.sh eccl-run|ecclcoord MODES ECCL_RUN ECCLCOORD ELASTIC_TRAIN
+#   flood.sh eccl-run|ecclcoord|eccl-run-etcd MODES ECCL_RUN ECCLCOORD ELASTIC_TRAIN [ETCD_CLUSTER]
 # eccl-run: the launcher's own coordinator; ecclcoord: the `ecclcoord
-# serve` daemon, with the ranks and the standby started by hand.
+# serve` daemon, with the ranks and the standby started by hand;
+# eccl-run-etcd: eccl-run --etcd's three replicated coordinators on a real
+# three-node etcd cluster (ETCD_CLUSTER starts it): the leader's port is
+# attacked, the others refuse connections.
 # MODES: flood.py's (silent,slow,garbage,many).
 set -uo pipefail
-launch=$1 modes=$2 run=$3 coord=$4 train=$5
+launch=$1 modes=$2 run=$3 coord=$4 train=$5 etcd_cluster=${6:-}
 here=$(cd "$(dirname "$0")" && pwd)
 out=$(mktemp -d)
 pids=()
-trap 'kill -9 "${pids[@]}" 2>/dev/null; rm -rf "$out"' EXIT
+etcd_pid=""
+# The etcd cluster is stopped in order: it removes its nodes' data.
+trap 'kill -9 "${pids[@]}" 2>/dev/null; [ -z "$etcd_pid" ] || { kill "$etcd_pid"; wait "$etcd_pid"; }; rm -rf "$out"' EXIT
 export ECCL_SOCKET_IFNAME=${ECCL_SOCKET_IFNAME:-lo}
 steps=80 kill_at=4
 echo "flood: $modes against every listener of a job started by $launch; rank 2 killed at ${kill_at} s"
 
-if [ "$launch" = eccl-run ]; then
-  "$run" -np 4 --standby 1 --kill "2@$kill_at" --timeout 150 "$train" --steps $steps >"$out/job.log" 2>&1 &
+if [ "$launch" = eccl-run ] || [ "$launch" = eccl-run-etcd ]; then
+  replicated=()
+  if [ "$launch" = eccl-run-etcd ]; then
+    [ -n "$etcd_cluster" ] || { echo "FAIL: eccl-run-etcd needs the etcd_cluster program"; exit 1; }
+    # It holds the cluster until its standard input (this fifo) closes.
+    mkfifo "$out/etcd.in"
+    "$etcd_cluster" 3 <"$out/etcd.in" >"$out/etcd.out" 2>"$out/etcd.log" &
+    etcd_pid=$!
+    exec {hold}>"$out/etcd.in"
+    for _ in $(seq 300); do grep -q '^ETCD_ENDPOINTS=' "$out/etcd.out" && break; sleep 0.1; done
+    endpoints=$(sed -n 's/^ETCD_ENDPOINTS=//p' "$out/etcd.out")
+    [ -n "$endpoints" ] || { echo "FAIL: no etcd cluster"; cat "$out/etcd.log"; exit 1; }
+    replicated=(--etcd "$endpoints" --coordinators 3)
+  fi
+  "$run" -np 4 --standby 1 "${replicated[@]}" --kill "2@$kill_at" --timeout 150 "$train" --steps $steps \
+    >"$out/job.log" 2>&1 &
   job=$!
   pids+=("$job")
   victims=$job

@@ -2,8 +2,10 @@
 // SIGKILLs, a standby pool kept full) and checks every allreduce element by
 // element. On any failure it recovers with REPLACE (waiting for the
 // launcher's next standby if the pool is momentarily empty) and goes on.
-// Once the chaos is over (no view change for --quiet-ms) and at least
-// --min-epoch views went by, every rank stops at the same step. Any wrong
+// Once the chaos is over (no view change for --quiet-ms), at least
+// --min-epoch views went by and --min-seconds passed (chaos that changes no
+// view, such as killing coordinators, needs the time), every rank stops at
+// the same step. Any wrong
 // element, unexpected error code or missed deadline exits non-zero.
 #include <CLI/CLI.hpp>
 
@@ -60,8 +62,10 @@ void recover(ecclComm_t comm) {
 int main(int argc, char** argv) {
   CLI::App app{"chaos_worker: checked allreduces through random kills"};
   int minEpoch = 2, quietMs = 2000;
+  double minSeconds = 0;
   size_t count = 4096;
   app.add_option("--min-epoch", minEpoch, "do not stop before this epoch")->check(CLI::Range(1, 1000000));
+  app.add_option("--min-seconds", minSeconds, "do not stop before this many seconds")->check(CLI::Range(0.0, 86400.0));
   app.add_option("--quiet-ms", quietMs, "stop once the view has not changed for this long")->check(CLI::Range(1, 3600000));
   app.add_option("--count", count, "int64 elements per allreduce")->check(CLI::Range(1, 1 << 24));
   CLI11_PARSE(app, argc, argv);
@@ -74,6 +78,7 @@ int main(int argc, char** argv) {
   int64_t iteration = 0;  // within the current epoch; every member of a view starts at 0
   uint32_t epoch = statsOf(comm).epoch;
   auto epochStart = Clock::now();
+  const auto started = Clock::now();
   for (;;) {
     ecclCommStats_t s = statsOf(comm);
     if (s.epoch != epoch) epoch = s.epoch, iteration = 0, epochStart = Clock::now();
@@ -91,7 +96,8 @@ int main(int argc, char** argv) {
       ++checked;
       ++iteration;
       // Stop together: the decision is itself a collective.
-      done = static_cast<int64_t>(epoch) >= minEpoch && Clock::now() - epochStart > std::chrono::milliseconds(quietMs);
+      done = static_cast<int64_t>(epoch) >= minEpoch && Clock::now() - epochStart > std::chrono::milliseconds(quietMs) &&
+             Clock::now() - started > std::chrono::duration<double>(minSeconds);
       r = ecclAllReduce(&done, &done, 1, ecclInt32, ecclMax, comm, nullptr);
       if (r == ecclSuccess && done) break;
     }

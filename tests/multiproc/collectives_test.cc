@@ -17,11 +17,11 @@ TEST_P(Processes, EveryCollectiveEveryCount) {
   ProcessGroup group(GetParam(), [](int rank, int n, const ecclUniqueId& id) {
     ecclComm_t comm;
     RANK_OK(ecclCommInitRank(&comm, n, id, rank), nullptr);
-    // 0, 1, primes, a count not divisible by any rank count here, and 64 MiB
-    // of float (ECCL_TEST_LARGEST_COUNT lowers the last where the link is
-    // emulated: 16 MiB of float inside the Soft-RoCE VM).
+    // 0, 1, primes, a count not divisible by any rank count here, and 32 MiB
+    // of float, 64 ring segments (ECCL_TEST_LARGEST_COUNT lowers the last
+    // where the link is emulated: 8 MiB of float inside the Soft-RoCE VM).
     const char* largest = getenv("ECCL_TEST_LARGEST_COUNT");
-    const size_t last = largest ? std::strtoull(largest, nullptr, 10) : size_t(16) << 20;
+    const size_t last = largest ? std::strtoull(largest, nullptr, 10) : size_t(8) << 20;
     for (size_t count : {size_t(0), size_t(1), size_t(7), size_t(8191), size_t(1000003), last})
       for (bool inPlace : {false, true}) checkEveryCollective(comm, count, inPlace);
     checkEveryTypeAndOp(comm, 101);

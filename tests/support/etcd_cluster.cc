@@ -8,6 +8,8 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <stdexcept>
 #include <thread>
 
@@ -111,7 +113,21 @@ void EtcdCluster::kill(int node) {
   n.pid = -1;
 }
 
-void EtcdCluster::stop(int node) { ::kill(nodes_[node].pid, SIGSTOP); }
+// SIGSTOP lands asynchronously: wait until the node is stopped, so nothing
+// it answers comes after stop() returns (a test times from then).
+void EtcdCluster::stop(int node) {
+  const pid_t pid = nodes_[node].pid;
+  ::kill(pid, SIGSTOP);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (std::chrono::steady_clock::now() < until) {
+    std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    size_t close = text.rfind(')');
+    if (close != std::string::npos && close + 2 < text.size() && text[close + 2] == 'T') return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  throw std::runtime_error("etcd node " + nodes_[node].name + " did not stop within 5 s of SIGSTOP");
+}
 void EtcdCluster::resume(int node) { ::kill(nodes_[node].pid, SIGCONT); }
 
 void EtcdCluster::restart(int node) {
@@ -133,6 +149,16 @@ void EtcdCluster::waitHealthy(std::chrono::milliseconds timeout) const {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   throw std::runtime_error("etcd cluster in " + root_ + " not healthy in time: " + last);
+}
+
+bool EtcdCluster::serves(int node) const {
+  try {
+    membership::EtcdClient client(endpoint(node), std::chrono::milliseconds(1000));
+    client.put("/eccl-test/health", "ok");
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
 }
 
 }  // namespace eccl::test

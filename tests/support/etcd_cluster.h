@@ -28,11 +28,14 @@ class EtcdCluster {
   std::string endpoint(int node) const;
 
   void kill(int node);     // SIGKILL; its data stays for restart()
-  void stop(int node);     // SIGSTOP: it keeps its ports and answers nothing
+  void stop(int node);     // SIGSTOP (returns once stopped): it keeps its ports and answers nothing
   void resume(int node);   // SIGCONT
   void restart(int node);  // starts a killed node again on the same ports and data
   // Waits until a write through the cluster succeeds; throws on timeout.
   void waitHealthy(std::chrono::milliseconds timeout) const;
+  // Whether a write through this node alone commits: it is back in the
+  // quorum, not merely started.
+  bool serves(int node) const;
 
  private:
   struct Node {

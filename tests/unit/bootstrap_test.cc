@@ -33,6 +33,37 @@ TEST(UniqueId, TextRoundTripAndMalformedInput) {
   }
 }
 
+TEST(UniqueId, SpareCoordinatorsRoundTripAndAnIdWithoutThemKeepsItsShortForm) {
+  UniqueIdData d;
+  d.root = SockAddr::parse("10.0.0.1:4711");
+  d.secret.fill(0x5c);
+  d.jobId = 7;
+  EXPECT_EQ(uniqueIdToText(encodeUniqueId(d)).size(), 104u);
+  d.spares = {SockAddr::parse("10.0.0.2:4712"), SockAddr::parse("10.0.0.3:4713")};
+  std::string text = uniqueIdToText(encodeUniqueId(d));
+  EXPECT_EQ(text.size(), 2u * (56 + 2 * 6));
+  UniqueIdData back = decodeUniqueId(uniqueIdFromText(text));
+  ASSERT_EQ(back.coordinators().size(), 3u);
+  EXPECT_EQ(back.coordinators()[0].str(), "10.0.0.1:4711");
+  EXPECT_EQ(back.coordinators()[2].str(), "10.0.0.3:4713");
+  EXPECT_EQ(back.secret, d.secret);
+
+  d.spares = {SockAddr::parse("[fd00::2]:1"), SockAddr::parse("[fd00::3]:2"), SockAddr::parse("[fd00::4]:3"),
+              SockAddr::parse("[fd00::5]:4")};
+  back = decodeUniqueId(uniqueIdFromText(uniqueIdToText(encodeUniqueId(d))));
+  EXPECT_EQ(back.spares.back().str(), "[fd00::5]:4");
+  d.spares.push_back(SockAddr::parse("[fd00::6]:5"));
+  EXPECT_THROW(encodeUniqueId(d), Error);  // a fifth IPv6 spare does not fit
+  d.spares = {SockAddr::parse("10.0.0.2:1"), SockAddr::parse("[fd00::2]:1")};
+  EXPECT_THROW(encodeUniqueId(d), Error);
+
+  // Cut short, or a count past what fits: refused, naming the lengths.
+  EXPECT_THROW(uniqueIdFromText(text.substr(0, text.size() - 2)), Error);
+  ecclUniqueId id = encodeUniqueId(UniqueIdData{d.root, d.secret, 7, {SockAddr::parse("10.0.0.2:1")}});
+  id.internal[52] = 13;
+  EXPECT_THROW(decodeUniqueId(id), Error);
+}
+
 TEST(CoordMessages, RoundTripAndRejectGarbage) {
   CoordMessage m;
   m.kind = CoordKind::kView;

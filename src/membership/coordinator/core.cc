@@ -1,0 +1,199 @@
+#include "membership/coordinator/core.h"
+
+#include <algorithm>
+
+#include "common/log.h"
+
+namespace eccl::membership {
+
+void CoordinatorCore::onFirstMessage(uint64_t conn, const std::string& peer, CoordMessage first, Time at) {
+  now = at;
+  stateChanged = true;
+  if (first.kind != CoordKind::kJoin) first.role = Role::kTool;  // a status query or a migration request
+  if (first.role == Role::kTool) return answerTool(conn, peer, first);
+  join(conn, peer, first);
+}
+
+void CoordinatorCore::onMessage(uint64_t conn, const CoordMessage& msg, Time at) {
+  now = at;
+  auto it = memberOfConn.find(conn);
+  if (it == memberOfConn.end()) return;  // its member is gone: the driver closes it
+  if (msg.kind != CoordKind::kHeartbeat) stateChanged = true;
+  dispatch(it->second, msg);
+}
+
+void CoordinatorCore::onClosed(uint64_t conn, const std::string& error, Time at) {
+  now = at;
+  auto it = memberOfConn.find(conn);
+  if (it == memberOfConn.end()) return;
+  const uint64_t member = it->second;
+  stateChanged = true;
+  memberOfConn.erase(it);
+  members.at(member).conn = 0;
+  // A member that said goodbye may close with our heartbeats unread, which
+  // resets the connection: that is still its orderly exit.
+  if (members.at(member).left) return departed(member);
+  if (!error.empty()) return declareFailed(member, error);
+  declareFailed(member, "its connection to the coordinator closed (process exited or was killed)");
+}
+
+void CoordinatorCore::onUnreachable(uint64_t conn) {
+  auto it = memberOfConn.find(conn);
+  if (it != memberOfConn.end()) members.at(it->second).unreachable = true;
+}
+
+void CoordinatorCore::onTick(Time at) {
+  now = at;
+  if (!started) {
+    started = true;
+    nextBeat = now;
+  }
+  if (replaceHeldUntil && now >= *replaceHeldUntil) {
+    stateChanged = true;
+    tryRecover();  // refuses it
+  }
+  if (now >= nextBeat) {
+    nextBeat = now + std::chrono::milliseconds(opt.heartbeatMs);
+    heartbeat();
+  }
+}
+
+CoordinatorCore::Time CoordinatorCore::nextWake() const {
+  Time wake = started ? nextBeat : now;
+  if (replaceHeldUntil) wake = std::min(wake, *replaceHeldUntil);
+  return wake;
+}
+
+void CoordinatorCore::sendTo(uint64_t conn, const CoordMessage& msg, CoordAction::Kind kind, bool quiet) {
+  actions.push_back({kind, conn, msg, quiet});
+}
+
+// Best effort: a member that cannot take a message is dealt with by its
+// heartbeat or its closed connection, not here.
+void CoordinatorCore::send(Member& m, const CoordMessage& msg) {
+  if (m.conn && !m.unreachable) sendTo(m.conn, msg, CoordAction::Kind::kSend);
+}
+
+void CoordinatorCore::closeConnection(Member& m) {
+  if (!m.conn) return;
+  actions.push_back({CoordAction::Kind::kClose, m.conn, {}, false});
+  memberOfConn.erase(m.conn);
+  m.conn = 0;
+}
+
+void CoordinatorCore::eraseMember(uint64_t member) {
+  auto it = members.find(member);
+  if (it == members.end()) return;
+  closeConnection(it->second);
+  members.erase(it);
+}
+
+void CoordinatorCore::sendView(uint64_t member, const std::string& why) {
+  auto it = members.find(member);
+  if (it == members.end()) return;
+  CoordMessage v;
+  v.kind = CoordKind::kView;
+  v.epoch = epoch;
+  auto pos = std::find(view.begin(), view.end(), member);
+  v.rank = pos == view.end() ? -1 : pos - view.begin();
+  v.nranks = static_cast<uint32_t>(view.size());
+  v.entries = entries();
+  v.text = why;
+  v.uuid = viewUuid;
+  send(it->second, v);
+}
+
+void CoordinatorCore::sendError(uint64_t member, const std::string& text) {
+  auto it = members.find(member);
+  if (it == members.end()) return;
+  CoordMessage e;
+  e.kind = CoordKind::kError;
+  e.text = text;
+  send(it->second, e);
+}
+
+std::string CoordinatorCore::label(uint64_t member) const {
+  auto it = std::find(view.begin(), view.end(), member);
+  auto m = members.find(member);
+  std::string where = m == members.end() ? "" : fmt::format(" at {}", m->second.address);
+  if (it != view.end()) return fmt::format("rank {} (member {:016x}{})", it - view.begin(), member, where);
+  return fmt::format("member {:016x}{}", member, where);
+}
+
+std::vector<ViewEntry> CoordinatorCore::entries() const {
+  std::vector<ViewEntry> out;
+  for (uint64_t m : view) {
+    auto it = members.find(m);
+    out.push_back({m, it == members.end() ? "" : it->second.address});
+  }
+  return out;
+}
+
+bool CoordinatorCore::inView(uint64_t member) const {
+  return std::find(view.begin(), view.end(), member) != view.end();
+}
+
+bool CoordinatorCore::isFailed(uint64_t member) const {
+  return std::find(failed.begin(), failed.end(), member) != failed.end();
+}
+
+bool CoordinatorCore::usableStandby(const Member& m) const {
+  return m.role == Role::kStandby && m.conn && !m.retired && !m.leftOut;
+}
+
+// In registration order; with `withReserved`, the standbys a held REPLACE
+// reserved count too (they are its to use).
+std::vector<uint64_t> CoordinatorCore::idleStandbys(bool withReserved) const {
+  std::vector<uint64_t> out;
+  for (auto& [mid, m] : members)
+    if (withReserved ? usableStandby(m) : idleStandby(m)) out.push_back(mid);
+  std::sort(out.begin(), out.end(),
+            [&](uint64_t a, uint64_t b) { return members.at(a).joinOrder < members.at(b).joinOrder; });
+  return out;
+}
+
+bool CoordinatorCore::isJoiner(uint64_t m) const {
+  return pending && std::find(pending->joiners.begin(), pending->joiners.end(), m) != pending->joiners.end();
+}
+
+std::vector<uint64_t> CoordinatorCore::pendingParticipants() const {
+  std::vector<uint64_t> all = pending->next;
+  all.insert(all.end(), pending->leavers.begin(), pending->leavers.end());
+  return all;
+}
+
+// The members of the view still alive if every one of them has asked for
+// `ask`; nothing if someone has not yet.
+std::optional<std::vector<uint64_t>> CoordinatorCore::everyoneAsked(Member::Ask ask) {
+  std::vector<uint64_t> waiting;
+  for (uint64_t m : view) {
+    if (isFailed(m)) continue;
+    auto it = members.find(m);
+    if (it == members.end() || it->second.ask != ask) return std::nullopt;
+    waiting.push_back(m);
+  }
+  if (waiting.empty()) return std::nullopt;
+  return waiting;
+}
+
+std::string CoordinatorCore::describeMembers(const std::vector<uint64_t>& list) {
+  std::string out;
+  for (uint64_t m : list) out += fmt::format("{}{:016x}", out.empty() ? "[" : ", ", m);
+  return out + "]";
+}
+
+std::set<uint64_t> CoordinatorCore::idleStandbyPids() const {
+  std::set<uint64_t> idle;
+  for (auto& [mid, m] : members)
+    if (m.role == Role::kStandby && !m.reserved) idle.insert(m.pid);
+  return idle;
+}
+
+std::set<uint64_t> CoordinatorCore::viewPids() const {
+  std::set<uint64_t> pids;
+  for (uint64_t mid : view)
+    if (auto it = members.find(mid); it != members.end()) pids.insert(it->second.pid);
+  return pids;
+}
+
+}  // namespace eccl::membership

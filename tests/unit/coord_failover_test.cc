@@ -1,0 +1,152 @@
+// A coordinator replaced by a successor that took over its durable state:
+// real member clients on threads of one process, real sockets. The members
+// resume with the successor at the job's address, keep their ids and ranks,
+// and the successor goes on serving them (a failure, a recovery).
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/crypto.h"
+#include "common/error.h"
+#include "membership/coord_client.h"
+#include "membership/coordinator.h"
+#include "membership/unique_id.h"
+
+namespace eccl::membership {
+namespace {
+
+using namespace std::chrono_literals;
+
+struct Member {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<CoordMessage> failed;
+  std::unique_ptr<CoordClient> client;
+
+  Member(const UniqueIdData& id, int rank, int nranks, int64_t failoverMs) {
+    JoinRequest join{Role::kRank, rank, nranks, 500u + static_cast<uint64_t>(rank), "tcp:127.0.0.1:1", false};
+    join.failoverMs = failoverMs;
+    client = std::make_unique<CoordClient>(id, join, 100, 1500, deadlineAfterMs(10000));
+    CoordClient::Callbacks cb;
+    cb.onFailed = [this](const CoordMessage& m) {
+      std::lock_guard<std::mutex> lock(mu);
+      failed.push_back(m);
+      cv.notify_all();
+    };
+    client->setCallbacks(cb);
+  }
+  bool heardFailureOf(uint64_t member, std::chrono::milliseconds within) {
+    std::unique_lock<std::mutex> lock(mu);
+    return cv.wait_for(lock, within, [&] {
+      for (auto& f : failed)
+        for (uint64_t m : f.members)
+          if (m == member) return true;
+      return false;
+    });
+  }
+};
+
+class CoordinatorFailover : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    randomBytes(id.secret.data(), id.secret.size());
+    randomBytes(&id.jobId, sizeof(id.jobId));
+    SockAddr loopback = SockAddr::parse("127.0.0.1:0");
+    auto [fd, bound] = listenOn(loopback);
+    id.root = bound;
+    options.heartbeatMs = 100;
+    options.heartbeatTimeoutMs = 1500;
+    // What a replica would write to etcd: the state as of before the members hear of a change.
+    options.replicate = [this](const std::string* state) {
+      if (state) {
+        std::lock_guard<std::mutex> lock(stateMu);
+        written = *state;
+      }
+      return true;
+    };
+    first = std::make_unique<Coordinator>(id, std::move(fd), options);
+  }
+
+  std::vector<std::unique_ptr<Member>> form(int n, int64_t failoverMs) {
+    std::vector<std::unique_ptr<Member>> m(n);
+    std::vector<std::thread> joins;
+    for (int r = 0; r < n; ++r) joins.emplace_back([&, r] { m[r] = std::make_unique<Member>(id, r, n, failoverMs); });
+    for (auto& t : joins) t.join();
+    for (auto& member : m) EXPECT_EQ(member->client->awaitView(deadlineAfterMs(10000), "the first view").epoch, 1u);
+    return m;
+  }
+
+  // The first coordinator dies; a successor with its state listens at the
+  // job's address.
+  void replaceCoordinator() {
+    std::string state;
+    {
+      std::lock_guard<std::mutex> lock(stateMu);
+      state = written;
+    }
+    ASSERT_FALSE(state.empty());
+    first.reset();
+    auto [fd, bound] = listenOn(id.root);
+    CoordinatorOptions next = options;
+    next.replicate = nullptr;
+    next.takeOver = state;
+    second = std::make_unique<Coordinator>(id, std::move(fd), next);
+  }
+
+  UniqueIdData id;
+  CoordinatorOptions options;
+  std::mutex stateMu;
+  std::string written;  // the first coordinator's last state
+  std::unique_ptr<Coordinator> first, second;
+};
+
+TEST_F(CoordinatorFailover, MembersResumeWithTheSuccessorKeepTheirRanksAndRecoverThroughIt) {
+  auto m = form(3, /*failoverMs=*/5000);
+  replaceCoordinator();
+  std::this_thread::sleep_for(2500ms);  // past the heartbeat timeout: resumed members are not declared
+  for (auto& member : m) EXPECT_FALSE(member->client->evicted());
+  EXPECT_EQ(second->viewPids().size(), 1u);  // all three are this process
+  m[2]->client.reset();                      // rank 2 dies under the successor
+  ASSERT_TRUE(m[0]->heardFailureOf(502, 5000ms));
+  ASSERT_TRUE(m[1]->heardFailureOf(502, 5000ms));
+  for (int r : {0, 1}) m[r]->client->requestRecover(1, static_cast<uint32_t>(RecoverPolicy::kShrink));
+  for (int r : {0, 1}) {
+    ViewUpdate v = m[r]->client->awaitView(deadlineAfterMs(10000), "the recovered view");
+    EXPECT_EQ(v.epoch, 2u);
+    EXPECT_EQ(v.rank, r);
+    ASSERT_EQ(v.entries.size(), 2u);
+    EXPECT_EQ(v.entries[0].member, 500u);
+    EXPECT_EQ(v.entries[1].member, 501u);
+  }
+}
+
+TEST_F(CoordinatorFailover, ARecoveryAskedOfTheDeadCoordinatorIsAnsweredByTheSuccessor) {
+  auto m = form(3, /*failoverMs=*/5000);
+  m[2]->client.reset();
+  ASSERT_TRUE(m[0]->heardFailureOf(502, 5000ms));
+  ASSERT_TRUE(m[1]->heardFailureOf(502, 5000ms));
+  m[0]->client->requestRecover(1, static_cast<uint32_t>(RecoverPolicy::kShrink));
+  std::this_thread::sleep_for(300ms);  // rank 0's ask is in the first coordinator's state
+  replaceCoordinator();
+  m[1]->client->requestRecover(1, static_cast<uint32_t>(RecoverPolicy::kShrink));
+  for (int r : {0, 1}) {
+    ViewUpdate v = m[r]->client->awaitView(deadlineAfterMs(10000), "the recovered view");
+    EXPECT_EQ(v.epoch, 2u);
+    EXPECT_EQ(v.entries.size(), 2u);
+  }
+}
+
+TEST_F(CoordinatorFailover, WithoutFailoverALostCoordinatorIsFinal) {
+  auto m = form(2, /*failoverMs=*/0);
+  replaceCoordinator();
+  EXPECT_THROW(m[0]->client->awaitView(deadlineAfterMs(5000), "a view"), Error);
+}
+
+}  // namespace
+}  // namespace eccl::membership
