@@ -44,6 +44,7 @@ TcpBackend::TcpBackend(const BackendOptions& options) {
   listenFd_ = std::move(fd);
   address_ = bound;
   setNonBlocking(listenFd_.get(), true);
+  loadNicTopology(nic_.name);  // here, not on the progress thread that placeThread() binds
 }
 
 std::string TcpBackend::describe() const { return fmt::format("{} (interface {})", address_.str(), nic_.name); }

@@ -2,6 +2,8 @@
 
 #include <hwloc.h>
 
+#include <unistd.h>
+
 #include <cstring>
 #include <mutex>
 
@@ -9,8 +11,10 @@
 
 namespace eccl::transport {
 
-void bindThreadNearNic(const std::string& ifname) {
-  // One topology per process: loading it walks sysfs and costs milliseconds.
+namespace {
+
+// One topology per process: loading it walks sysfs and costs milliseconds.
+hwloc_topology_t topology() {
   static hwloc_topology_t topo = [] {
     hwloc_topology_t t = nullptr;
     if (hwloc_topology_init(&t) != 0) return static_cast<hwloc_topology_t>(nullptr);
@@ -26,6 +30,30 @@ void bindThreadNearNic(const std::string& ifname) {
     }
     return t;
   }();
+  return topo;
+}
+
+// Only an interface backed by a bus device has a place in the topology;
+// loopback, veth, bridges and tunnels have none, and loading hwloc's
+// topology costs up to a second per process under a sanitizer on a busy
+// machine, so it is not loaded for them.
+bool hasDevice(const std::string& ifname) {
+  return !ifname.empty() && ifname.find('/') == std::string::npos &&
+         access(("/sys/class/net/" + ifname + "/device").c_str(), F_OK) == 0;
+}
+
+}  // namespace
+
+void loadNicTopology(const std::string& ifname) {
+  if (hasDevice(ifname)) (void)topology();
+}
+
+void bindThreadNearNic(const std::string& ifname) {
+  if (!hasDevice(ifname)) {
+    log::info("interface {} is not a device on a bus (virtual or loopback); progress thread left unbound", ifname);
+    return;
+  }
+  hwloc_topology_t topo = topology();
   static std::mutex mu;
   std::lock_guard<std::mutex> lock(mu);
   if (!topo) {
