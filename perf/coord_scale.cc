@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -200,13 +201,23 @@ Result runOnce(const std::string& ecclcoord, const std::string& etcd, int n, int
   r.cpuPct = 100.0 * (coord.cpuSeconds() - cpu0) / steadyS;
 
   const int victim = n / 2;
+  // The survivors' callbacks count the notices; the measuring threads sleep
+  // until all came (polling here took the cores the notices needed).
+  struct Told {
+    std::mutex mu;
+    std::condition_variable cv;
+    int count = 0;
+  };
+  auto told = std::make_shared<Told>();  // outlives this run: clients may call back while they close
   for (int i = 0; i < n; ++i) {
     if (i == victim) continue;
     Member* m = ranks[i].get();
     CoordClient::Callbacks cb;
-    cb.onFailed = [m](const CoordMessage&) {
+    cb.onFailed = [m, told, n](const CoordMessage&) {
       int64_t zero = 0;  // the first notice only
-      m->toldAtNs.compare_exchange_strong(zero, Clock::now().time_since_epoch().count());
+      if (!m->toldAtNs.compare_exchange_strong(zero, Clock::now().time_since_epoch().count())) return;
+      std::lock_guard<std::mutex> lock(told->mu);
+      if (++told->count == n - 1) told->cv.notify_all();
     };
     m->client->setCallbacks(std::move(cb));
   }
@@ -217,13 +228,15 @@ Result runOnce(const std::string& ecclcoord, const std::string& etcd, int n, int
   std::atomic<int> newViews{0};
   std::atomic<bool> standbyRank{true};
   std::vector<Clock::time_point> viewAt(n);
-  // Each survivor asks for REPLACE once told (asking never blocks), then
-  // all wait: the coordinator answers once every survivor has asked.
+  {
+    std::unique_lock<std::mutex> lock(told->mu);
+    told->cv.wait_until(lock, Clock::now() + std::chrono::seconds(60), [&] { return told->count == n - 1; });
+  }
+  // Each survivor told asks for REPLACE (asking never blocks), then all
+  // wait: the coordinator answers once every survivor has asked.
   parallelFor(ranks.size(), threads, [&](size_t i) {
     if (i == static_cast<size_t>(victim)) return;
     Member& m = *ranks[i];
-    auto until = Clock::now() + std::chrono::seconds(60);
-    while (m.toldAtNs.load() == 0 && Clock::now() < until) std::this_thread::sleep_for(std::chrono::microseconds(200));
     if (m.toldAtNs.load() != 0) m.client->requestRecover(epoch, ecclRecoverReplace);
   });
   parallelFor(ranks.size(), threads, [&](size_t i) {
