@@ -294,6 +294,12 @@ int main(int argc, char** argv) {
     fprintf(stderr, "eccl-run: --coord-chaos needs --etcd (a single coordinator has no successor)\n");
     return 2;
   }
+  if (etcd.empty())
+    for (const char* option : {"--coordinators", "--etcd-prefix", "--etcd-ttl", "--coord-chaos-max"})
+      if (app.count(option)) {
+        fprintf(stderr, "eccl-run: %s needs --etcd (without it the launcher runs one coordinator itself)\n", option);
+        return 2;
+      }
   // The coordinator lives here, never in a rank: killing any rank leaves it
   // up. Replicated, it lives in processes of its own beside the launcher.
   std::string idText;
