@@ -2,6 +2,7 @@
 
 #include <isa-l/crc.h>
 #include <openssl/crypto.h>
+#include <openssl/evp.h>
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 
@@ -34,6 +35,42 @@ Mac hmacSha256(const Secret& key, const void* data, size_t n) {
       len != mac.size())
     fail(ecclSystemError, "OpenSSL HMAC-SHA256 failed");
   return mac;
+}
+
+Digest sha256(const void* data, size_t n) {
+  Digest d{};
+  unsigned int len = 0;
+  if (!EVP_Digest(data, n, d.data(), &len, EVP_sha256(), nullptr) || len != d.size())
+    fail(ecclSystemError, "OpenSSL SHA-256 failed");
+  return d;
+}
+
+Sha256::Sha256() : ctx_(EVP_MD_CTX_new()) {
+  if (!ctx_ || !EVP_DigestInit_ex(static_cast<EVP_MD_CTX*>(ctx_), EVP_sha256(), nullptr)) {
+    EVP_MD_CTX_free(static_cast<EVP_MD_CTX*>(ctx_));
+    fail(ecclSystemError, "OpenSSL SHA-256 failed to start");
+  }
+}
+
+Sha256::Sha256(const Sha256& other) : ctx_(EVP_MD_CTX_new()) {
+  if (!ctx_ || !EVP_MD_CTX_copy_ex(static_cast<EVP_MD_CTX*>(ctx_), static_cast<const EVP_MD_CTX*>(other.ctx_))) {
+    EVP_MD_CTX_free(static_cast<EVP_MD_CTX*>(ctx_));
+    fail(ecclSystemError, "OpenSSL SHA-256 failed to copy its state");
+  }
+}
+
+Sha256::~Sha256() { EVP_MD_CTX_free(static_cast<EVP_MD_CTX*>(ctx_)); }
+
+void Sha256::update(const void* data, size_t n) {
+  if (n && !EVP_DigestUpdate(static_cast<EVP_MD_CTX*>(ctx_), data, n)) fail(ecclSystemError, "OpenSSL SHA-256 failed");
+}
+
+Digest Sha256::finish() {
+  Digest d{};
+  unsigned int len = 0;
+  if (!EVP_DigestFinal_ex(static_cast<EVP_MD_CTX*>(ctx_), d.data(), &len) || len != d.size())
+    fail(ecclSystemError, "OpenSSL SHA-256 failed");
+  return d;
 }
 
 bool macEqual(const Mac& a, const Mac& b) { return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0; }

@@ -2,6 +2,7 @@
 
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 
 #include <cerrno>
 #include <cstring>
@@ -12,12 +13,12 @@
 namespace eccl::membership {
 namespace {
 
-Mac seal(const Secret& key, uint8_t dir, uint64_t number, const uint8_t* body, size_t n) {
-  std::vector<uint8_t> buf(9 + n);
+Mac seal(const Secret& key, uint8_t dir, uint64_t number, const Digest& body) {
+  uint8_t buf[1 + 8 + sizeof(Digest)];
   buf[0] = dir;
-  std::memcpy(buf.data() + 1, &number, 8);
-  if (n) std::memcpy(buf.data() + 9, body, n);
-  return hmacSha256(key, buf.data(), buf.size());
+  std::memcpy(buf + 1, &number, 8);
+  std::memcpy(buf + 9, body.data(), body.size());
+  return hmacSha256(key, buf, sizeof(buf));
 }
 
 }  // namespace
@@ -26,49 +27,89 @@ SealedChannel::SealedChannel(Fd fd, const Secret& key, bool isServer, std::strin
     : fd_(std::move(fd)), key_(key), sendDir_(isServer ? 'S' : 'C'), recvDir_(isServer ? 'C' : 'S'),
       peer_(std::move(peer)) {}
 
-std::vector<uint8_t> SealedChannel::frame(const CoordMessage& m) {
-  auto body = encodeCoordMessage(m);
-  Mac mac = seal(key_, sendDir_, sent_++, body.data(), body.size());
-  std::vector<uint8_t> out(4 + body.size() + mac.size());
-  uint32_t len = static_cast<uint32_t>(body.size());
-  std::memcpy(out.data(), &len, 4);
-  std::memcpy(out.data() + 4, body.data(), body.size());
-  std::memcpy(out.data() + 4 + body.size(), mac.data(), mac.size());
+EncodedMessage encodeForSealing(const CoordMessage& m) {
+  EncodedMessage out;
+  out.kind = m.kind;
+  out.entries = m.encoded;
+  if (m.encoded) {
+    out.rest = encodeCoordMessageAfterEntries(m);
+    Sha256 h = m.encoded->hashed;
+    h.update(out.rest.data(), out.rest.size());
+    out.digest = h.finish();
+  } else {
+    out.rest = encodeCoordMessage(m);
+    out.digest = sha256(out.rest.data(), out.rest.size());
+  }
   return out;
+}
+
+std::vector<SealedChannel::Piece> SealedChannel::frame(const EncodedMessage& m) {
+  std::vector<Piece> pieces;
+  const uint32_t len = static_cast<uint32_t>((m.entries ? m.entries->bytes.size() : 0) + m.rest.size());
+  Mac mac = seal(key_, sendDir_, sent_++, m.digest);
+  std::vector<uint8_t> head(4);
+  std::memcpy(head.data(), &len, 4);
+  std::vector<uint8_t> tail;
+  tail.reserve(4 + m.rest.size() + mac.size());
+  if (m.entries) {
+    pieces.push_back({std::move(head), nullptr});
+    pieces.push_back({{}, m.entries});
+  } else {
+    tail = std::move(head);
+  }
+  tail.insert(tail.end(), m.rest.begin(), m.rest.end());
+  tail.insert(tail.end(), mac.begin(), mac.end());
+  pieces.push_back({std::move(tail), nullptr});
+  return pieces;
 }
 
 void SealedChannel::send(const CoordMessage& m, Deadline deadline) {
   if (queuedBytes() > 0)  // messages are numbered in the order they are sealed
     fail(ecclInternalError, "coordinator channel to {}: a blocking send behind queued messages", peer_);
-  auto bytes = frame(m);
+  std::vector<uint8_t> bytes;
+  for (const Piece& p : frame(encodeForSealing(m))) bytes.insert(bytes.end(), p.data(), p.data() + p.size());
   sendAll(fd_.get(), bytes.data(), bytes.size(), deadline,
           fmt::format("coordinator channel to {} ({} message)", peer_, coordKindName(m.kind)));
 }
 
-bool SealedChannel::enqueue(const CoordMessage& m, size_t limit) {
+bool SealedChannel::enqueue(const EncodedMessage& m, size_t limit) {
   if (queuedBytes() > limit) return false;
-  if (outSent_ > 0 && outSent_ == outbuf_.size()) outbuf_.clear(), outSent_ = 0;
-  auto bytes = frame(m);
-  outbuf_.insert(outbuf_.end(), bytes.begin(), bytes.end());
+  for (Piece& p : frame(m)) {
+    queued_ += p.size();
+    out_.push_back(std::move(p));
+  }
   return true;
 }
 
 void SealedChannel::flush() {
-  while (outSent_ < outbuf_.size()) {
-    ssize_t n = ::send(fd_.get(), outbuf_.data() + outSent_, outbuf_.size() - outSent_, MSG_DONTWAIT | MSG_NOSIGNAL);
-    if (n > 0) {
-      outSent_ += static_cast<size_t>(n);
-      continue;
+  while (!out_.empty()) {
+    iovec iov[64];
+    int count = 0;
+    for (auto it = out_.begin(); it != out_.end() && count < 64; ++it, ++count) {
+      const size_t skip = count == 0 ? outSent_ : 0;
+      iov[count].iov_base = const_cast<uint8_t*>(it->data() + skip);
+      iov[count].iov_len = it->size() - skip;
     }
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = static_cast<size_t>(count);
+    ssize_t n = ::sendmsg(fd_.get(), &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
-    fail(ecclRemoteError, "coordinator channel to {}: send failed: {}", peer_, n < 0 ? strerror(errno) : "closed");
-  }
-  // Keep the buffer from growing without bound: drop what went once it is
-  // most of it.
-  if (outSent_ > 0 && outSent_ * 2 >= outbuf_.size()) {
-    outbuf_.erase(outbuf_.begin(), outbuf_.begin() + static_cast<std::ptrdiff_t>(outSent_));
-    outSent_ = 0;
+    if (n <= 0)
+      fail(ecclRemoteError, "coordinator channel to {}: send failed: {}", peer_, n < 0 ? strerror(errno) : "closed");
+    size_t done = static_cast<size_t>(n);
+    queued_ -= done;
+    while (done > 0) {
+      const size_t left = out_.front().size() - outSent_;
+      if (done < left) {
+        outSent_ += done;
+        break;
+      }
+      done -= left;
+      out_.pop_front();
+      outSent_ = 0;
+    }
   }
 }
 
@@ -84,7 +125,7 @@ void SealedChannel::takeWhole() {
     const uint8_t* body = inbuf_.data() + pos + 4;
     Mac got;
     std::memcpy(got.data(), body + len, got.size());
-    if (!macEqual(got, seal(key_, recvDir_, received_, body, len)))
+    if (!macEqual(got, seal(key_, recvDir_, received_, sha256(body, len))))
       fail(ecclAuthError, "coordinator channel from {}: message {} fails authentication (forged, altered or replayed)",
            peer_, received_);
     ++received_;

@@ -1,10 +1,13 @@
 // A coordinator connection after the handshake: every message is sealed
 // with HMAC-SHA256 under the connection's session key over (direction,
-// message number, body), so a message cannot be forged, altered, replayed
-// or reordered by anyone without the job secret.
+// message number, SHA-256 of the body), so a message cannot be forged,
+// altered, replayed or reordered by anyone without the job secret. The
+// body is hashed first so that entries shared by the messages of a
+// broadcast are hashed once (coord_messages.h), not once per member.
 #pragma once
 
 #include <deque>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -15,6 +18,16 @@
 #include "common/socket.h"
 
 namespace eccl::membership {
+
+// A message encoded and hashed once, to be sealed for any number of
+// connections (a broadcast): sealing it is then one short HMAC each.
+struct EncodedMessage {
+  CoordKind kind = CoordKind::kHeartbeat;
+  std::shared_ptr<const EncodedEntries> entries;  // on the wire first; may be null (then in `rest`)
+  std::vector<uint8_t> rest;
+  Digest digest{};  // SHA-256 of the whole body
+};
+EncodedMessage encodeForSealing(const CoordMessage& m);
 
 class SealedChannel {
  public:
@@ -38,12 +51,22 @@ class SealedChannel {
   // nothing, when more than `limit` bytes would wait (a peer that has read
   // nothing for that long is stopped or gone); flush() writes what the
   // socket takes now and throws, naming the peer, when it broke.
-  bool enqueue(const CoordMessage& m, size_t limit);
+  bool enqueue(const EncodedMessage& m, size_t limit);
+  bool enqueue(const CoordMessage& m, size_t limit) { return enqueue(encodeForSealing(m), limit); }
   void flush();
-  size_t queuedBytes() const { return outbuf_.size() - outSent_; }
+  size_t queuedBytes() const { return queued_; }
 
  private:
-  std::vector<uint8_t> frame(const CoordMessage& m);
+  // A message on its way out: its own bytes, and entries it shares with
+  // other connections' messages, sent from the one copy.
+  struct Piece {
+    std::vector<uint8_t> own;
+    std::shared_ptr<const EncodedEntries> shared;
+    size_t size() const { return shared ? shared->bytes.size() : own.size(); }
+    const uint8_t* data() const { return shared ? shared->bytes.data() : own.data(); }
+  };
+  // Length, body (the entries first) and seal, in order.
+  std::vector<Piece> frame(const EncodedMessage& m);
   void takeWhole();
   bool readAvailable();  // false at end of file
 
@@ -53,8 +76,9 @@ class SealedChannel {
   uint64_t sent_ = 0, received_ = 0;
   std::string peer_;
   std::vector<uint8_t> inbuf_;
-  std::vector<uint8_t> outbuf_;
-  size_t outSent_ = 0;  // bytes of outbuf_ already written
+  std::deque<Piece> out_;
+  size_t outSent_ = 0;  // bytes of out_.front() already written
+  size_t queued_ = 0;   // bytes in out_ not yet written
   std::deque<CoordMessage> ready_;
 };
 

@@ -35,7 +35,29 @@ const char* coordKindName(CoordKind kind) {
   return "unknown";
 }
 
-std::vector<uint8_t> encodeCoordMessage(const CoordMessage& m) {
+namespace {
+
+void writeEntries(WireWriter& w, const std::vector<ViewEntry>& entries) {
+  w.u32(static_cast<uint32_t>(entries.size()));
+  for (const auto& e : entries) {
+    w.u64(e.member);
+    w.str(e.address);
+  }
+}
+
+}  // namespace
+
+std::shared_ptr<const EncodedEntries> encodeEntries(std::vector<ViewEntry> entries) {
+  auto out = std::make_shared<EncodedEntries>();
+  WireWriter w;
+  writeEntries(w, entries);
+  out->entries = std::move(entries);
+  out->bytes = w.take();
+  out->hashed.update(out->bytes.data(), out->bytes.size());
+  return out;
+}
+
+std::vector<uint8_t> encodeCoordMessageAfterEntries(const CoordMessage& m) {
   WireWriter w;
   w.u32(static_cast<uint32_t>(m.kind));
   w.u32(static_cast<uint32_t>(m.role));
@@ -48,11 +70,6 @@ std::vector<uint8_t> encodeCoordMessage(const CoordMessage& m) {
   w.u64(m.uuid);
   w.str(m.address);
   w.str(m.text);
-  w.u32(static_cast<uint32_t>(m.entries.size()));
-  for (const auto& e : m.entries) {
-    w.u64(e.member);
-    w.str(e.address);
-  }
   w.u32(static_cast<uint32_t>(m.members.size()));
   for (uint64_t id : m.members) w.u64(id);
   w.u32(static_cast<uint32_t>(m.neededFrom.size()));
@@ -60,10 +77,36 @@ std::vector<uint8_t> encodeCoordMessage(const CoordMessage& m) {
   return w.take();
 }
 
+std::vector<uint8_t> encodeCoordMessage(const CoordMessage& m) {
+  std::vector<uint8_t> out;
+  if (m.encoded) {
+    out = m.encoded->bytes;
+  } else {
+    WireWriter w;
+    writeEntries(w, m.entries);
+    out = w.take();
+  }
+  auto rest = encodeCoordMessageAfterEntries(m);
+  out.insert(out.end(), rest.begin(), rest.end());
+  return out;
+}
+
 std::optional<CoordMessage> decodeCoordMessage(const uint8_t* p, size_t n, std::string* why) {
   WireReader r(p, n);
   CoordMessage m;
   uint32_t kind, role, count;
+  if (!r.u32(&count) || count > kMaxCoordEntries) {
+    *why = "coordinator message has a malformed view";
+    return std::nullopt;
+  }
+  for (uint32_t i = 0; i < count; ++i) {
+    ViewEntry e;
+    if (!r.u64(&e.member) || !r.str(&e.address, kMaxAddressBytes)) {
+      *why = fmt::format("view entry {} is malformed", i);
+      return std::nullopt;
+    }
+    m.entries.push_back(std::move(e));
+  }
   if (!r.u32(&kind) || !r.u32(&role) || !r.i64(&m.rank) || !r.u32(&m.nranks) || !r.u32(&m.epoch) ||
       !r.u32(&m.policy) || !r.u64(&m.member) || !r.u64(&m.pid) || !r.u64(&m.uuid) || !r.str(&m.address, kMaxAddressBytes) ||
       !r.str(&m.text, kMaxCoordText)) {
@@ -80,18 +123,6 @@ std::optional<CoordMessage> decodeCoordMessage(const uint8_t* p, size_t n, std::
   }
   m.kind = static_cast<CoordKind>(kind);
   m.role = static_cast<Role>(role);
-  if (!r.u32(&count) || count > kMaxCoordEntries) {
-    *why = "coordinator message has a malformed view";
-    return std::nullopt;
-  }
-  for (uint32_t i = 0; i < count; ++i) {
-    ViewEntry e;
-    if (!r.u64(&e.member) || !r.str(&e.address, kMaxAddressBytes)) {
-      *why = fmt::format("view entry {} is malformed", i);
-      return std::nullopt;
-    }
-    m.entries.push_back(std::move(e));
-  }
   if (!r.u32(&count) || count > kMaxCoordEntries) {
     *why = "coordinator message has a malformed member list";
     return std::nullopt;

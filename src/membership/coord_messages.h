@@ -5,9 +5,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "common/crypto.h"
 
 namespace eccl::membership {
 
@@ -60,6 +63,18 @@ struct ViewEntry {
   bool operator==(const ViewEntry&) const = default;
 };
 
+// A view's entries encoded once for every member it goes to: the
+// coordinator sends one view to thousands of members, and encoding, hashing
+// and copying it for each made formation quadratic in work on its one
+// thread. The wire starts with the entries, so the hash of these bytes is
+// where every message carrying them continues from (coord_channel.h).
+struct EncodedEntries {
+  std::vector<ViewEntry> entries;
+  std::vector<uint8_t> bytes;  // their wire form
+  Sha256 hashed;               // SHA-256 fed `bytes`
+};
+std::shared_ptr<const EncodedEntries> encodeEntries(std::vector<ViewEntry> entries);
+
 struct CoordMessage {
   CoordKind kind = CoordKind::kHeartbeat;
   Role role = Role::kRank;
@@ -73,6 +88,9 @@ struct CoordMessage {
   std::string address;
   std::string text;
   std::vector<ViewEntry> entries;  // indexed by rank
+  // Sending only: when set, the entries on the wire (and `entries` is empty).
+  std::shared_ptr<const EncodedEntries> encoded;
+  const std::vector<ViewEntry>& viewEntries() const { return encoded ? encoded->entries : entries; }
   std::vector<uint64_t> members;
   // kReport, kFailed: per entry of members, 0 where it failed; where it left
   // in order, the first collective (sequence number, of `epoch` for
@@ -87,6 +105,9 @@ constexpr size_t kMaxCoordText = 4096;
 constexpr size_t kMaxCoordEntries = 1 << 16;
 
 std::vector<uint8_t> encodeCoordMessage(const CoordMessage& m);
+// What follows the entries on the wire (encodeCoordMessage is the entries'
+// bytes, then these).
+std::vector<uint8_t> encodeCoordMessageAfterEntries(const CoordMessage& m);
 std::optional<CoordMessage> decodeCoordMessage(const uint8_t* p, size_t n, std::string* why);
 const char* coordKindName(CoordKind kind);
 

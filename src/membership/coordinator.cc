@@ -101,6 +101,9 @@ class Driver {
 
 
   const CoordinatorCore& core() const { return core_; }
+  // Whether the last round changed the job's durable state (members,
+  // roles, the view).
+  bool changedLastRound() const { return changedLastRound_; }
 
   // One round: waits for the sockets or the next deadline, then handles
   // everything that is ready. False: replication says this coordinator no
@@ -126,6 +129,7 @@ class Driver {
     expire();
     core_.onTick(Clock::now());
     const bool changed = core_.takeStateChanged();
+    changedLastRound_ = changed;
     std::vector<CoordAction> actions = core_.takeActions();
     if (!writer_) {
       carryOut(std::move(actions));
@@ -134,14 +138,23 @@ class Driver {
     // Replicated: what a round announces waits until the state it follows
     // from is durable, and messages to a member keep their order, so a
     // round's actions wait behind every round before them still waiting.
-    if (changed) writer_->write(++changes_, core_.exportState());
+    // The state is exported only when no write is in flight: each export
+    // walks every member, and exporting every round (thousands of members
+    // each asking to recover, one round apiece) kept the loop from reading
+    // their heartbeats; a round meanwhile waits for the next write.
+    if (changed) unexported_ = true;
+    if (unexported_ && writer_->written() >= changes_) {
+      writer_->write(++changes_, core_.exportState());
+      unexported_ = false;
+    }
     if (writer_->lost()) {
       held_.clear();
       conns_.clear();
       timed_.clear();
       return false;
     }
-    if (changed || !held_.empty()) held_.push_back({changes_, std::move(actions)});
+    const uint64_t needs = changes_ + (unexported_ ? 1 : 0);
+    if (changed || !held_.empty()) held_.push_back({needs, std::move(actions)});
     else carryOut(std::move(actions));
     const uint64_t written = writer_->written();
     while (!held_.empty() && held_.front().first <= written) {
@@ -252,6 +265,8 @@ class Driver {
 
   // Carries out what the core decided, in order.
   void carryOut(std::vector<CoordAction> actions) {
+    const CoordMessage* encodedFrom = nullptr;
+    EncodedMessage encoded;
     for (CoordAction& a : actions) {
       auto it = conns_.find(a.conn);
       if (it == conns_.end() || it->second.closing) continue;
@@ -260,7 +275,12 @@ class Driver {
         close(a.conn);
         continue;
       }
-      if (!c.channel->enqueue(a.message, kMaxQueuedBytes)) {
+      // A broadcast's actions share their message: encoded and hashed once.
+      if (a.message.get() != encodedFrom) {
+        encoded = encodeForSealing(*a.message);
+        encodedFrom = a.message.get();
+      }
+      if (!c.channel->enqueue(encoded, kMaxQueuedBytes)) {
         if (!a.quiet)
           log::warn("coordinator: {} has not read {} bytes of messages; nothing more is sent to it",
                     c.channel->peer(), c.channel->queuedBytes());
@@ -325,6 +345,8 @@ class Driver {
   std::unique_ptr<StateWriter> writer_;  // when replicated
   uint64_t changes_ = 0;                 // state changes handed to the writer
   std::deque<std::pair<uint64_t, std::vector<CoordAction>>> held_;  // rounds waiting for their state's write
+  bool changedLastRound_ = false;
+  bool unexported_ = false;  // the state changed since the last export
 };
 
 }  // namespace
@@ -334,6 +356,7 @@ void Coordinator::run() {
   // Connections are admitted beside the members' service, never inline:
   // a silent or hostile one occupies a gate slot, not this loop.
   Driver driver(s.id, s.listenFd.get(), s.opt);
+  auto nextPids = Clock::now();
   while (!stopping_) {
     if (!driver.runOnce()) {
       log::warn("coordinator: no longer the job's leader; stopped serving");
@@ -342,9 +365,18 @@ void Coordinator::run() {
     // This thread may live until the process exits (ecclGetUniqueId): keep
     // no OpenSSL per-thread state between rounds, so nothing is left behind.
     releaseThreadCryptoState();
-    MutexLock lock(snapshotMu_);
-    idleStandbyPids_ = driver.core().idleStandbyPids();
-    viewPids_ = driver.core().viewPids();
+    // The launcher's view of the pids, refreshed when the membership
+    // changed and at least every 100 ms (a reservation changes no durable
+    // state): walking every member each round cost most of the loop's time
+    // at thousands of members.
+    if (driver.changedLastRound() || Clock::now() >= nextPids) {
+      auto idle = driver.core().idleStandbyPids();
+      auto inView = driver.core().viewPids();
+      MutexLock lock(snapshotMu_);
+      idleStandbyPids_ = std::move(idle);
+      viewPids_ = std::move(inView);
+      nextPids = Clock::now() + std::chrono::milliseconds(100);
+    }
   }
 }
 

@@ -1,6 +1,8 @@
 #include <gtest/gtest.h>
+#include <sys/socket.h>
 
 #include "api/guard.h"
+#include "membership/coord_channel.h"
 #include "membership/handshake.h"
 #include "membership/coord_messages.h"
 #include "membership/unique_id.h"
@@ -89,13 +91,76 @@ TEST(CoordMessages, RoundTripAndRejectGarbage) {
   EXPECT_FALSE(decodeCoordMessage(bytes.data(), bytes.size(), &why));
   EXPECT_NE(why.find("trailing"), std::string::npos) << why;
   bytes.pop_back();
-  bytes[0] = 99;  // unknown kind
+  // Entries encoded once for many messages go on the wire as they would inline.
+  CoordMessage shared = m;
+  shared.entries.clear();
+  shared.encoded = encodeEntries(m.entries);
+  EXPECT_EQ(encodeCoordMessage(shared), bytes);
+  EXPECT_EQ(shared.viewEntries(), m.entries);
+  bytes[shared.encoded->bytes.size()] = 99;  // the kind follows the entries
   EXPECT_FALSE(decodeCoordMessage(bytes.data(), bytes.size(), &why));
   EXPECT_NE(why.find("unknown coordinator message kind 99"), std::string::npos) << why;
   m.neededFrom = {40};  // neither empty nor one per member
   bytes = encodeCoordMessage(m);
   EXPECT_FALSE(decodeCoordMessage(bytes.data(), bytes.size(), &why));
   EXPECT_NE(why.find("neededFrom"), std::string::npos) << why;
+}
+
+// A broadcast's entries are encoded and hashed once and sent from that one
+// copy on every connection, each sealed under its own key; a view larger
+// than the socket's buffer goes out over several flushes in order; one
+// sealed under another key is refused.
+TEST(SealedChannel, SharedEntriesGoOutOnEveryConnectionAndAreSealedPerConnection) {
+  std::vector<ViewEntry> entries;
+  for (uint64_t i = 0; i < 4000; ++i) entries.push_back({1000 + i, fmt::format("tcp:10.0.{}.{}:{}", i / 250, i % 250, 40000 + i)});
+  auto shared = encodeEntries(entries);
+  for (uint8_t k = 1; k <= 2; ++k) {
+    int sv[2];
+    ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    Secret key{};
+    key[0] = k;
+    SealedChannel server(Fd(sv[0]), key, true, "member"), client(Fd(sv[1]), key, false, "coordinator");
+    CoordMessage view;
+    view.kind = CoordKind::kView;
+    view.epoch = 3;
+    view.rank = k;
+    view.encoded = shared;
+    CoordMessage beat;
+    beat.kind = CoordKind::kHeartbeat;
+    ASSERT_TRUE(server.enqueue(view, 1 << 24));
+    ASSERT_TRUE(server.enqueue(beat, 1 << 24));
+    EXPECT_GT(server.queuedBytes(), shared->bytes.size());
+    std::vector<CoordMessage> got;
+    for (int round = 0; round < 1000 && got.size() < 2; ++round) {
+      server.flush();
+      client.drain(&got);
+    }
+    ASSERT_EQ(got.size(), 2u);
+    EXPECT_EQ(server.queuedBytes(), 0u);
+    EXPECT_EQ(got[0].kind, CoordKind::kView);
+    EXPECT_EQ(got[0].rank, k);
+    EXPECT_EQ(got[0].entries, entries);
+    EXPECT_EQ(got[1].kind, CoordKind::kHeartbeat);
+  }
+  // Sealed under another key: refused, nothing handed over.
+  int sv[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+  Secret a{}, b{};
+  b[0] = 9;
+  SealedChannel server(Fd(sv[0]), a, true, "member"), client(Fd(sv[1]), b, false, "coordinator");
+  CoordMessage small;
+  small.kind = CoordKind::kView;
+  small.encoded = encodeEntries({{1, "tcp:10.0.0.1:1"}});
+  ASSERT_TRUE(server.enqueue(small, 1 << 20));
+  server.flush();
+  std::vector<CoordMessage> got;
+  try {
+    client.drain(&got);
+    ADD_FAILURE() << "a message sealed under another key was taken";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("fails authentication"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(got.empty());
 }
 
 TEST(Hello, RejectsForeignMagicAndPurpose) {

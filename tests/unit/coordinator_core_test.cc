@@ -65,7 +65,7 @@ class Harness {
   std::vector<CoordMessage> to(uint64_t conn, CoordKind kind) const {
     std::vector<CoordMessage> out;
     for (const CoordAction& a : actions)
-      if (a.conn == conn && a.kind != CoordAction::Kind::kClose && a.message.kind == kind) out.push_back(a.message);
+      if (a.conn == conn && a.kind != CoordAction::Kind::kClose && a.message->kind == kind) out.push_back(*a.message);
     return out;
   }
   bool closedBy(uint64_t conn) const {
@@ -74,7 +74,7 @@ class Harness {
   }
   size_t sentOfKind(CoordKind kind) const {
     return std::count_if(actions.begin(), actions.end(),
-                         [&](const CoordAction& a) { return a.kind != CoordAction::Kind::kClose && a.message.kind == kind; });
+                         [&](const CoordAction& a) { return a.kind != CoordAction::Kind::kClose && a.message->kind == kind; });
   }
   void clear() { actions.clear(); }
 
@@ -107,7 +107,7 @@ class Harness {
 
 std::vector<uint64_t> membersOf(const CoordMessage& view) {
   std::vector<uint64_t> out;
-  for (const ViewEntry& e : view.entries) out.push_back(e.member);
+  for (const ViewEntry& e : view.viewEntries()) out.push_back(e.member);
   return out;
 }
 

@@ -121,9 +121,10 @@ void CoordinatorCore::sendStandbys() {
     if (members.at(mid).eager) list.entries.push_back({mid, members.at(mid).address});
   if (list.entries.empty() && !eagerListSent) return;
   eagerListSent = !list.entries.empty();
+  auto shared = std::make_shared<const CoordMessage>(std::move(list));
   for (uint64_t m : view) {
     auto it = members.find(m);
-    if (it != members.end() && !isFailed(m)) send(it->second, list);
+    if (it != members.end() && !isFailed(m)) send(it->second, shared);
   }
 }
 

@@ -46,26 +46,31 @@ void CoordinatorCore::onTick(Time at) {
   now = at;
   if (!started) {
     started = true;
-    nextBeat = now;
+    for (int k = 0; k < kBeatSlices; ++k)
+      sliceDue[k] = now + std::chrono::milliseconds(opt.heartbeatMs) * k / kBeatSlices;
   }
   if (replaceHeldUntil && now >= *replaceHeldUntil) {
     stateChanged = true;
     tryRecover();  // refuses it
   }
-  if (now >= nextBeat) {
-    nextBeat = now + std::chrono::milliseconds(opt.heartbeatMs);
-    heartbeat();
-  }
+  // Each slice keeps its phase: after a late round the slices stay spread
+  // rather than all falling due together from then on.
+  const auto period = std::chrono::milliseconds(opt.heartbeatMs);
+  for (int k = 0; k < kBeatSlices; ++k)
+    if (now >= sliceDue[k]) {
+      sliceDue[k] += period * ((now - sliceDue[k]) / period + 1);
+      heartbeat(k);
+    }
 }
 
 CoordinatorCore::Time CoordinatorCore::nextWake() const {
-  Time wake = started ? nextBeat : now;
+  Time wake = started ? *std::min_element(sliceDue.begin(), sliceDue.end()) : now;
   if (replaceHeldUntil) wake = std::min(wake, *replaceHeldUntil);
   return wake;
 }
 
 void CoordinatorCore::sendTo(uint64_t conn, const CoordMessage& msg, CoordAction::Kind kind, bool quiet) {
-  actions.push_back({kind, conn, msg, quiet});
+  actions.push_back({kind, conn, std::make_shared<const CoordMessage>(msg), quiet});
 }
 
 // Best effort: a member that cannot take a message is dealt with by its
@@ -74,9 +79,13 @@ void CoordinatorCore::send(Member& m, const CoordMessage& msg) {
   if (m.conn && !m.unreachable) sendTo(m.conn, msg, CoordAction::Kind::kSend);
 }
 
+void CoordinatorCore::send(Member& m, const std::shared_ptr<const CoordMessage>& msg) {
+  if (m.conn && !m.unreachable) actions.push_back({CoordAction::Kind::kSend, m.conn, msg, false});
+}
+
 void CoordinatorCore::closeConnection(Member& m) {
   if (!m.conn) return;
-  actions.push_back({CoordAction::Kind::kClose, m.conn, {}, false});
+  actions.push_back({CoordAction::Kind::kClose, m.conn, nullptr, false});
   memberOfConn.erase(m.conn);
   m.conn = 0;
 }
@@ -86,6 +95,7 @@ void CoordinatorCore::eraseMember(uint64_t member) {
   if (it == members.end()) return;
   closeConnection(it->second);
   members.erase(it);
+  entriesOfEpoch.reset();  // a member of the view that left has no address in it any more
 }
 
 void CoordinatorCore::sendView(uint64_t member, const std::string& why) {
@@ -97,7 +107,7 @@ void CoordinatorCore::sendView(uint64_t member, const std::string& why) {
   auto pos = std::find(view.begin(), view.end(), member);
   v.rank = pos == view.end() ? -1 : pos - view.begin();
   v.nranks = static_cast<uint32_t>(view.size());
-  v.entries = entries();
+  v.encoded = entries();
   v.text = why;
   v.uuid = viewUuid;
   send(it->second, v);
@@ -120,13 +130,17 @@ std::string CoordinatorCore::label(uint64_t member) const {
   return fmt::format("member {:016x}{}", member, where);
 }
 
-std::vector<ViewEntry> CoordinatorCore::entries() const {
+std::shared_ptr<const EncodedEntries> CoordinatorCore::entries() const {
+  if (entriesOfEpoch && entriesEpoch == epoch && entriesOfEpoch->entries.size() == view.size()) return entriesOfEpoch;
   std::vector<ViewEntry> out;
+  out.reserve(view.size());
   for (uint64_t m : view) {
     auto it = members.find(m);
     out.push_back({m, it == members.end() ? "" : it->second.address});
   }
-  return out;
+  entriesOfEpoch = encodeEntries(std::move(out));
+  entriesEpoch = epoch;
+  return entriesOfEpoch;
 }
 
 bool CoordinatorCore::inView(uint64_t member) const {

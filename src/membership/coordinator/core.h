@@ -22,6 +22,8 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <array>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -38,7 +40,9 @@ struct CoordAction {
   enum class Kind { kSend, kSendAndClose, kClose };
   Kind kind = Kind::kSend;
   uint64_t conn = 0;
-  CoordMessage message;
+  // One object for every action of a broadcast, so the driver encodes and
+  // hashes it once however many members it goes to.
+  std::shared_ptr<const CoordMessage> message;
   // The peer is most likely dead: a failure to deliver is expected, so the
   // driver tries briefly and says nothing.
   bool quiet = false;
@@ -148,6 +152,7 @@ class CoordinatorCore {
 
   // Output.
   void send(Member& m, const CoordMessage& msg);
+  void send(Member& m, const std::shared_ptr<const CoordMessage>& msg);
   void sendTo(uint64_t conn, const CoordMessage& msg, CoordAction::Kind kind, bool quiet = false);
   void closeConnection(Member& m);
   void eraseMember(uint64_t member);
@@ -156,7 +161,11 @@ class CoordinatorCore {
 
   // Lookups.
   std::string label(uint64_t member) const;
-  std::vector<ViewEntry> entries() const;
+  // The current view's entries, encoded once per epoch (every view change
+  // takes a new epoch, and a member's address never changes while it is in
+  // a view; eraseMember drops the copy): a broadcast to thousands shares
+  // one copy.
+  std::shared_ptr<const EncodedEntries> entries() const;
   bool inView(uint64_t member) const;
   bool isFailed(uint64_t member) const;
   bool usableStandby(const Member& m) const;
@@ -185,7 +194,7 @@ class CoordinatorCore {
   void breakGroupsOf(uint64_t member, const std::string& why);
   void tellGroupBroken(uint64_t to, uint64_t uuid, uint64_t failedMember, const std::string& why);
   void onGroup(uint64_t from, const CoordMessage& msg);
-  void heartbeat();
+  void heartbeat(int slice);
 
   // Recovery (recovery.cc).
   void onRecover(uint64_t from, const CoordMessage& msg);
@@ -214,8 +223,13 @@ class CoordinatorCore {
 
   CoordinatorOptions opt;
   Time now{};
-  Time nextBeat{};
-  bool started = false;  // nextBeat is set
+  // Heartbeats go out (and silence is checked) in slices of the members
+  // spread over the period, each slice when its time comes: all at once,
+  // a round at thousands of members held the loop for over 100 ms, and a
+  // failure notice waited behind it.
+  static constexpr int kBeatSlices = 8;
+  std::array<Time, kBeatSlices> sliceDue{};
+  bool started = false;  // sliceDue is set
   bool stateChanged = false;
   std::vector<CoordAction> actions;
   std::map<uint64_t, uint64_t> memberOfConn;  // conn -> member, while both live
@@ -247,6 +261,8 @@ class CoordinatorCore {
   std::map<uint64_t, uint32_t> usedUuids;        // uuid -> the epoch it made
   std::map<uint64_t, std::string> refusedUuids;  // uuid -> why: a late caller hears the same
   uint64_t viewUuid = 0;                         // the uuid that made the current view (0: another cause)
+  mutable std::shared_ptr<const EncodedEntries> entriesOfEpoch;  // entries(), for epoch entriesEpoch
+  mutable uint32_t entriesEpoch = 0;
 };
 
 }  // namespace eccl::membership

@@ -57,14 +57,16 @@ void CoordinatorCore::dispatch(uint64_t from, const CoordMessage& msg) {
   }
 }
 
-void CoordinatorCore::heartbeat() {
-  CoordMessage beat;
-  beat.kind = CoordKind::kHeartbeat;
-  beat.epoch = epoch;
+void CoordinatorCore::heartbeat(int slice) {
+  CoordMessage one;
+  one.kind = CoordKind::kHeartbeat;
+  one.epoch = epoch;
+  auto beat = std::make_shared<const CoordMessage>(one);
   std::vector<uint64_t> silent;
   const auto limit = std::chrono::milliseconds(opt.heartbeatTimeoutMs);
   std::vector<uint64_t> lost;  // known from a previous coordinator, never back
   for (auto& [mid, m] : members) {
+    if (static_cast<int>(m.joinOrder % kBeatSlices) != slice) continue;
     if (m.restored && now - m.lastHeard > limit) lost.push_back(mid);
     if (!m.conn) continue;
     if (now - m.lastHeard > limit) silent.push_back(mid);
@@ -136,7 +138,7 @@ void CoordinatorCore::declareFailed(uint64_t member, const std::string& reason, 
   failed.push_back(member);
   if (neededFrom) failedNeededFrom[member] = neededFrom;
   lastFailure = fmt::format("{} failed: {}", who, reason);
-  CoordMessage f = failedNotice(lastFailure);
+  auto f = std::make_shared<const CoordMessage>(failedNotice(lastFailure));
   for (uint64_t v : view) {
     auto mm = members.find(v);
     if (mm != members.end() && !isFailed(v)) send(mm->second, f);

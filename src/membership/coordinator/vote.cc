@@ -39,10 +39,13 @@ std::string CoordinatorCore::startMigration(int64_t rank, const std::string& ask
   m.member = pending->joiners[0];
   m.members = pending->leavers;
   m.address = members.at(pending->leavers[0]).address;
-  for (uint64_t id : pending->next) m.entries.push_back({id, members.at(id).address});
+  std::vector<ViewEntry> next;
+  for (uint64_t id : pending->next) next.push_back({id, members.at(id).address});
+  m.encoded = encodeEntries(std::move(next));  // one copy for every member
   m.text = pending->story;
-  for (uint64_t id : view) send(members.at(id), m);
-  for (uint64_t id : pending->joiners) send(members.at(id), m);
+  auto shared = std::make_shared<const CoordMessage>(std::move(m));
+  for (uint64_t id : view) send(members.at(id), shared);
+  for (uint64_t id : pending->joiners) send(members.at(id), shared);
   return "";
 }
 
@@ -79,9 +82,10 @@ void CoordinatorCore::onPrepared(uint64_t from, const CoordMessage& msg) {
   if (pending->voting) return;
   log::info("coordinator: every member of epoch {} is prepared", pending->epoch);
   pending->voting = true;
-  CoordMessage r;
-  r.kind = CoordKind::kPrepareReady;
-  r.epoch = pending->epoch;
+  CoordMessage ready;
+  ready.kind = CoordKind::kPrepareReady;
+  ready.epoch = pending->epoch;
+  auto r = std::make_shared<const CoordMessage>(ready);
   for (uint64_t id : pendingParticipants())
     if (members.count(id)) send(members.at(id), r);
 }
@@ -183,7 +187,7 @@ void CoordinatorCore::commitVote() {
     if (p.switching.count(l)) sendView(l, p.story);  // rank -1: it has left the view
   announceViewToStandbys();
   if (failed.empty()) return;
-  CoordMessage f = failedNotice(p.firstLoss);
+  auto f = std::make_shared<const CoordMessage>(failedNotice(p.firstLoss));
   for (uint64_t m : view) {
     auto mm = members.find(m);
     if (mm != members.end() && !isFailed(m)) send(mm->second, f);
