@@ -76,6 +76,7 @@ bool CoordClient::resume(std::string* why) {
         *why = fmt::format("{} refused the resume: {}", coordinator_, first.text);
         return false;
       }
+      if (first.kind == CoordKind::kView && !takeView(&held_, &first, why)) return false;
       channel_ = std::move(channel);
       log::info("member {:016x}: resumed with {} (epoch {})", self_, coordinator_, first.epoch);
       if (first.kind != CoordKind::kView || first.epoch != join.epoch) {
@@ -411,8 +412,16 @@ void CoordClient::run() {
     // What came before a reset is delivered first: a coordinator that
     // evicts a member closes on it, and the view or eviction it sent last
     // must not be lost to the reset.
-    for (auto& m : got)
+    for (auto& m : got) {
+      if (m.kind == CoordKind::kView) {
+        std::string why;
+        if (!takeView(&held_, &m, &why)) {
+          failure = fmt::format("{}: {}", coordinator_, why);
+          break;  // nothing after it is understood either
+        }
+      }
       if (m.kind != CoordKind::kHeartbeat) deliver(std::move(m));
+    }
     if (!failure.empty()) {
       lose(failure);
       continue;

@@ -111,6 +111,9 @@ class CoordClient {
   CoordMessage join_;  // as first sent; a resume sends it again, marked
   const int64_t failoverMs_;
   std::unique_ptr<SealedChannel> channel_;
+  // The last view the coordinator sent (its changes apply to it); the
+  // client's thread only.
+  HeldView held_;
   const std::string coordinator_;
   const int64_t heartbeatMs_, heartbeatTimeoutMs_;
   int wakeFd_ = -1;

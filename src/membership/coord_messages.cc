@@ -77,6 +77,50 @@ std::vector<uint8_t> encodeCoordMessageAfterEntries(const CoordMessage& m) {
   return w.take();
 }
 
+uint64_t viewChecksum(const std::vector<ViewEntry>& entries) {
+  uint32_t crc = 0;
+  for (const ViewEntry& e : entries) crc = crc32c(&e.member, sizeof(e.member), crc);
+  return crc;
+}
+
+bool takeView(HeldView* held, CoordMessage* view, std::string* why) {
+  if (view->policy == kViewDelta) {
+    if (held->epoch == 0 || held->epoch != view->pid) {
+      *why = fmt::format("the coordinator sent epoch {} as changes to epoch {}, and this member holds epoch {}",
+                         view->epoch, view->pid, held->epoch);
+      return false;
+    }
+    if (view->members.size() != view->entries.size() || view->nranks > kMaxCoordEntries) {
+      *why = fmt::format("the coordinator's changes for epoch {} are malformed ({} ranks, {} entries)", view->epoch,
+                         view->members.size(), view->entries.size());
+      return false;
+    }
+    std::vector<ViewEntry> whole = held->entries;
+    whole.resize(view->nranks);
+    for (size_t i = 0; i < view->members.size(); ++i) {
+      if (view->members[i] >= whole.size()) {
+        *why = fmt::format("the coordinator's changes for epoch {} name rank {} of {}", view->epoch, view->members[i],
+                           whole.size());
+        return false;
+      }
+      whole[view->members[i]] = std::move(view->entries[i]);
+    }
+    if (viewChecksum(whole) != view->member) {
+      *why = fmt::format("epoch {} built from the coordinator's changes to epoch {} fails its checksum", view->epoch,
+                         view->pid);
+      return false;
+    }
+    view->entries = std::move(whole);
+    view->members.clear();
+    view->policy = kViewWhole;
+    view->pid = 0;
+    view->member = 0;
+  }
+  held->epoch = view->epoch;
+  held->entries = view->entries;
+  return true;
+}
+
 std::vector<uint8_t> encodeCoordMessage(const CoordMessage& m) {
   std::vector<uint8_t> out;
   if (m.encoded) {

@@ -18,7 +18,9 @@ enum class CoordKind : uint32_t {
   kJoin = 1,       // member -> coord: role, rank, nranks, member, address, pid,
                    // policy (standbys: 1 = prepare eagerly); uuid 1: resuming (an
                    // earlier coordinator of the job admitted it; epoch: its view's)
-  kView = 2,       // coord -> member: epoch, rank (-1: standby), entries, text (why)
+  kView = 2,       // coord -> member: epoch, rank (-1: standby), entries, text (why);
+                   // policy kViewDelta: nranks, and only the entries that changed since the
+                   // view of epoch `pid`, their ranks in members, `member` the view's checksum
   kHeartbeat = 3,  // both ways
   kReport = 4,     // member -> coord: epoch, members (the failed), neededFrom, text (what it saw)
   kFailed = 5,     // coord -> members: epoch, members (failed so far), neededFrom, text
@@ -98,6 +100,24 @@ struct CoordMessage {
   std::vector<uint64_t> neededFrom;
   uint64_t neededFromOf(size_t i) const { return i < neededFrom.size() ? neededFrom[i] : 0; }
 };
+
+// kView's policy: the whole view, or the ranks that changed since the
+// member's last view (a REPLACE changes one entry of thousands).
+constexpr uint32_t kViewWhole = 0;
+constexpr uint32_t kViewDelta = 1;
+
+// A view's checksum, over its member ids in rank order.
+uint64_t viewChecksum(const std::vector<ViewEntry>& entries);
+
+// What a member keeps of the last view it was sent, to apply a delta to.
+struct HeldView {
+  uint32_t epoch = 0;
+  std::vector<ViewEntry> entries;
+};
+// Makes `view` whole (a delta is applied to `held`) and keeps it in `held`.
+// False, naming why, when a delta does not apply: another base epoch, a
+// rank out of range, or a result whose checksum differs.
+bool takeView(HeldView* held, CoordMessage* view, std::string* why);
 
 constexpr size_t kMaxMessageBytes = 1 << 20;
 constexpr size_t kMaxAddressBytes = 512;

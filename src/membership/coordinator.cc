@@ -101,9 +101,6 @@ class Driver {
 
 
   const CoordinatorCore& core() const { return core_; }
-  // Whether the last round changed the job's durable state (members,
-  // roles, the view).
-  bool changedLastRound() const { return changedLastRound_; }
 
   // One round: waits for the sockets or the next deadline, then handles
   // everything that is ready. False: replication says this coordinator no
@@ -129,7 +126,6 @@ class Driver {
     expire();
     core_.onTick(Clock::now());
     const bool changed = core_.takeStateChanged();
-    changedLastRound_ = changed;
     std::vector<CoordAction> actions = core_.takeActions();
     if (!writer_) {
       carryOut(std::move(actions));
@@ -345,7 +341,6 @@ class Driver {
   std::unique_ptr<StateWriter> writer_;  // when replicated
   uint64_t changes_ = 0;                 // state changes handed to the writer
   std::deque<std::pair<uint64_t, std::vector<CoordAction>>> held_;  // rounds waiting for their state's write
-  bool changedLastRound_ = false;
   bool unexported_ = false;  // the state changed since the last export
 };
 
@@ -356,7 +351,8 @@ void Coordinator::run() {
   // Connections are admitted beside the members' service, never inline:
   // a silent or hostile one occupies a gate slot, not this loop.
   Driver driver(s.id, s.listenFd.get(), s.opt);
-  auto nextPids = Clock::now();
+  auto refreshedPids = Clock::now() - std::chrono::seconds(1);
+  auto pidsKey = driver.core().pidsKey();
   while (!stopping_) {
     if (!driver.runOnce()) {
       log::warn("coordinator: no longer the job's leader; stopped serving");
@@ -366,16 +362,19 @@ void Coordinator::run() {
     // no OpenSSL per-thread state between rounds, so nothing is left behind.
     releaseThreadCryptoState();
     // The launcher's view of the pids, refreshed when the membership
-    // changed and at least every 100 ms (a reservation changes no durable
-    // state): walking every member each round cost most of the loop's time
-    // at thousands of members.
-    if (driver.changedLastRound() || Clock::now() >= nextPids) {
+    // changed (at most every 10 ms: thousands of members join or leave one
+    // round each) and at least every 100 ms: walking every member each
+    // round cost most of the loop's time at thousands of members.
+    const auto sinceRefresh = Clock::now() - refreshedPids;
+    if ((driver.core().pidsKey() != pidsKey && sinceRefresh >= std::chrono::milliseconds(10)) ||
+        sinceRefresh >= std::chrono::milliseconds(100)) {
+      pidsKey = driver.core().pidsKey();
       auto idle = driver.core().idleStandbyPids();
       auto inView = driver.core().viewPids();
       MutexLock lock(snapshotMu_);
       idleStandbyPids_ = std::move(idle);
       viewPids_ = std::move(inView);
-      nextPids = Clock::now() + std::chrono::milliseconds(100);
+      refreshedPids = Clock::now();
     }
   }
 }

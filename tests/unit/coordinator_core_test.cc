@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
 
 #include "common/error.h"
 #include "membership/coordinator/core.h"
@@ -81,6 +82,8 @@ class Harness {
   CoordinatorCore core;
   CoordinatorCore::Time now = CoordinatorCore::Time{} + 1h;
   std::vector<CoordAction> actions;
+  std::map<uint64_t, HeldView> held;  // by connection
+  size_t deltaViews = 0;              // views that came as changes
 
  private:
   static CoordMessage join(uint64_t member, Role role, int64_t rank, uint32_t nranks) {
@@ -99,8 +102,19 @@ class Harness {
     h.kind = CoordKind::kHeartbeat;
     return h;
   }
+  // Views sent as changes are made whole against what each connection was
+  // sent before, as the member's client does, so tests read whole views.
   void collect() {
     auto got = core.takeActions();
+    for (CoordAction& a : got) {
+      if (a.kind == CoordAction::Kind::kClose || a.message->kind != CoordKind::kView) continue;
+      CoordMessage whole = *a.message;
+      if (whole.encoded) whole.entries = whole.encoded->entries, whole.encoded.reset();
+      deltaViews += whole.policy == kViewDelta;
+      std::string why;
+      if (!takeView(&held[a.conn], &whole, &why)) ADD_FAILURE() << "view to " << a.conn << ": " << why;
+      a.message = std::make_shared<const CoordMessage>(std::move(whole));
+    }
     actions.insert(actions.end(), got.begin(), got.end());
   }
 };
@@ -287,6 +301,64 @@ TEST(CoordinatorRecovery, StandbyRegisteringDuringAHeldReplaceCompletesIt) {
   auto view = h.to(1, CoordKind::kView);
   ASSERT_EQ(view.size(), 1u);
   EXPECT_EQ(membersOf(view[0]), (std::vector<uint64_t>{1, 2, 7}));
+}
+
+// A REPLACE changes one entry of the view: members (and standbys) that hold
+// the previous view are sent that entry and a checksum, not the whole view;
+// a member that comes back to a new coordinator, or one that held no view,
+// gets it whole.
+TEST(CoordinatorRecovery, AReplaceSendsOnlyTheChangedEntryToThoseHoldingThePreviousView) {
+  Harness h;
+  for (uint64_t m = 1; m <= 8; ++m) h.joinRank(m, static_cast<int64_t>(m - 1), 8);
+  h.joinStandby(9);
+  h.joinStandby(10);
+  EXPECT_EQ(h.deltaViews, 0u);  // formation and registration: whole views
+  h.clear();
+  h.closed(3);
+  recover(h, {1, 2, 4, 5, 6, 7, 8}, RecoverPolicy::kReplace);
+  const std::vector<uint64_t> replaced{1, 2, 9, 4, 5, 6, 7, 8};
+  for (uint64_t m : {1, 2, 4, 8, 9}) {
+    auto view = h.to(m, CoordKind::kView);
+    ASSERT_EQ(view.size(), 1u) << m;
+    EXPECT_EQ(membersOf(view[0]), replaced) << m;
+    EXPECT_EQ(view[0].epoch, 2u);
+  }
+  EXPECT_EQ(h.to(9, CoordKind::kView)[0].rank, 2);
+  EXPECT_EQ(h.to(10, CoordKind::kView)[0].rank, -1);
+  EXPECT_EQ(h.deltaViews, 9u);  // seven survivors, the promoted standby and the idle one
+  // What went on the wire to a survivor: one entry.
+  Harness raw;
+  for (uint64_t m = 1; m <= 8; ++m) raw.joinRank(m, static_cast<int64_t>(m - 1), 8);
+  raw.joinStandby(9);
+  raw.core.takeActions();
+  raw.core.onClosed(3, "", raw.now);
+  for (uint64_t m : {1, 2, 4, 5, 6, 7, 8}) {
+    CoordMessage ask;
+    ask.kind = CoordKind::kRecover;
+    ask.epoch = 1;
+    ask.policy = static_cast<uint32_t>(RecoverPolicy::kReplace);
+    raw.core.onMessage(m, ask, raw.now);
+  }
+  size_t deltas = 0;
+  for (const CoordAction& a : raw.core.takeActions()) {
+    if (a.kind == CoordAction::Kind::kClose || a.message->kind != CoordKind::kView) continue;
+    ASSERT_EQ(a.message->policy, kViewDelta) << a.conn;
+    EXPECT_EQ(a.message->pid, 1u);
+    EXPECT_EQ(a.message->members, (std::vector<uint64_t>{2}));
+    ASSERT_EQ(a.message->entries.size(), 1u);
+    EXPECT_EQ(a.message->entries[0].member, 9u);
+    EXPECT_FALSE(a.message->encoded);
+    ++deltas;
+  }
+  EXPECT_EQ(deltas, 8u);
+  // A member resuming with the job's next coordinator gets the view whole.
+  Harness successor;
+  successor.core.importState(h.core.exportState(), successor.now);
+  successor.resume(1, Role::kRank, 2);
+  auto resumed = successor.to(1, CoordKind::kView);
+  ASSERT_EQ(resumed.size(), 1u);
+  EXPECT_EQ(membersOf(resumed[0]), replaced);
+  EXPECT_EQ(successor.deltaViews, 0u);
 }
 
 TEST(CoordinatorRecovery, HeldReplaceIsRefusedWhenTheWaitRunsOut) {

@@ -81,6 +81,7 @@ void CoordinatorCore::resume(uint64_t conn, uint64_t mid, uint32_t itsEpoch) {
   Member& m = members.at(mid);
   m.restored = false;
   m.conn = conn;
+  m.viewHeld = 0;  // whatever it holds, it gets the whole view
   m.unreachable = false;
   m.lastHeard = now;
   memberOfConn[conn] = mid;

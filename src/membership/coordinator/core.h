@@ -25,6 +25,7 @@
 #include <array>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -93,6 +94,9 @@ class CoordinatorCore {
   // Read-only views for the driver and tools.
   std::set<uint64_t> idleStandbyPids() const;
   std::set<uint64_t> viewPids() const;
+  // Changes whenever those pid sets may have (a new epoch, a member come or
+  // gone, standbys reserved or released), so they are not rebuilt per round.
+  std::tuple<uint32_t, size_t, bool> pidsKey() const { return {epoch, members.size(), anyReserved}; }
   std::string statusText() const;
   std::vector<uint64_t> currentView() const { return view; }
   uint32_t currentEpoch() const { return epoch; }
@@ -121,6 +125,9 @@ class CoordinatorCore {
     // Known from the state of the coordinator this one took over from, and
     // not reconnected yet.
     bool restored = false;
+    // The epoch of the last view sent on its connection (0: none): a member
+    // that holds the view before the current one is sent the changes.
+    uint32_t viewHeld = 0;
   };
 
   // A reconfiguration being prepared (expected migration): the next view
@@ -157,6 +164,9 @@ class CoordinatorCore {
   void closeConnection(Member& m);
   void eraseMember(uint64_t member);
   void sendView(uint64_t member, const std::string& why);
+  // Every change of the view goes through here (the previous view's
+  // entries are kept for the deltas sent to the members that hold it).
+  void replaceView(std::vector<uint64_t> next);
   void sendError(uint64_t member, const std::string& text);
 
   // Lookups.
@@ -263,6 +273,21 @@ class CoordinatorCore {
   uint64_t viewUuid = 0;                         // the uuid that made the current view (0: another cause)
   mutable std::shared_ptr<const EncodedEntries> entriesOfEpoch;  // entries(), for epoch entriesEpoch
   mutable uint32_t entriesEpoch = 0;
+  // The view before the current one, and what changed since (computed once
+  // per epoch): a member holding it gets only the changes.
+  std::vector<ViewEntry> previousEntries;
+  uint32_t previousEpoch = 0;
+  struct Changes {
+    uint32_t epoch = 0;
+    bool worthIt = false;  // few enough to send as changes
+    std::vector<uint64_t> ranks;
+    std::vector<ViewEntry> entries;
+    uint64_t checksum = 0;
+  };
+  mutable std::optional<Changes> changes;
+  size_t askHint = 0;        // everyoneAsked() looks here first
+  bool anyReserved = false;  // some standby is reserved for a held REPLACE
+  const Changes& changesSincePrevious() const;
 };
 
 }  // namespace eccl::membership

@@ -27,7 +27,9 @@ void CoordinatorCore::onRecover(uint64_t from, const CoordMessage& msg) {
 
 void CoordinatorCore::releaseReservations() {
   replaceHeldUntil.reset();
+  if (!anyReserved) return;  // every survivor's ask comes here: no walk over every member each time
   for (auto& [mid, m] : members) m.reserved = false;
+  anyReserved = false;
 }
 
 void CoordinatorCore::refuseAll(const std::vector<uint64_t>& waiting, const std::string& what,
@@ -47,7 +49,7 @@ void CoordinatorCore::commitView(std::vector<uint64_t> next, const std::vector<u
   for (uint64_t m : promoted) members.at(m).role = Role::kRank;
   for (auto& [mid, mm] : members) mm.ask = Member::Ask::kNone;
   releaseReservations();
-  view = std::move(next);
+  replaceView(std::move(next));
   failed.clear();
   failedNeededFrom.clear();
   epoch = issued = std::max(issued, epoch) + 1;
@@ -107,6 +109,7 @@ void CoordinatorCore::tryRecover() {
     }
     if (replaceHeldUntil && now < *replaceHeldUntil) {
       for (uint64_t sb : standbys) members.at(sb).reserved = true;
+      anyReserved = !standbys.empty();
       return;
     }
     return refuseAll(*waiting, "recovery",

@@ -175,7 +175,7 @@ void CoordinatorCore::commitVote() {
   for (uint64_t j : p.joiners)
     if (members.count(j)) members.at(j).role = Role::kRank;
   for (auto& [mid, mm] : members) mm.ask = Member::Ask::kNone;
-  view = p.next;
+  replaceView(p.next);
   failed = stillFailed;
   failedNeededFrom.clear();  // failed in the old epoch: every op of this one needs them
   epoch = p.epoch;
