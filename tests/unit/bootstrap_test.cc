@@ -163,6 +163,65 @@ TEST(SealedChannel, SharedEntriesGoOutOnEveryConnectionAndAreSealedPerConnection
   EXPECT_TRUE(got.empty());
 }
 
+// A view sent as changes applies only to the view it was computed from;
+// anything else is refused with the reason and leaves the held view as it was.
+TEST(CoordMessages, AViewDeltaAppliesOnlyToItsBaseAndIsChecked) {
+  HeldView held;
+  CoordMessage whole;
+  whole.kind = CoordKind::kView;
+  whole.epoch = 4;
+  whole.entries = {{11, "a"}, {12, "b"}, {13, "c"}, {14, "d"}};
+  std::string why;
+  ASSERT_TRUE(takeView(&held, &whole, &why)) << why;
+  EXPECT_EQ(held.epoch, 4u);
+  std::vector<ViewEntry> next{{11, "a"}, {12, "b"}, {15, "e"}, {14, "d"}};
+  auto delta = [&] {
+    CoordMessage d;
+    d.kind = CoordKind::kView;
+    d.policy = kViewDelta;
+    d.epoch = 5;
+    d.pid = 4;
+    d.nranks = 4;
+    d.members = {2};
+    d.entries = {{15, "e"}};
+    d.member = viewChecksum(next);
+    return d;
+  };
+  CoordMessage wrongBase = delta();
+  wrongBase.pid = 3;
+  EXPECT_FALSE(takeView(&held, &wrongBase, &why));
+  EXPECT_NE(why.find("holds epoch 4"), std::string::npos) << why;
+  CoordMessage badRank = delta();
+  badRank.members = {7};
+  EXPECT_FALSE(takeView(&held, &badRank, &why));
+  EXPECT_NE(why.find("rank 7"), std::string::npos) << why;
+  CoordMessage badSum = delta();
+  badSum.member ^= 1;
+  EXPECT_FALSE(takeView(&held, &badSum, &why));
+  EXPECT_NE(why.find("checksum"), std::string::npos) << why;
+  CoordMessage unequal = delta();
+  unequal.entries.clear();
+  EXPECT_FALSE(takeView(&held, &unequal, &why));
+  EXPECT_EQ(held.epoch, 4u);  // nothing refused changed what is held
+  EXPECT_EQ(held.entries, whole.entries);
+  CoordMessage good = delta();
+  ASSERT_TRUE(takeView(&held, &good, &why)) << why;
+  EXPECT_EQ(good.entries, next);
+  EXPECT_EQ(good.policy, kViewWhole);
+  EXPECT_EQ(held.epoch, 5u);
+  // A shrink: the size alone changes.
+  CoordMessage shrink;
+  shrink.kind = CoordKind::kView;
+  shrink.policy = kViewDelta;
+  shrink.epoch = 6;
+  shrink.pid = 5;
+  shrink.nranks = 3;
+  next.resize(3);
+  shrink.member = viewChecksum(next);
+  ASSERT_TRUE(takeView(&held, &shrink, &why)) << why;
+  EXPECT_EQ(shrink.entries, next);
+}
+
 TEST(Hello, RejectsForeignMagicAndPurpose) {
   uint8_t buf[kHelloBytes];
   Nonce n{};
