@@ -35,6 +35,7 @@
 #include "membership/etcd_client.h"
 #include "membership/unique_id.h"
 #include "tests/support/etcd_cluster.h"
+#include "tests/support/member_client.h"
 
 namespace eccl::test {
 namespace {
@@ -67,29 +68,7 @@ std::string waitForFile(const std::string& path, std::chrono::milliseconds withi
   return "";
 }
 
-struct Member {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<uint64_t> failed;
-  std::unique_ptr<CoordClient> client;
-
-  Member(const UniqueIdData& id, int rank, int nranks) {
-    JoinRequest join{Role::kRank, rank, nranks, 700u + static_cast<uint64_t>(rank), "tcp:127.0.0.1:1", false};
-    join.failoverMs = 10000;
-    client = std::make_unique<CoordClient>(id, join, 100, 1500, deadlineAfterMs(10000));
-    CoordClient::Callbacks cb;
-    cb.onFailed = [this](const CoordMessage& m) {
-      std::lock_guard<std::mutex> lock(mu);
-      failed.insert(failed.end(), m.members.begin(), m.members.end());
-      cv.notify_all();
-    };
-    client->setCallbacks(cb);
-  }
-  bool heard(uint64_t member, std::chrono::milliseconds within) {
-    std::unique_lock<std::mutex> lock(mu);
-    return cv.wait_for(lock, within, [&] { return std::count(failed.begin(), failed.end(), member) > 0; });
-  }
-};
+using Member = test::MemberClient;
 
 // A real three-node etcd cluster, and a directory for the replicas' id
 // files and logs, per test.
@@ -126,7 +105,7 @@ TEST_F(CoordinatorReplicas, LeadersKilledAreReplacedAtOtherAddressesAndTheMember
 
   std::vector<std::unique_ptr<Member>> m(3);
   std::vector<std::thread> joins;
-  for (int r = 0; r < 3; ++r) joins.emplace_back([&, r] { m[r] = std::make_unique<Member>(id, r, 3); });
+  for (int r = 0; r < 3; ++r) joins.emplace_back([&, r] { m[r] = std::make_unique<Member>(id, r, 3, 700u + r, 1500, 10000); });
   for (auto& t : joins) t.join();
   for (auto& member : m) ASSERT_EQ(member->client->awaitView(deadlineAfterMs(10000), "the first view").epoch, 1u);
 
@@ -166,14 +145,7 @@ TEST_F(CoordinatorReplicas, LeadersKilledAreReplacedAtOtherAddressesAndTheMember
   ASSERT_TRUE(m[0]->heard(702, 10000ms));
   ASSERT_TRUE(m[1]->heard(702, 10000ms));
   EXPECT_EQ(std::count(m[0]->failed.begin(), m[0]->failed.end(), 700u), 0);
-  for (int r : {0, 1}) m[r]->client->requestRecover(1, static_cast<uint32_t>(RecoverPolicy::kShrink));
-  for (int r : {0, 1}) {
-    ViewUpdate v = m[r]->client->awaitView(deadlineAfterMs(10000), "the recovered view");
-    EXPECT_EQ(v.epoch, 2u);
-    EXPECT_EQ(v.rank, r);
-    ASSERT_EQ(v.entries.size(), 2u);
-    EXPECT_EQ(v.entries[r].member, 700u + static_cast<uint64_t>(r));
-  }
+  test::expectShrunkTo({m[0].get(), m[1].get()}, {700, 701});
 
   // A late replica at an address the id does not name stops, saying why.
   const std::string log = dir + "/late.log";
@@ -220,7 +192,7 @@ TEST_F(CoordinatorReplicas, ALeaderCutOffFromEtcdStopsServingAndTheMembersMoveTo
 
   std::vector<std::unique_ptr<Member>> m(3);
   std::vector<std::thread> joins;
-  for (int r = 0; r < 3; ++r) joins.emplace_back([&, r] { m[r] = std::make_unique<Member>(id, r, 3); });
+  for (int r = 0; r < 3; ++r) joins.emplace_back([&, r] { m[r] = std::make_unique<Member>(id, r, 3, 700u + r, 1500, 10000); });
   for (auto& t : joins) t.join();
   for (auto& member : m) ASSERT_EQ(member->client->awaitView(deadlineAfterMs(10000), "the first view").epoch, 1u);
 

@@ -210,12 +210,12 @@ TEST(CoordMessages, AViewDeltaAppliesOnlyToItsBaseAndIsChecked) {
   EXPECT_EQ(good.policy, kViewWhole);
   EXPECT_EQ(held.epoch, 5u);
   // A shrink: the size alone changes.
-  CoordMessage shrink;
-  shrink.kind = CoordKind::kView;
-  shrink.policy = kViewDelta;
+  CoordMessage shrink = delta();
   shrink.epoch = 6;
   shrink.pid = 5;
   shrink.nranks = 3;
+  shrink.members.clear();
+  shrink.entries.clear();
   next.resize(3);
   shrink.member = viewChecksum(next);
   ASSERT_TRUE(takeView(&held, &shrink, &why)) << why;

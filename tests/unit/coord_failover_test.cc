@@ -17,40 +17,14 @@
 #include "membership/coord_client.h"
 #include "membership/coordinator.h"
 #include "membership/unique_id.h"
+#include "tests/support/member_client.h"
 
 namespace eccl::membership {
 namespace {
 
 using namespace std::chrono_literals;
 
-struct Member {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<CoordMessage> failed;
-  std::unique_ptr<CoordClient> client;
-
-  Member(const UniqueIdData& id, int rank, int nranks, int64_t failoverMs) {
-    JoinRequest join{Role::kRank, rank, nranks, 500u + static_cast<uint64_t>(rank), "tcp:127.0.0.1:1", false};
-    join.failoverMs = failoverMs;
-    client = std::make_unique<CoordClient>(id, join, 100, 1500, deadlineAfterMs(10000));
-    CoordClient::Callbacks cb;
-    cb.onFailed = [this](const CoordMessage& m) {
-      std::lock_guard<std::mutex> lock(mu);
-      failed.push_back(m);
-      cv.notify_all();
-    };
-    client->setCallbacks(cb);
-  }
-  bool heardFailureOf(uint64_t member, std::chrono::milliseconds within) {
-    std::unique_lock<std::mutex> lock(mu);
-    return cv.wait_for(lock, within, [&] {
-      for (auto& f : failed)
-        for (uint64_t m : f.members)
-          if (m == member) return true;
-      return false;
-    });
-  }
-};
+using Member = test::MemberClient;
 
 class CoordinatorFailover : public ::testing::Test {
  protected:
@@ -76,7 +50,7 @@ class CoordinatorFailover : public ::testing::Test {
   std::vector<std::unique_ptr<Member>> form(int n, int64_t failoverMs) {
     std::vector<std::unique_ptr<Member>> m(n);
     std::vector<std::thread> joins;
-    for (int r = 0; r < n; ++r) joins.emplace_back([&, r] { m[r] = std::make_unique<Member>(id, r, n, failoverMs); });
+    for (int r = 0; r < n; ++r) joins.emplace_back([&, r] { m[r] = std::make_unique<Member>(id, r, n, 500u + r, 1500, failoverMs); });
     for (auto& t : joins) t.join();
     for (auto& member : m) EXPECT_EQ(member->client->awaitView(deadlineAfterMs(10000), "the first view").epoch, 1u);
     return m;
@@ -113,24 +87,16 @@ TEST_F(CoordinatorFailover, MembersResumeWithTheSuccessorKeepTheirRanksAndRecove
   for (auto& member : m) EXPECT_FALSE(member->client->evicted());
   EXPECT_EQ(second->viewPids().size(), 1u);  // all three are this process
   m[2]->client.reset();                      // rank 2 dies under the successor
-  ASSERT_TRUE(m[0]->heardFailureOf(502, 5000ms));
-  ASSERT_TRUE(m[1]->heardFailureOf(502, 5000ms));
-  for (int r : {0, 1}) m[r]->client->requestRecover(1, static_cast<uint32_t>(RecoverPolicy::kShrink));
-  for (int r : {0, 1}) {
-    ViewUpdate v = m[r]->client->awaitView(deadlineAfterMs(10000), "the recovered view");
-    EXPECT_EQ(v.epoch, 2u);
-    EXPECT_EQ(v.rank, r);
-    ASSERT_EQ(v.entries.size(), 2u);
-    EXPECT_EQ(v.entries[0].member, 500u);
-    EXPECT_EQ(v.entries[1].member, 501u);
-  }
+  ASSERT_TRUE(m[0]->heard(502, 5000ms));
+  ASSERT_TRUE(m[1]->heard(502, 5000ms));
+  test::expectShrunkTo({m[0].get(), m[1].get()}, {500, 501});
 }
 
 TEST_F(CoordinatorFailover, ARecoveryAskedOfTheDeadCoordinatorIsAnsweredByTheSuccessor) {
   auto m = form(3, /*failoverMs=*/5000);
   m[2]->client.reset();
-  ASSERT_TRUE(m[0]->heardFailureOf(502, 5000ms));
-  ASSERT_TRUE(m[1]->heardFailureOf(502, 5000ms));
+  ASSERT_TRUE(m[0]->heard(502, 5000ms));
+  ASSERT_TRUE(m[1]->heard(502, 5000ms));
   m[0]->client->requestRecover(1, static_cast<uint32_t>(RecoverPolicy::kShrink));
   std::this_thread::sleep_for(300ms);  // rank 0's ask is in the first coordinator's state
   replaceCoordinator();
