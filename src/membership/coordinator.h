@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <functional>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -23,6 +24,11 @@ namespace eccl::membership {
 // ecclRecoverPolicy_t values, repeated here so membership/ needs no core header.
 enum class RecoverPolicy : uint32_t { kReplace = 0, kShrink = 1, kReplaceOrShrink = 2 };
 
+// The coordinator's durable state in parts, each a key of its own in etcd
+// (CoordinatorCore::exportState): a change rewrites the parts it touched,
+// not the whole job. The set of keys is fixed, so a write never deletes.
+using CoordinatorState = std::map<std::string, std::string>;
+
 struct CoordinatorOptions {
   int64_t heartbeatMs = 500;
   int64_t heartbeatTimeoutMs = 3000;
@@ -34,13 +40,13 @@ struct CoordinatorOptions {
   // A successor's start: the durable state of the coordinator it replaces
   // (CoordinatorCore::exportState); its members resume with it. Empty: a
   // new job.
-  std::string takeOver;
+  CoordinatorState takeOver;
   // Replication (membership/replica.h): called on the coordinator's thread
   // every round, with the durable state when it may have changed (before
   // the actions that announce the change go out) and null otherwise.
   // Returning false means this coordinator no longer leads: it stops at
   // once, carrying out nothing more, and closes every connection.
-  std::function<bool(const std::string* state)> replicate;
+  std::function<bool(const CoordinatorState* state)> replicate;
 };
 
 class Coordinator {

@@ -113,7 +113,7 @@ std::vector<SockAddr> registeredSpares(EtcdClient& etcd, EtcdLeadership& lead, c
 // The job this leader serves: the one in etcd, or a new one it records.
 struct Job {
   UniqueIdData id;
-  std::string state;  // empty: a new job
+  CoordinatorState state;  // empty: a new job
 };
 
 Job loadOrMakeJob(EtcdClient& etcd, EtcdLeadership& lead, const ReplicaOptions& options, const SockAddr& mine) {
@@ -121,8 +121,16 @@ Job loadOrMakeJob(EtcdClient& etcd, EtcdLeadership& lead, const ReplicaOptions& 
   if (auto stored = storedJob(etcd, options.prefix)) {
     job.id = *stored;
     if (!names(job.id, mine)) notNamed(job.id, mine);
-    if (auto state = etcd.get(options.prefix + "state")) job.state = state->value;
-    log::info("coordinator replica: taking over the job at {} ({} bytes of state)", mine.str(), job.state.size());
+    // One range read: every part as of one revision (parts are only ever
+    // written together, in one transaction).
+    const std::string statePrefix = options.prefix + "state/";
+    size_t bytes = 0;
+    for (auto& kv : etcd.getPrefix(statePrefix)) {
+      bytes += kv.value.size();
+      job.state[kv.key.substr(statePrefix.size())] = std::move(kv.value);
+    }
+    log::info("coordinator replica: taking over the job at {} ({} parts, {} bytes of state)", mine.str(),
+              job.state.size(), bytes);
     return job;
   }
   randomBytes(job.id.secret.data(), job.id.secret.size());
@@ -191,10 +199,21 @@ void runReplica(const ReplicaOptions& options, const std::atomic<bool>& stop,
     opt.takeOver = job.state;
     auto lastRenew = Clock::now();
     // From here the coordinator's thread alone drives the leadership.
-    opt.replicate = [&](const std::string* state) {
-      if (state && !lead.writeIfLeading({EtcdWrite::put(options.prefix + "state", *state)})) {
-        log::warn("coordinator replica: the state write was refused ({}): no longer leading", lead.lastError());
-        return false;
+    // Each write puts only the parts that differ from what etcd holds.
+    CoordinatorState stored = job.state;
+    opt.replicate = [&](const CoordinatorState* state) {
+      if (state) {
+        std::vector<EtcdWrite> changed;
+        for (const auto& [key, value] : *state) {
+          auto it = stored.find(key);
+          if (it == stored.end() || it->second != value)
+            changed.push_back(EtcdWrite::put(options.prefix + "state/" + key, value));
+        }
+        if (!changed.empty() && !lead.writeIfLeading(changed)) {
+          log::warn("coordinator replica: the state write was refused ({}): no longer leading", lead.lastError());
+          return false;
+        }
+        stored = *state;
       }
       if (Clock::now() - lastRenew >= renewEvery) {
         lastRenew = Clock::now();

@@ -32,7 +32,7 @@ StateWriter::~StateWriter() {
   thread_.join();
 }
 
-void StateWriter::write(uint64_t seq, std::string state) {
+void StateWriter::write(uint64_t seq, CoordinatorState state) {
   {
     MutexLock lock(mu_);
     wanted_ = seq;
@@ -66,7 +66,7 @@ void StateWriter::run() {
   while (!stopping_) {
     const bool due = wanted_ > written_;
     const uint64_t seq = wanted_;
-    std::string state = due ? std::move(state_) : std::string();  // only the newest is ever written
+    CoordinatorState state = due ? std::move(state_) : CoordinatorState();  // only the newest is ever written
     mu_.unlock();
     bool leads = false;
     try {

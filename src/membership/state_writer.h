@@ -14,12 +14,13 @@
 
 #include "common/mutex.h"
 #include "common/socket.h"
+#include "membership/coordinator.h"
 
 namespace eccl::membership {
 
 class StateWriter {
  public:
-  using Replicate = std::function<bool(const std::string* state)>;
+  using Replicate = std::function<bool(const CoordinatorState* state)>;
   explicit StateWriter(Replicate replicate);
   ~StateWriter();
 
@@ -27,7 +28,7 @@ class StateWriter {
   int wakeFd() const { return wake_.get(); }
   void drainWake();
 
-  void write(uint64_t seq, std::string state);
+  void write(uint64_t seq, CoordinatorState state);
   uint64_t written() const;  // the highest number known durable
   bool lost() const;         // the hook said this coordinator no longer leads
 
@@ -39,7 +40,7 @@ class StateWriter {
   Fd wake_;
   mutable Mutex mu_;
   CondVar cv_;
-  std::string state_ ECCL_GUARDED_BY(mu_);
+  CoordinatorState state_ ECCL_GUARDED_BY(mu_);
   uint64_t wanted_ ECCL_GUARDED_BY(mu_) = 0, written_ ECCL_GUARDED_BY(mu_) = 0;
   bool lost_ ECCL_GUARDED_BY(mu_) = false, stopping_ ECCL_GUARDED_BY(mu_) = false;
   std::thread thread_;

@@ -37,7 +37,7 @@ class CoordinatorFailover : public ::testing::Test {
     options.heartbeatMs = 100;
     options.heartbeatTimeoutMs = 1500;
     // What a replica would write to etcd: the state as of before the members hear of a change.
-    options.replicate = [this](const std::string* state) {
+    options.replicate = [this](const CoordinatorState* state) {
       if (state) {
         std::lock_guard<std::mutex> lock(stateMu);
         written = *state;
@@ -59,7 +59,7 @@ class CoordinatorFailover : public ::testing::Test {
   // The first coordinator dies; a successor with its state listens at the
   // job's address.
   void replaceCoordinator() {
-    std::string state;
+    CoordinatorState state;
     {
       std::lock_guard<std::mutex> lock(stateMu);
       state = written;
@@ -76,7 +76,7 @@ class CoordinatorFailover : public ::testing::Test {
   UniqueIdData id;
   CoordinatorOptions options;
   std::mutex stateMu;
-  std::string written;  // the first coordinator's last state
+  CoordinatorState written;  // the first coordinator's last state
   std::unique_ptr<Coordinator> first, second;
 };
 

@@ -76,12 +76,12 @@ class CoordinatorCore {
   // and a migration being prepared (the next leader has none: its late
   // PREPARED messages are ignored and its votes refused, so the members
   // recover instead).
-  std::string exportState() const;
+  CoordinatorState exportState() const;
   // Takes over from `state` (exportState's) before any input. Every member
   // is known and unconnected: a join naming its id re-attaches it with its
   // rank; one that is not back within heartbeatTimeoutMs is declared
   // failed. Throws naming what is malformed.
-  void importState(const std::string& state, Time now);
+  void importState(const CoordinatorState& state, Time now);
   // Whether the durable state may have changed since the last call: the
   // driver writes it (replicated) before carrying out the actions that
   // announce it.
