@@ -1,9 +1,10 @@
 // coord_scale: the membership coordinator under a large job, simulated.
 //
 // Per N in --members, a real coordinator (`ecclcoord serve`, its own
-// process) and N members speaking the real protocol through eccl's own
-// member client (authenticated connection, sealed messages, heartbeats both
-// ways), many per process, plus --standbys standbys. No data connections:
+// process) and N members speaking the real protocol (authenticated
+// connections, sealed messages, heartbeats both ways, views whole or as
+// deltas), served by two event loops in this process (sim_members.h says
+// why not a thread each), plus --standbys standbys. No data connections:
 // only the coordinator is measured.
 //   admit_ms        first connection to every member holding the formed view
 //   coord_cpu_pct   the coordinator's CPU at steady heartbeats (user+system
@@ -40,18 +41,14 @@
 #include <thread>
 #include <vector>
 
-#include "membership/coord_client.h"
 #include "membership/unique_id.h"
+#include "sim_members.h"
 
 namespace {
 
 using namespace eccl;
-using membership::CoordClient;
-using membership::CoordMessage;
-using membership::JoinRequest;
 using membership::Role;
-using membership::ViewUpdate;
-using Clock = std::chrono::steady_clock;
+using perf::SimulatedMembers;
 
 double msBetween(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double, std::milli>(b - a).count();
@@ -139,13 +136,6 @@ struct CoordinatorProcess {
   }
 };
 
-struct Member {
-  std::unique_ptr<CoordClient> client;
-  uint64_t id = 0;
-  ViewUpdate view;
-  std::atomic<int64_t> toldAtNs{0};  // the failure notice, steady clock
-};
-
 struct Result {
   int members = 0, standbys = 0;
   double admitMs = 0, cpuPct = 0, noticeP50 = 0, noticeMax = 0, replaceMs = 0;
@@ -160,7 +150,8 @@ Result runOnce(const std::string& ecclcoord, const std::string& etcd, int n, int
   r.standbys = standbys;
   CoordinatorProcess coord(ecclcoord, "/tmp/eccl-coord-scale-" + std::to_string(getpid()) + ".id", etcd);
   auto id = membership::decodeUniqueId(membership::uniqueIdFromText(coord.idText));
-  const int64_t beatMs = 500, beatTimeoutMs = 3000;
+  SimulatedMembers::Options options;  // heartbeats every 500 ms, 3 s of silence declares
+  SimulatedMembers sim(id, options);
   // Member ids drawn here, one thread, distinct.
   std::mt19937_64 rng(std::random_device{}());
   std::vector<uint64_t> ids;
@@ -168,107 +159,65 @@ Result runOnce(const std::string& ecclcoord, const std::string& etcd, int n, int
     uint64_t v = rng() | 1;
     if (std::find(ids.begin(), ids.end(), v) == ids.end()) ids.push_back(v);
   }
-  auto join = [&](Role role, int rank, uint64_t memberId) {
-    auto m = std::make_unique<Member>();
-    m->id = memberId;
-    JoinRequest req;
-    req.role = role;
-    req.rank = rank;
-    req.nranks = n;
-    req.member = m->id;
-    req.dataAddress = "127.0.0.1:" + std::to_string(20000 + (rank < 0 ? 0 : rank % 40000));
-    m->client = std::make_unique<CoordClient>(id, req, beatMs, beatTimeoutMs,
-                                              Clock::now() + std::chrono::seconds(120));
-    return m;
+  auto admitted = [&](const char* what) {
+    if (!sim.firstError().empty()) throw std::runtime_error(std::string(what) + ": " + sim.firstError());
   };
+  const auto joinBy = Clock::now() + std::chrono::seconds(120);
+  std::vector<size_t> spare(standbys), ranks(n);
+  parallelFor(spare.size(), threads, [&](size_t i) { spare[i] = sim.join(Role::kStandby, -1, n, ids[n + i], joinBy); });
 
-  std::vector<std::unique_ptr<Member>> spare(standbys);
-  parallelFor(spare.size(), threads, [&](size_t i) { spare[i] = join(Role::kStandby, -1, ids[n + i]); });
-
-  std::vector<std::unique_ptr<Member>> ranks(n);
   auto start = Clock::now();
   // Every join first: the view forms only once all ranks are in.
-  parallelFor(ranks.size(), threads, [&](size_t i) { ranks[i] = join(Role::kRank, static_cast<int>(i), ids[i]); });
+  parallelFor(ranks.size(), threads,
+              [&](size_t i) { ranks[i] = sim.join(Role::kRank, static_cast<int>(i), n, ids[i], joinBy); });
   fprintf(stderr, "coord_scale: %d members joined in %.0f ms\n", n, msBetween(start, Clock::now()));
-  parallelFor(ranks.size(), threads, [&](size_t i) {
-    ranks[i]->view = ranks[i]->client->awaitView(Clock::now() + std::chrono::seconds(180), "coord_scale formation");
-  });
+  if (!sim.awaitViews(n, 1, Clock::now() + std::chrono::seconds(180)))
+    throw std::runtime_error("formation: " + (sim.firstError().empty() ? "no view within 180 s" : sim.firstError()));
   r.admitMs = msBetween(start, Clock::now());
 
   std::this_thread::sleep_for(std::chrono::milliseconds(1000));
   double cpu0 = coord.cpuSeconds();
   std::this_thread::sleep_for(std::chrono::duration<double>(steadyS));
   r.cpuPct = 100.0 * (coord.cpuSeconds() - cpu0) / steadyS;
+  admitted("steady heartbeats");
 
   const int victim = n / 2;
-  // The survivors' callbacks count the notices; the measuring threads sleep
-  // until all came (polling here took the cores the notices needed).
-  struct Told {
-    std::mutex mu;
-    std::condition_variable cv;
-    int count = 0;
-  };
-  auto told = std::make_shared<Told>();  // outlives this run: clients may call back while they close
+  const uint64_t victimId = ids[victim];
+  sim.setWatchedRank(victim);
+  const uint32_t epoch = sim.seen(ranks[0]).epoch;
+  auto died = Clock::now();
+  sim.kill(ranks[victim]);  // no goodbye: its connection just closes
+  sim.awaitTold(n - 1, Clock::now() + std::chrono::seconds(60));
+  // Each survivor told asks for REPLACE, as ecclCommRecover does; the
+  // coordinator answers once every survivor has asked.
+  sim.askRecover(epoch, ecclRecoverReplace);
+  const bool replaced = sim.awaitViews(n - 1 + (standbys > 0 ? 1 : 0), epoch + 1, Clock::now() + std::chrono::seconds(60));
+
+  std::vector<double> notices;
+  Clock::time_point last = died;
+  bool standbyRank = replaced && standbys > 0;
+  int newViews = 0;
   for (int i = 0; i < n; ++i) {
     if (i == victim) continue;
-    Member* m = ranks[i].get();
-    CoordClient::Callbacks cb;
-    cb.onFailed = [m, told, n](const CoordMessage&) {
-      int64_t zero = 0;  // the first notice only
-      if (!m->toldAtNs.compare_exchange_strong(zero, Clock::now().time_since_epoch().count())) return;
-      std::lock_guard<std::mutex> lock(told->mu);
-      if (++told->count == n - 1) told->cv.notify_all();
-    };
-    m->client->setCallbacks(std::move(cb));
+    auto& seen = sim.seen(ranks[i]);
+    if (seen.toldAtNs.load()) notices.push_back((seen.toldAtNs.load() - died.time_since_epoch().count()) / 1e6);
+    if (seen.epoch.load() <= epoch) continue;
+    ++newViews;
+    last = std::max(last, Clock::time_point(Clock::duration(seen.viewAtNs.load())));
+    const uint64_t took = seen.memberAtWatched.load();
+    if (took == victimId || std::find(ids.begin() + n, ids.end(), took) == ids.end()) standbyRank = false;
   }
-  auto died = Clock::now();
-  ranks[victim].reset();  // no goodbye: its connection just closes
-  const uint32_t epoch = ranks[0]->view.epoch;
-  std::vector<double> notices;
-  std::atomic<int> newViews{0};
-  std::atomic<bool> standbyRank{true};
-  std::vector<Clock::time_point> viewAt(n);
-  {
-    std::unique_lock<std::mutex> lock(told->mu);
-    told->cv.wait_until(lock, Clock::now() + std::chrono::seconds(60), [&] { return told->count == n - 1; });
-  }
-  // Each survivor told asks for REPLACE (asking never blocks), then all
-  // wait: the coordinator answers once every survivor has asked.
-  parallelFor(ranks.size(), threads, [&](size_t i) {
-    if (i == static_cast<size_t>(victim)) return;
-    Member& m = *ranks[i];
-    if (m.toldAtNs.load() != 0) m.client->requestRecover(epoch, ecclRecoverReplace);
-  });
-  parallelFor(ranks.size(), threads, [&](size_t i) {
-    if (i == static_cast<size_t>(victim) || ranks[i]->toldAtNs.load() == 0) return;
-    Member& m = *ranks[i];
-    ViewUpdate v = m.client->awaitView(Clock::now() + std::chrono::seconds(60), "coord_scale replace");
-    viewAt[i] = Clock::now();
-    newViews++;
-    bool fromStandby = false;
-    for (auto& s : spare) fromStandby |= s && v.entries.size() > static_cast<size_t>(victim) &&
-                                         v.entries[victim].member == s->id;
-    if (!fromStandby) standbyRank = false;
-  });
-  for (int i = 0; i < n; ++i)
-    if (i != victim && ranks[i]->toldAtNs.load())
-      notices.push_back((ranks[i]->toldAtNs.load() - died.time_since_epoch().count()) / 1e6);
   std::sort(notices.begin(), notices.end());
   r.told = static_cast<int>(notices.size());
   if (!notices.empty()) {
     r.noticeP50 = notices[notices.size() / 2];
     r.noticeMax = notices.back();
   }
-  Clock::time_point last = died;
-  for (int i = 0; i < n; ++i)
-    if (i != victim) last = std::max(last, viewAt[i]);
   r.replaceMs = msBetween(died, last);
   r.standbyTookTheRank = standbys > 0 && newViews == n - 1 && standbyRank;
+  if (!sim.firstError().empty()) fprintf(stderr, "coord_scale: %s\n", sim.firstError().c_str());
   // Members leave in order, so the coordinator's last act is not n failures.
-  parallelFor(ranks.size(), threads, [&](size_t i) {
-    if (ranks[i]) ranks[i]->client->leave();
-  });
-  for (auto& s : spare) s->client->leave();
+  sim.leaveAll(Clock::now() + std::chrono::seconds(30));
   return r;
 }
 
