@@ -3,7 +3,8 @@
 // SIGINT/SIGTERM, and exits non-zero if any rank fails. The rendezvous root
 // runs inside the launcher, so killing any rank never kills it; with --etcd
 // the launcher starts replicated coordinators beside it instead (see
-// replicated_coordinators.h), which may be killed too. Ranks go to
+// replicated_coordinators.h), which may be killed too (SIGUSR1 to the
+// launcher kills the leading one). Ranks go to
 // the hosts of --host-list in turn; a remote one is started through the
 // remote shell (--rsh, default ssh: `ssh HOST env ECCL_...=... PROGRAM`).
 #include <CLI/CLI.hpp>
@@ -36,6 +37,10 @@ namespace {
 
 volatile sig_atomic_t pendingSignal = 0;
 void onSignal(int sig) { pendingSignal = sig; }
+// SIGUSR1 with --etcd: kill the leading coordinator now (a drill: the
+// others take over; --coord-chaos does it on a timer).
+volatile sig_atomic_t killLeaderAsked = 0;
+void onKillLeader(int) { killLeaderAsked = 1; }
 
 struct Child {
   int rank = 0;  // launch index: ranks first, then standbys
@@ -349,6 +354,11 @@ int main(int argc, char** argv) {
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
   signal(SIGPIPE, SIG_IGN);
+  if (replicated) {
+    struct sigaction usr {};
+    usr.sa_handler = onKillLeader;
+    sigaction(SIGUSR1, &usr, nullptr);
+  }
 
   std::vector<int> cores;
   if (bindCores) {
@@ -473,6 +483,17 @@ int main(int argc, char** argv) {
       }
       nextChaos = eccl::Clock::now() +
                   std::chrono::milliseconds(std::uniform_int_distribution<int>(chaosMs / 2, chaosMs * 3 / 2)(chaosRng));
+    }
+    if (killLeaderAsked) {
+      killLeaderAsked = 0;
+      std::string did;
+      try {
+        did = replicated->killLeader();
+      } catch (const eccl::Error& e) {
+        did = e.what();
+      }
+      fprintf(stderr, "eccl-run: SIGUSR1: %s at %.2f s\n",
+              did.empty() ? "no leader to kill (a takeover is under way)" : did.c_str(), elapsed);
     }
     if (coordChaosMs > 0 && !jobEnding && !timedOut && coordChaosKills < coordChaosMax &&
         eccl::Clock::now() >= nextCoordChaos) {

@@ -44,6 +44,9 @@ void Migration::onAnnouncement(const membership::CoordMessage& m) {
   MutexLock lock(mu_);
   switch (m.kind) {
     case CoordKind::kPrepare:
+      // A coordinator that took over announces again what the last one
+      // may not have: a preparation this member has, or settled, stays.
+      if (m.epoch <= settledEpoch_ || (m.epoch == prep_.epoch && prep_.state != ecclPrepareNone)) break;
       prep_ = Preparation{};
       prep_.state = ecclPreparePreparing;
       prep_.epoch = m.epoch;
@@ -202,6 +205,7 @@ ecclPrepareState_t Migration::status(std::string* why, int* leavingRank) const {
 
 void Migration::reset() {
   MutexLock lock(mu_);
+  settledEpoch_ = std::max(settledEpoch_, prep_.epoch);
   prep_ = Preparation{};
 }
 

@@ -118,6 +118,7 @@ class Migration {
   mutable Mutex mu_;
   CondVar cv_;
   Preparation prep_ ECCL_GUARDED_BY(mu_);
+  uint32_t settledEpoch_ ECCL_GUARDED_BY(mu_) = 0;  // the highest epoch whose preparation was entered or dropped
   uint64_t sendSeq_ = 0, recvSeq_ = 0;  // the leaver-to-joiner channel
 };
 

@@ -57,11 +57,12 @@ bool CoordClient::resume(std::string* why) {
   const Deadline until = deadlineAfterMs(failoverMs_);
   CoordMessage join = join_;
   join.uuid = kJoinResuming;
-  std::optional<CoordMessage> ask;
+  std::optional<CoordMessage> ask, reconfig;
   {
     MutexLock lock(mu_);
     join.epoch = epoch_;
     ask = unanswered_;
+    reconfig = reconfigSaid_;
   }
   const std::string what = fmt::format("member {:016x} resuming with {}", self_, coordinator_);
   while (Clock::now() < until) {
@@ -81,8 +82,9 @@ bool CoordClient::resume(std::string* why) {
       log::info("member {:016x}: resumed with {} (epoch {})", self_, coordinator_, first.epoch);
       if (first.kind != CoordKind::kView || first.epoch != join.epoch) {
         deliver(std::move(first));
-      } else if (ask) {
-        channel_->send(*ask, deadlineAfterMs(heartbeatTimeoutMs_));
+      } else {
+        if (reconfig) channel_->send(*reconfig, deadlineAfterMs(heartbeatTimeoutMs_));
+        if (ask) channel_->send(*ask, deadlineAfterMs(heartbeatTimeoutMs_));
       }
       return true;
     } catch (const Error& e) {
@@ -130,6 +132,10 @@ void CoordClient::post(CoordMessage m, bool wake) {
     MutexLock lock(mu_);
     if (m.kind == CoordKind::kRecover || m.kind == CoordKind::kGrow || m.kind == CoordKind::kReconfigure)
       unanswered_ = m;
+    if (m.kind == CoordKind::kPrepared || m.kind == CoordKind::kSwitchover || m.kind == CoordKind::kSwitched ||
+        m.kind == CoordKind::kSwitchFailed)
+      reconfigSaid_ = m;
+    if (m.kind == CoordKind::kSwitched) epoch_ = std::max(epoch_, m.epoch);  // it entered that view
     outbox_.push_back(std::move(m));
   }
   if (!wake) return;
@@ -279,6 +285,7 @@ void CoordClient::deliver(CoordMessage m) {
     if (m.kind == CoordKind::kView || m.kind == CoordKind::kError) {
       unanswered_.reset();
       if (m.kind == CoordKind::kView) epoch_ = m.epoch;
+      if (reconfigSaid_ && (m.kind == CoordKind::kError || m.epoch >= reconfigSaid_->epoch)) reconfigSaid_.reset();
       // An idle standby hears of every view change; only the latest of
       // those rankless views matters, so they do not pile up unread.
       bool standbyView = m.kind == CoordKind::kView && m.rank < 0;
@@ -297,6 +304,7 @@ void CoordClient::deliver(CoordMessage m) {
       failedBeforeCallbacks_ = m;
       return;
     }
+    if (m.kind == CoordKind::kPrepareFailed && reconfigSaid_ && reconfigSaid_->epoch == m.epoch) reconfigSaid_.reset();
     bool reconfig = m.kind == CoordKind::kPrepare || m.kind == CoordKind::kPrepareReady ||
                     m.kind == CoordKind::kPrepareFailed || m.kind == CoordKind::kStandbys;
     if (reconfig && !callbacks_.onReconfiguration) {

@@ -130,10 +130,16 @@ class CoordClient {
   Callbacks callbacks_ ECCL_GUARDED_BY(mu_);
   std::optional<CoordMessage> failedBeforeCallbacks_ ECCL_GUARDED_BY(mu_);
   std::vector<CoordMessage> reconfigBeforeCallbacks_ ECCL_GUARDED_BY(mu_);
-  uint32_t epoch_ ECCL_GUARDED_BY(mu_) = 0;  // of the last view delivered
+  // Of the last view delivered, or of the view this member entered in band
+  // (a unanimous switchover vote): what it tells a successor it is in.
+  uint32_t epoch_ ECCL_GUARDED_BY(mu_) = 0;
   // The last request that waits for a view or an error (recover, grow,
   // reconfigure): asked again after a resume that brought no answer.
   std::optional<CoordMessage> unanswered_ ECCL_GUARDED_BY(mu_);
+  // This member's last word in a migration (prepared, switchover, vote):
+  // told again to a successor that may not have heard it, until a view of
+  // that epoch or its abort comes. The coordinator takes it twice alike.
+  std::optional<CoordMessage> reconfigSaid_ ECCL_GUARDED_BY(mu_);
 };
 
 }  // namespace eccl::membership

@@ -183,6 +183,7 @@ void runReplica(const ReplicaOptions& options, const std::atomic<bool>& stop,
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
       continue;
     }
+    log::info("coordinator replica {}: leads", name);
     Job job;
     try {
       job = loadOrMakeJob(etcd, lead, options, mine);

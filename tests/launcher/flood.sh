@@ -26,14 +26,8 @@ if [ "$launch" = eccl-run ] || [ "$launch" = eccl-run-etcd ]; then
   replicated=()
   if [ "$launch" = eccl-run-etcd ]; then
     [ -n "$etcd_cluster" ] || { echo "FAIL: eccl-run-etcd needs the etcd_cluster program"; exit 1; }
-    # It holds the cluster until its standard input (this fifo) closes.
-    mkfifo "$out/etcd.in"
-    "$etcd_cluster" 3 <"$out/etcd.in" >"$out/etcd.out" 2>"$out/etcd.log" &
-    etcd_pid=$!
-    exec {hold}>"$out/etcd.in"
-    for _ in $(seq 300); do grep -q '^ETCD_ENDPOINTS=' "$out/etcd.out" && break; sleep 0.1; done
-    endpoints=$(sed -n 's/^ETCD_ENDPOINTS=//p' "$out/etcd.out")
-    [ -n "$endpoints" ] || { echo "FAIL: no etcd cluster"; cat "$out/etcd.log"; exit 1; }
+    source "$here/job_helpers.sh"
+    start_etcd_cluster "$etcd_cluster" "$out" || { echo "FAIL: no etcd cluster"; cat "$out/etcd.log"; exit 1; }
     replicated=(--etcd "$endpoints" --coordinators 3)
   fi
   "$run" -np 4 --standby 1 "${replicated[@]}" --kill "2@$kill_at" --timeout 150 "$train" --steps $steps \

@@ -15,13 +15,8 @@ fail() { echo "FAIL: $*"; for f in "$tmp"/*.out; do echo "--- $f"; cat "$f"; don
 job=$!
 for _ in $(seq 100); do [ -s "$tmp/id" ] && break; sleep 0.1; done
 [ -s "$tmp/id" ] || fail "eccl-run wrote no job id"
-for _ in $(seq 100); do
-  "$coord" status --id-file "$tmp/id" > "$tmp/status.out" 2>&1 && grep -q "standby:" "$tmp/status.out" &&
-    grep -q "epoch 1, 4 ranks" "$tmp/status.out" && break
-  sleep 0.1
-done
-grep -q "epoch 1, 4 ranks" "$tmp/status.out" || fail "status does not show the formed view"
-grep -q "standby:" "$tmp/status.out" || fail "status does not list the standby"
+source "$(dirname "$0")/job_helpers.sh"
+await_formed "$coord" "$tmp/id" "$tmp/status.out" || fail "status does not show the formed view with its standby"
 if "$coord" migrate --rank 9 --id-file "$tmp/id" > "$tmp/refused.out" 2>&1; then fail "migrating rank 9 of 4 succeeded"; fi
 grep -q "outside" "$tmp/refused.out" || fail "refusal does not say why"
 "$coord" migrate --rank 1 --id-file "$tmp/id" > "$tmp/migrate.out" 2>&1 || fail "ecclcoord migrate failed"

@@ -21,13 +21,13 @@ namespace {
 
 // A port nothing listens on; its socket is held until every node has its
 // ports, so no two are handed the same one.
-int freePort(std::vector<Fd>& held) {
-  auto [fd, addr] = listenOn(SockAddr::parse("127.0.0.1:0"));
+int freePort(std::vector<Fd>& held, const std::string& host) {
+  auto [fd, addr] = listenOn(SockAddr::parse(host + ":0"));
   held.push_back(std::move(fd));
   return addr.port();
 }
 
-std::string url(int port) { return "http://127.0.0.1:" + std::to_string(port); }
+std::string url(const std::string& host, int port) { return "http://" + host + ":" + std::to_string(port); }
 
 }  // namespace
 
@@ -40,7 +40,7 @@ std::string EtcdCluster::binary() {
   return "";
 }
 
-EtcdCluster::EtcdCluster(int nodes) {
+EtcdCluster::EtcdCluster(int nodes, std::string clientHost) : clientHost_(std::move(clientHost)) {
   char tmpl[] = "/tmp/eccl-etcd-XXXXXX";
   root_ = mkdtemp(tmpl);
   nodes_.resize(nodes);
@@ -49,9 +49,9 @@ EtcdCluster::EtcdCluster(int nodes) {
     Node& n = nodes_[i];
     n.name = "n" + std::to_string(i);
     n.dir = root_ + "/" + n.name;
-    n.clientPort = freePort(held);
-    n.peerPort = freePort(held);
-    initialCluster_ += (i ? "," : "") + n.name + "=" + url(n.peerPort);
+    n.clientPort = freePort(held, clientHost_);
+    n.peerPort = freePort(held, "127.0.0.1");
+    initialCluster_ += (i ? "," : "") + n.name + "=" + url("127.0.0.1", n.peerPort);
   }
   held.clear();
   for (auto& n : nodes_) launch(n, false);
@@ -68,10 +68,10 @@ void EtcdCluster::launch(Node& n, bool existing) {
   std::vector<std::string> args = {binary(),
                                    "--name", n.name,
                                    "--data-dir", n.dir,
-                                   "--listen-client-urls", url(n.clientPort),
-                                   "--advertise-client-urls", url(n.clientPort),
-                                   "--listen-peer-urls", url(n.peerPort),
-                                   "--initial-advertise-peer-urls", url(n.peerPort),
+                                   "--listen-client-urls", url(clientHost_, n.clientPort),
+                                   "--advertise-client-urls", url(clientHost_, n.clientPort),
+                                   "--listen-peer-urls", url("127.0.0.1", n.peerPort),
+                                   "--initial-advertise-peer-urls", url("127.0.0.1", n.peerPort),
                                    "--initial-cluster", initialCluster_,
                                    "--initial-cluster-state", existing ? "existing" : "new",
                                    "--initial-cluster-token", root_,
@@ -97,7 +97,9 @@ void EtcdCluster::launch(Node& n, bool existing) {
   n.pid = pid;
 }
 
-std::string EtcdCluster::endpoint(int node) const { return "127.0.0.1:" + std::to_string(nodes_[node].clientPort); }
+std::string EtcdCluster::endpoint(int node) const {
+  return clientHost_ + ":" + std::to_string(nodes_[node].clientPort);
+}
 
 std::string EtcdCluster::endpoints() const {
   std::string out;

@@ -17,13 +17,15 @@ class EtcdCluster {
   // The etcd binary: $ECCL_ETCD_BINARY, else `etcd` on the PATH; empty if none.
   static std::string binary();
 
-  explicit EtcdCluster(int nodes);
+  // Clients reach the nodes at clientHost (an address of this namespace:
+  // another namespace's process can reach one on a veth); peers on loopback.
+  explicit EtcdCluster(int nodes, std::string clientHost = "127.0.0.1");
   ~EtcdCluster();
   EtcdCluster(const EtcdCluster&) = delete;
   EtcdCluster& operator=(const EtcdCluster&) = delete;
 
   int size() const { return static_cast<int>(nodes_.size()); }
-  // "127.0.0.1:p1,127.0.0.1:p2,..." for every node, or node i's alone.
+  // "HOST:p1,HOST:p2,..." for every node, or node i's alone.
   std::string endpoints() const;
   std::string endpoint(int node) const;
 
@@ -45,6 +47,7 @@ class EtcdCluster {
   };
   void launch(Node& node, bool existing);
 
+  std::string clientHost_;
   std::string root_;
   std::string initialCluster_;
   std::vector<Node> nodes_;

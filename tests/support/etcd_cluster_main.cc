@@ -1,4 +1,5 @@
-// etcd_cluster N: a real N-node etcd cluster on loopback for shell tests.
+// etcd_cluster N [HOST]: a real N-node etcd cluster for shell tests, its
+// clients served at HOST (default 127.0.0.1), its peers on loopback.
 // Prints "ETCD_ENDPOINTS=IP:port,..." once it is healthy, then holds it
 // until SIGTERM/SIGINT or its standard input closes; the nodes and their
 // data go with it.
@@ -21,7 +22,7 @@ void onStop(int) { stopRequested = 1; }
 int main(int argc, char** argv) {
   const int nodes = argc > 1 ? std::atoi(argv[1]) : 3;
   if (nodes < 1 || nodes > 7) {
-    fprintf(stderr, "usage: etcd_cluster [NODES (1-7)]\n");
+    fprintf(stderr, "usage: etcd_cluster [NODES (1-7)] [CLIENT_HOST]\n");
     return 2;
   }
   if (eccl::test::EtcdCluster::binary().empty()) {
@@ -33,7 +34,7 @@ int main(int argc, char** argv) {
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
   try {
-    eccl::test::EtcdCluster cluster(nodes);
+    eccl::test::EtcdCluster cluster(nodes, argc > 2 ? argv[2] : "127.0.0.1");
     printf("ETCD_ENDPOINTS=%s\n", cluster.endpoints().c_str());
     fflush(stdout);
     while (!stopRequested) {

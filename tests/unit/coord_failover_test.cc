@@ -4,6 +4,8 @@
 // and the successor goes on serving them (a failure, a recovery).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <array>
 #include <chrono>
 #include <condition_variable>
 #include <memory>
@@ -106,6 +108,65 @@ TEST_F(CoordinatorFailover, ARecoveryAskedOfTheDeadCoordinatorIsAnsweredByTheSuc
     EXPECT_EQ(v.epoch, 2u);
     EXPECT_EQ(v.entries.size(), 2u);
   }
+}
+
+// What one member heard of a migration: PREPARE and READY, by epoch.
+struct Announcements {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::pair<CoordKind, uint32_t>> heard;
+
+  CoordClient::Callbacks callbacks() {
+    CoordClient::Callbacks cb;
+    cb.onReconfiguration = [this](const CoordMessage& m) {
+      std::lock_guard<std::mutex> lock(mu);
+      heard.emplace_back(m.kind, m.epoch);
+      cv.notify_all();
+    };
+    return cb;
+  }
+  bool awaitCount(CoordKind kind, uint32_t epoch, size_t count) {
+    std::unique_lock<std::mutex> lock(mu);
+    return cv.wait_for(lock, 10s, [&] {
+      return static_cast<size_t>(std::count(heard.begin(), heard.end(), std::make_pair(kind, epoch))) >= count;
+    });
+  }
+};
+
+// A migration straddles the coordinator change: two of its three members
+// prepared with the first coordinator; the successor knows the migration,
+// tells each participant again, sends READY once the last is prepared, and
+// commits on the first yes; the leaver hears that it has left.
+TEST_F(CoordinatorFailover, AMigrationPreparedWithTheDeadCoordinatorCommitsWithTheSuccessor) {
+  auto m = form(3, /*failoverMs=*/5000);
+  JoinRequest spare{Role::kStandby, -1, 3, 600, "tcp:127.0.0.1:1", false};
+  spare.failoverMs = 5000;
+  auto standby = std::make_unique<CoordClient>(id, spare, 100, 1500, deadlineAfterMs(10000));
+  std::array<Announcements, 4> heard;  // ranks 0..2, then the standby
+  std::array<CoordClient*, 4> clients = {m[0]->client.get(), m[1]->client.get(), m[2]->client.get(),
+                                         standby.get()};
+  for (size_t i = 0; i < 4; ++i) clients[i]->setCallbacks(heard[i].callbacks());
+  std::this_thread::sleep_for(300ms);  // the standby is registered
+  clients[0]->requestMigration(1);
+  for (size_t i = 0; i < 4; ++i) ASSERT_TRUE(heard[i].awaitCount(CoordKind::kPrepare, 2, 1)) << i;
+  clients[0]->prepared(2);
+  clients[3]->prepared(2);
+  std::this_thread::sleep_for(300ms);  // both are in the first coordinator's state
+  replaceCoordinator();
+  for (size_t i = 0; i < 4; ++i) ASSERT_TRUE(heard[i].awaitCount(CoordKind::kPrepare, 2, 2)) << "told again: " << i;
+  clients[2]->prepared(2);
+  for (size_t i = 0; i < 4; ++i) ASSERT_TRUE(heard[i].awaitCount(CoordKind::kPrepareReady, 2, 1)) << i;
+  clients[1]->requestSwitchover(2);  // the leaver waits for the outcome
+  for (size_t i : {0, 2, 3}) clients[i]->reportSwitched(2, /*urgent=*/true);
+  ViewUpdate left = clients[1]->awaitView(deadlineAfterMs(10000), "the leaver's outcome");
+  EXPECT_EQ(left.epoch, 2u);
+  EXPECT_EQ(left.rank, -1);
+  std::vector<uint64_t> next;
+  for (const auto& e : left.entries) next.push_back(e.member);
+  EXPECT_EQ(next, (std::vector<uint64_t>{500, 600, 502}));
+  const std::string status = queryCoordinatorStatus(id, deadlineAfterMs(5000));
+  EXPECT_NE(status.find("epoch 2"), std::string::npos) << status;
+  for (CoordClient* c : clients) EXPECT_FALSE(c->evicted());
 }
 
 TEST_F(CoordinatorFailover, WithoutFailoverALostCoordinatorIsFinal) {

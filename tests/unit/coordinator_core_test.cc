@@ -400,8 +400,8 @@ TEST(CoordinatorRecovery, StaleEpochIsRefused) {
   EXPECT_NE(errors[0].text.find("the current epoch is 1"), std::string::npos);
 }
 
-// Rank 1 (member 2) migrates to standby 9; everyone of the next view is prepared.
-void prepareMigration(Harness& h) {
+// Rank 1 (member 2) is to migrate to standby 9: PREPARE for epoch 2 is out.
+void announceMigration(Harness& h) {
   formThree(h);
   h.joinStandby(9);
   h.clear();
@@ -409,6 +409,11 @@ void prepareMigration(Harness& h) {
   m.kind = CoordKind::kMigrate;
   m.rank = 1;
   h.say(1, m);
+}
+
+// Rank 1 (member 2) migrates to standby 9; everyone of the next view is prepared.
+void prepareMigration(Harness& h) {
+  announceMigration(h);
   for (uint64_t id : {1, 2, 3, 9}) ASSERT_EQ(h.to(id, CoordKind::kPrepare).size(), 1u) << id;
   for (uint64_t id : {1, 9, 3}) h.say(id, CoordKind::kPrepared, 2);
   for (uint64_t id : {1, 2, 3, 9}) ASSERT_EQ(h.to(id, CoordKind::kPrepareReady).size(), 1u) << id;
@@ -460,12 +465,7 @@ TEST(CoordinatorVote, EveryoneGivingUpAbortsAndRetiresTheJoiner) {
 
 TEST(CoordinatorVote, VoteBeforeReadyIsRefused) {
   Harness h;
-  formThree(h);
-  h.joinStandby(9);
-  CoordMessage m;
-  m.kind = CoordKind::kMigrate;
-  m.rank = 1;
-  h.say(1, m);
+  announceMigration(h);
   h.clear();
   h.say(1, CoordKind::kSwitched, 2);
   auto errors = h.to(1, CoordKind::kError);
@@ -602,6 +602,79 @@ TEST(CoordinatorTakeover, EpochNumbersAreNeverReusedAcrossALeaderChange) {
   b.say(1, m);
   ASSERT_EQ(b.to(10, CoordKind::kPrepare).size(), 1u);
   EXPECT_EQ(b.to(10, CoordKind::kPrepare)[0].epoch, 3u);
+}
+
+// READY went out, the members voted yes in band and the leader died before
+// hearing it: the successor knows the migration, a member back in the next
+// epoch is that yes, and the leaver's wait for the outcome ends.
+TEST(CoordinatorTakeover, AMigrationVotedInBandCommitsWithTheSuccessor) {
+  Harness a;
+  prepareMigration(a);  // rank 1 (member 2) to standby 9, epoch 2, READY sent
+  Harness b;
+  b.core.importState(a.core.exportState(), b.now);
+  b.resume(2, Role::kRank, 1);  // the leaver, still waiting
+  ASSERT_EQ(b.to(2, CoordKind::kPrepare).size(), 1u);  // told again: its client keeps what it had
+  ASSERT_EQ(b.to(2, CoordKind::kPrepareReady).size(), 1u);
+  b.say(2, CoordKind::kSwitchover, 2);  // what it told the dead leader, told again
+  EXPECT_EQ(b.core.currentEpoch(), 1u);
+  b.clear();
+  b.resume(1, Role::kRank, 2);  // in epoch 2 already
+  EXPECT_EQ(b.core.currentEpoch(), 2u);
+  EXPECT_EQ(b.core.currentView(), (std::vector<uint64_t>{1, 9, 3}));
+  ASSERT_EQ(b.to(1, CoordKind::kView).size(), 1u);
+  EXPECT_EQ(b.to(1, CoordKind::kView)[0].epoch, 2u);  // its client takes it as an acknowledgement
+  ASSERT_EQ(b.to(2, CoordKind::kView).size(), 1u);
+  EXPECT_EQ(b.to(2, CoordKind::kView)[0].rank, -1);  // the leaver has left
+  b.resume(3, Role::kRank, 2);
+  b.resume(9, Role::kStandby, 2);
+  EXPECT_EQ(b.to(9, CoordKind::kView).back().rank, 1);
+  EXPECT_EQ(b.sentOfKind(CoordKind::kError), 0u);
+  EXPECT_EQ(b.sentOfKind(CoordKind::kPrepareFailed), 0u);
+}
+
+// The leader died with the members still preparing: the successor tells
+// each participant the migration again and sends READY once the last
+// member is prepared.
+TEST(CoordinatorTakeover, AMigrationBeingPreparedGoesOnWithTheSuccessor) {
+  Harness a;
+  announceMigration(a);
+  for (uint64_t id : {1, 9}) a.say(id, CoordKind::kPrepared, 2);
+  Harness b;
+  b.core.importState(a.core.exportState(), b.now);
+  for (uint64_t id : {1, 2, 3}) b.resume(id, Role::kRank, 1);
+  b.resume(9, Role::kStandby, 1);
+  for (uint64_t id : {1, 2, 3, 9}) {
+    ASSERT_EQ(b.to(id, CoordKind::kPrepare).size(), 1u) << id;
+    EXPECT_EQ(b.to(id, CoordKind::kPrepare)[0].epoch, 2u);
+    EXPECT_EQ(b.to(id, CoordKind::kPrepare)[0].member, 9u);
+    EXPECT_TRUE(b.to(id, CoordKind::kPrepareReady).empty()) << id;
+  }
+  b.clear();
+  b.say(1, CoordKind::kPrepared, 2);  // told again: counted once
+  EXPECT_EQ(b.sentOfKind(CoordKind::kPrepareReady), 0u);
+  b.say(3, CoordKind::kPrepared, 2);
+  for (uint64_t id : {1, 2, 3, 9}) EXPECT_EQ(b.to(id, CoordKind::kPrepareReady).size(), 1u) << id;
+  b.clear();
+  b.say(3, CoordKind::kSwitched, 2);
+  EXPECT_EQ(b.core.currentEpoch(), 2u);
+  EXPECT_EQ(b.core.currentView(), (std::vector<uint64_t>{1, 9, 3}));
+}
+
+// The last leader aborted the migration and died before every member read
+// the abort: a member telling the successor it is prepared hears it.
+TEST(CoordinatorTakeover, AnAbortedMigrationIsToldToAMemberThatMissedIt) {
+  Harness a;
+  announceMigration(a);
+  a.closed(3);  // a member of the next view dies while it is prepared: aborted
+  Harness b;
+  b.core.importState(a.core.exportState(), b.now);
+  b.resume(1, Role::kRank, 1);
+  EXPECT_TRUE(b.to(1, CoordKind::kPrepare).empty());
+  b.say(1, CoordKind::kPrepared, 2);
+  auto aborted = b.to(1, CoordKind::kPrepareFailed);
+  ASSERT_EQ(aborted.size(), 1u);
+  EXPECT_EQ(aborted[0].epoch, 2u);
+  EXPECT_THAT(aborted[0].text, HasSubstr("was aborted"));
 }
 
 TEST(CoordinatorTakeover, OnlyMembersItKnowsResumeAndAFreshJoinCannotTakeTheirIds) {

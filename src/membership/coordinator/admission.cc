@@ -86,7 +86,16 @@ void CoordinatorCore::resume(uint64_t conn, uint64_t mid, uint32_t itsEpoch) {
   m.lastHeard = now;
   memberOfConn[conn] = mid;
   log::info("coordinator: {} reconnected", label(mid));
+  // In the migration's next epoch already: it saw every member vote yes
+  // (READY went out only once the vote was durable), a yes the last
+  // coordinator may not have lived to hear.
+  if (pending && pending->voting && itsEpoch == pending->epoch &&
+      std::count(pending->next.begin(), pending->next.end(), mid)) {
+    pending->votedYes.insert(mid);
+    decideVote();
+  }
   sendView(mid, "resumed with the job's new coordinator");
+  reannouncePending(mid);
   if (view.empty()) return;
   if (inView(mid) && itsEpoch == epoch && !failed.empty()) send(m, failedNotice(lastFailure));
   if (m.role == Role::kStandby) {

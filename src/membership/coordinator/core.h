@@ -72,10 +72,9 @@ class CoordinatorCore {
   // The job's durable state, for a replica to take over from (persistence.cc):
   // members (ids, roles, addresses, recovery asks), fences, the view, its
   // epoch and the highest epoch announced, watched groups, named
-  // memberships asked and used. Not in it: connections, heartbeat times,
-  // and a migration being prepared (the next leader has none: its late
-  // PREPARED messages are ignored and its votes refused, so the members
-  // recover instead).
+  // memberships asked and used, and a migration being prepared (who is
+  // prepared, whether READY went out, the votes heard). Not in it:
+  // connections and heartbeat times.
   CoordinatorState exportState() const;
   // Takes over from `state` (exportState's) before any input. Every member
   // is known and unconnected: a join naming its id re-attaches it with its
@@ -217,6 +216,8 @@ class CoordinatorCore {
 
   // Expected migration and its vote (vote.cc).
   std::string startMigration(int64_t rank, const std::string& asker);
+  CoordMessage prepareAnnouncement() const;  // the PREPARE of `pending`
+  void reannouncePending(uint64_t member);
   void abortPending(const std::string& why);
   void onPrepared(uint64_t from, const CoordMessage& msg);
   void onSwitchover(uint64_t from, const CoordMessage& msg);

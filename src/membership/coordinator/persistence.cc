@@ -72,6 +72,18 @@ CoordinatorState CoordinatorCore::exportState() const {
   s["reconfigureAsks"] = asks;
   s["usedUuids"] = pairs(usedUuids);
   s["refusedUuids"] = pairs(refusedUuids);
+  s["pending"] = nullptr;
+  if (pending) {
+    const Pending& p = *pending;
+    s["pending"] = {{"epoch", p.epoch},         {"next", p.next},
+                    {"joiners", p.joiners},     {"leavers", p.leavers},
+                    {"leavingRank", p.leavingRank}, {"prepared", p.prepared},
+                    {"switching", p.switching}, {"voting", p.voting},
+                    {"votedYes", p.votedYes},   {"gaveUp", p.gaveUp},
+                    {"lost", p.lost},           {"recovering", p.recovering},
+                    {"firstLoss", p.firstLoss}, {"firstLossIsDeath", p.firstLossIsDeath},
+                    {"story", p.story}};
+  }
   out["head"] = s.dump();
 
   std::array<std::string, kMemberBuckets> memberText, ranks;
@@ -125,6 +137,27 @@ void CoordinatorCore::importState(const CoordinatorState& state, Time at) {
     for (auto& a : s.at("reconfigureAsks")) reconfigureAsks[a.at(0)] = {a.at(1), a.at(2).get<std::vector<uint64_t>>()};
     for (auto& p : s.at("usedUuids")) usedUuids[p.at(0)] = p.at(1);
     for (auto& p : s.at("refusedUuids")) refusedUuids[p.at(0)] = p.at(1);
+    if (const json& j = s.at("pending"); !j.is_null()) {
+      Pending p;
+      p.epoch = j.at("epoch");
+      p.next = j.at("next").get<std::vector<uint64_t>>();
+      p.joiners = j.at("joiners").get<std::vector<uint64_t>>();
+      p.leavers = j.at("leavers").get<std::vector<uint64_t>>();
+      p.leavingRank = j.at("leavingRank");
+      p.prepared = j.at("prepared").get<std::set<uint64_t>>();
+      p.switching = j.at("switching").get<std::set<uint64_t>>();
+      p.voting = j.at("voting");
+      p.votedYes = j.at("votedYes").get<std::set<uint64_t>>();
+      p.gaveUp = j.at("gaveUp").get<std::set<uint64_t>>();
+      p.lost = j.at("lost").get<std::set<uint64_t>>();
+      p.recovering = j.at("recovering").get<std::set<uint64_t>>();
+      p.firstLoss = j.at("firstLoss");
+      p.firstLossIsDeath = j.at("firstLossIsDeath");
+      p.story = j.at("story");
+      if (p.joiners.empty() || p.leavers.empty() || p.next.empty())
+        fail(ecclInvalidUsage, "the migration being prepared names no joiner, leaver or next view");
+      pending = std::move(p);
+    }
 
     for (size_t b = 0; b < kMemberBuckets; ++b) {
       where = bucketKey(b);
@@ -170,8 +203,16 @@ void CoordinatorCore::importState(const CoordinatorState& state, Time at) {
   for (uint64_t m : view)
     if (!members.count(m) && !isFailed(m))
       fail(ecclInvalidUsage, "coordinator state names member {:016x} in the view but not among the members", m);
+  if (pending)
+    for (uint64_t m : pendingParticipants())
+      if (!members.count(m) && !fenced.count(m) && !gone.count(m))
+        fail(ecclInvalidUsage, "coordinator state's migration names member {:016x}, unknown to it", m);
   log::info("coordinator: took over at epoch {} with {} ranks and {} members known; waiting for them to reconnect",
             epoch, view.size(), members.size());
+  if (pending)
+    log::info("coordinator: took over a migration to epoch {} ({}): {} of {} prepared, READY {}; it goes on",
+              pending->epoch, pending->story, pending->prepared.size(), pending->next.size(),
+              pending->voting ? "sent" : "not sent yet");
 }
 
 }  // namespace eccl::membership

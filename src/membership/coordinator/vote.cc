@@ -31,10 +31,17 @@ std::string CoordinatorCore::startMigration(int64_t rank, const std::string& ask
   p.story = fmt::format("rank {} migrated from member {:016x} to standby {:016x}", rank, p.leavers[0], p.joiners[0]);
   pending = std::move(p);
   log::info("coordinator: preparing epoch {} ({}; asked by {})", pending->epoch, pending->story, asker);
+  auto shared = std::make_shared<const CoordMessage>(prepareAnnouncement());
+  for (uint64_t id : view) send(members.at(id), shared);
+  for (uint64_t id : pending->joiners) send(members.at(id), shared);
+  return "";
+}
+
+CoordMessage CoordinatorCore::prepareAnnouncement() const {
   CoordMessage m;
   m.kind = CoordKind::kPrepare;
   m.epoch = pending->epoch;
-  m.rank = rank;
+  m.rank = pending->leavingRank;
   m.nranks = static_cast<uint32_t>(pending->next.size());
   m.member = pending->joiners[0];
   m.members = pending->leavers;
@@ -43,10 +50,25 @@ std::string CoordinatorCore::startMigration(int64_t rank, const std::string& ask
   for (uint64_t id : pending->next) next.push_back({id, members.at(id).address});
   m.encoded = encodeEntries(std::move(next));  // one copy for every member
   m.text = pending->story;
-  auto shared = std::make_shared<const CoordMessage>(std::move(m));
-  for (uint64_t id : view) send(members.at(id), shared);
-  for (uint64_t id : pending->joiners) send(members.at(id), shared);
-  return "";
+  return m;
+}
+
+// A participant of the migration came back to a coordinator that took
+// over: whatever of PREPARE and READY the last one sent it may have been
+// lost with it, so it hears them again (its client ignores what it had).
+void CoordinatorCore::reannouncePending(uint64_t member) {
+  if (!pending) return;
+  auto all = pendingParticipants();
+  if (!std::count(all.begin(), all.end(), member)) return;
+  for (uint64_t id : all)  // one of them is gone: the vote is settling without it
+    if (!members.count(id)) return;
+  Member& m = members.at(member);
+  send(m, prepareAnnouncement());
+  if (!pending->voting) return;
+  CoordMessage ready;
+  ready.kind = CoordKind::kPrepareReady;
+  ready.epoch = pending->epoch;
+  send(m, ready);
 }
 
 void CoordinatorCore::abortPending(const std::string& why) {
@@ -75,7 +97,19 @@ void CoordinatorCore::abortPending(const std::string& why) {
 }
 
 void CoordinatorCore::onPrepared(uint64_t from, const CoordMessage& msg) {
-  if (!pending || msg.epoch != pending->epoch) return;  // an aborted preparation finishing late
+  if (!pending || msg.epoch != pending->epoch) {
+    // An aborted preparation finishing late, or a member telling a new
+    // coordinator what it told the last one, whose abort notice it may
+    // never have read: it hears the abort (again).
+    if (!pending && msg.epoch > epoch && msg.epoch <= issued && members.count(from)) {
+      CoordMessage f;
+      f.kind = CoordKind::kPrepareFailed;
+      f.epoch = msg.epoch;
+      f.text = lastAbort.empty() ? fmt::format("the reconfiguration to epoch {} was aborted", msg.epoch) : lastAbort;
+      send(members.at(from), f);
+    }
+    return;
+  }
   pending->prepared.insert(from);
   for (uint64_t id : pending->next)
     if (!pending->prepared.count(id)) return;
