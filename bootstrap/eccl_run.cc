@@ -354,11 +354,9 @@ int main(int argc, char** argv) {
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
   signal(SIGPIPE, SIG_IGN);
-  if (replicated) {
-    struct sigaction usr {};
-    usr.sa_handler = onKillLeader;
-    sigaction(SIGUSR1, &usr, nullptr);
-  }
+  struct sigaction usr {};
+  usr.sa_handler = onKillLeader;
+  sigaction(SIGUSR1, &usr, nullptr);  // never the default action: that would end the launcher
 
   std::vector<int> cores;
   if (bindCores) {
@@ -486,14 +484,14 @@ int main(int argc, char** argv) {
     }
     if (killLeaderAsked) {
       killLeaderAsked = 0;
-      std::string did;
+      std::string did = "ignored: only replicated coordinators (--etcd) are killed";
       try {
-        did = replicated->killLeader();
+        if (replicated) did = replicated->killLeader();
+        if (did.empty()) did = "no leader to kill (a takeover is under way)";
       } catch (const eccl::Error& e) {
         did = e.what();
       }
-      fprintf(stderr, "eccl-run: SIGUSR1: %s at %.2f s\n",
-              did.empty() ? "no leader to kill (a takeover is under way)" : did.c_str(), elapsed);
+      fprintf(stderr, "eccl-run: SIGUSR1: %s at %.2f s\n", did.c_str(), elapsed);
     }
     if (coordChaosMs > 0 && !jobEnding && !timedOut && coordChaosKills < coordChaosMax &&
         eccl::Clock::now() >= nextCoordChaos) {
