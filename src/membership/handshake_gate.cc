@@ -92,10 +92,19 @@ void HandshakeGate::acceptAll(size_t listener, std::vector<Admitted>* admitted) 
     if (!fd) return;
     accepted_++;
     if (pending_.size() >= opt_.maxPending) {
-      drop(*pending_.front(), fmt::format("{} unauthenticated connections were waiting (the cap), and it was the oldest",
-                                          pending_.size()),
+      // The oldest that has not sent a whole hello goes first: a member's
+      // hello comes with its connect, and a flood opening connections
+      // faster than a member finishes its handshake must not push the
+      // member out. Only when every one is past its hello is the oldest
+      // dropped.
+      auto victim = std::find_if(pending_.begin(), pending_.end(), [](const auto& p) { return p->out.empty(); });
+      const bool silent = victim != pending_.end();
+      if (!silent) victim = pending_.begin();
+      drop(**victim,
+           fmt::format("{} unauthenticated connections were waiting (the cap), and it was the oldest{}",
+                       pending_.size(), silent ? " without a whole hello" : ""),
            evicted_);
-      pending_.pop_front();
+      pending_.erase(victim);
     }
     std::string what = fmt::format("{}: connection from {}", owner_, from);
     pending_.push_back(std::make_unique<Pending>(std::move(fd), from, std::move(what), listener,

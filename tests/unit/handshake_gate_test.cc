@@ -159,5 +159,31 @@ TEST_F(GateFixture, PastTheCapTheOldestIsDropped) {
   EXPECT_LT(authenticate(secret_, 8), 1000ms);
 }
 
+// A member whose hello is in but whose proof has not come yet (a slow
+// process under a flood) outlives silent connections opened after it.
+TEST_F(GateFixture, PastTheCapAPeerPastItsHelloOutlivesSilentOnes) {
+  start({.handshakeTimeoutMs = 10000, .maxPending = 4});
+  Fd midway = dial();
+  Hello h;
+  h.purpose = Purpose::kData;
+  h.jobId = kJob;
+  h.fromMember = 9;
+  Nonce nonce{};
+  uint8_t hello[kHelloBytes];
+  encodeHello(h, nonce, hello);
+  ASSERT_EQ(::send(midway.get(), hello, sizeof(hello), MSG_NOSIGNAL), static_cast<ssize_t>(sizeof(hello)));
+  std::this_thread::sleep_for(50ms);  // the gate answered with its challenge
+  std::vector<Fd> squatters;
+  for (int i = 0; i < 6; ++i) {
+    squatters.push_back(dial());
+    std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_TRUE(closedWithin(squatters[0].get(), 2000ms));
+  EXPECT_TRUE(closedWithin(squatters[1].get(), 2000ms));
+  EXPECT_TRUE(closedWithin(squatters[2].get(), 2000ms));
+  EXPECT_FALSE(closedWithin(midway.get(), 100ms)) << "the connection past its hello was dropped for silent ones";
+  EXPECT_EQ(gate_->stats().evicted, 3u);
+}
+
 }  // namespace
 }  // namespace eccl::membership
