@@ -482,26 +482,24 @@ int main(int argc, char** argv) {
       nextChaos = eccl::Clock::now() +
                   std::chrono::milliseconds(std::uniform_int_distribution<int>(chaosMs / 2, chaosMs * 3 / 2)(chaosRng));
     }
+    // What killing the leader did ("" when there was none to kill, or it failed: said here).
+    auto killLeader = [&](const char* why) -> std::string {
+      try {
+        return replicated->killLeader();
+      } catch (const eccl::Error& e) {
+        fprintf(stderr, "eccl-run: %s: %s\n", why, e.what());
+        return "";
+      }
+    };
     if (killLeaderAsked) {
       killLeaderAsked = 0;
-      std::string did = "ignored: only replicated coordinators (--etcd) are killed";
-      try {
-        if (replicated) did = replicated->killLeader();
-        if (did.empty()) did = "no leader to kill (a takeover is under way)";
-      } catch (const eccl::Error& e) {
-        did = e.what();
-      }
-      fprintf(stderr, "eccl-run: SIGUSR1: %s at %.2f s\n", did.c_str(), elapsed);
+      std::string did = replicated ? killLeader("SIGUSR1") : "ignored: only replicated coordinators (--etcd) are killed";
+      fprintf(stderr, "eccl-run: SIGUSR1: %s at %.2f s\n",
+              did.empty() ? "no leader killed (a takeover is under way)" : did.c_str(), elapsed);
     }
     if (coordChaosMs > 0 && !jobEnding && !timedOut && coordChaosKills < coordChaosMax &&
         eccl::Clock::now() >= nextCoordChaos) {
-      std::string did;
-      try {
-        did = replicated->killLeader();
-      } catch (const eccl::Error& e) {
-        did = "";
-        fprintf(stderr, "eccl-run: coordinator chaos: %s\n", e.what());
-      }
+      const std::string did = killLeader("coordinator chaos");
       if (!did.empty())
         fprintf(stderr, "eccl-run: coordinator chaos kill %d: %s at %.2f s\n", ++coordChaosKills, did.c_str(), elapsed);
       // After a random pause; while a takeover is under way there is no

@@ -197,7 +197,7 @@ bool SimulatedMembers::awaitTold(size_t count, Deadline deadline) {
 
 // A member's messages: views are rebuilt (whole or from a delta) exactly as
 // the member client does, and a view that does not apply is an error.
-void SimulatedMembers::handle(Loop&, Member& m) {
+void SimulatedMembers::handle(Member& m) {
   std::vector<CoordMessage> got;
   bool open = true;
   std::string failure;
@@ -256,7 +256,7 @@ void SimulatedMembers::serve(Loop& loop) {
         continue;
       }
       Member& m = *static_cast<Member*>(events[i].data.ptr);
-      if (m.open) handle(loop, m);
+      if (m.open) handle(m);
     }
     std::vector<Member*> adopted, killed;
     uint64_t askGeneration, leaveGeneration;
@@ -277,7 +277,7 @@ void SimulatedMembers::serve(Loop& loop) {
       epoll_ctl(loop.epoll.get(), EPOLL_CTL_ADD, m->channel->fd(), &e);
       loop.members.push_back(m);
       loop.beats.push_back(m);
-      handle(loop, *m);  // the view may have come with the join
+      handle(*m);  // the view may have come with the join
     }
     for (Member* m : killed)
       if (std::find(loop.members.begin(), loop.members.end(), m) != loop.members.end() && m->open) {

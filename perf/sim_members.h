@@ -66,7 +66,7 @@ class SimulatedMembers {
   struct Member;
   struct Loop;
   void serve(Loop& loop);
-  void handle(Loop& loop, Member& m);
+  void handle(Member& m);
   void note(const std::string& error);
   void countView(uint32_t epoch);
   void countTold();
