@@ -347,6 +347,60 @@ ecclResult_t ecclMoeCombine(ecclMoePlan_t plan, const void* expertOutput, const 
                             void* out, ecclComm_t comm, ecclStream_t stream);
 ecclResult_t ecclMoePlanDestroy(ecclMoePlan_t plan);
 
+/* Peer-memory snapshots (docs/snapshots.md): named buffers (host or device
+ * memory) copied to host memory and replicated to `replicas` other ranks'
+ * memory in the background, at a lower priority than collectives. A
+ * version commits once every rank's shards for it reached their replicas;
+ * a version may hold any subset of the names (sparse). */
+#define ECCL_SNAPSHOT_NAME_BYTES 256 /* a name has 1 to 255 bytes */
+typedef struct {
+  size_t size;             /* set to sizeof(ecclSnapshotConfig_t) */
+  int replicas;            /* copies of each rank's shards on other ranks; 0 with
+                              replicasSet = 0: ECCL_SNAPSHOT_REPLICAS (default 1) */
+  int replicasSet;         /* 1: `replicas` is meant even when 0 */
+  size_t maxInFlightBytes; /* replication bytes posted at once; 0:
+                              ECCL_SNAPSHOT_INFLIGHT_BYTES (default 8 MiB) */
+} ecclSnapshotConfig_t;
+/* Collective over the view (config NULL: the defaults); a replacement that
+ * came as a standby calls it once promoted, before ecclSnapshotRestore. */
+ecclResult_t ecclSnapshotConfigure(ecclComm_t comm, const ecclSnapshotConfig_t* config);
+/* Copies `bytes` of buff into `version` (newer than any before it). A
+ * version stays open for puts until this rank commits it. */
+ecclResult_t ecclSnapshotPut(ecclComm_t comm, int64_t version, const char* name, const void* buff, size_t bytes);
+/* This rank's puts for `version` are done (it may have put none):
+ * replication starts; returns at once. */
+ecclResult_t ecclSnapshotCommit(ecclComm_t comm, int64_t version);
+/* Until `version` is committed (every rank's shards replicated), it failed
+ * (the error says why) or timeoutMs passed (<= 0: the communicator's). */
+ecclResult_t ecclSnapshotWait(ecclComm_t comm, int64_t version, int64_t timeoutMs);
+/* The newest committed version, -1 if none. */
+ecclResult_t ecclSnapshotCommitted(ecclComm_t comm, int64_t* version);
+typedef struct {
+  char name[ECCL_SNAPSHOT_NAME_BYTES];
+  int64_t version; /* the version this name's committed copy comes from */
+  size_t bytes;
+} ecclSnapshotEntry_t;
+/* This rank's dense view: each name's latest committed copy. *count gets
+ * how many there are; at most `capacity` are written. */
+ecclResult_t ecclSnapshotList(ecclComm_t comm, ecclSnapshotEntry_t* entries, int capacity, int* count);
+/* Copies this rank's committed copy of `name` into buff (host or device
+ * memory of exactly its size); *version (may be NULL) gets its version. */
+ecclResult_t ecclSnapshotGet(ecclComm_t comm, const char* name, void* buff, size_t bytes, int64_t* version);
+/* Collective over the view after it changed (ecclCommRecover, a
+ * replacement promoted): the ranks agree on the newest committed version
+ * (*version), a replacement fetches its rank's shards from the survivors'
+ * memory, and replication resumes. ecclRemoteError names the ranks whose
+ * shards lost every replica (the rest is restored). */
+ecclResult_t ecclSnapshotRestore(ecclComm_t comm, int64_t* version);
+/* Writes this rank's newest committed version under `directory` in the
+ * background (files fsynced and renamed into place, the manifest last). */
+ecclResult_t ecclSnapshotPersist(ecclComm_t comm, const char* directory);
+/* Until the last persist finished; *version (may be NULL): what is on disk. */
+ecclResult_t ecclSnapshotPersistWait(ecclComm_t comm, int64_t timeoutMs, int64_t* version);
+/* Collective, on a new job's configured communicator: reads the newest
+ * version every rank persisted under `directory` and replicates it. */
+ecclResult_t ecclSnapshotLoad(ecclComm_t comm, const char* directory, int64_t* version);
+
 /* Operations between GroupStart and GroupEnd are posted together at
  * GroupEnd and progress together (a ring of send/recv cannot deadlock). */
 ecclResult_t ecclGroupStart(void);

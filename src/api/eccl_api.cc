@@ -10,6 +10,7 @@
 #include "coll/reduce.h"
 #include "common/params.h"
 #include "core/group.h"
+#include "snapshot/snapshots.h"
 
 using eccl::Communicator;
 using eccl::fail;
@@ -384,6 +385,7 @@ ecclResult_t ecclCommDestroy(ecclComm_t comm) {
   return guarded(nullptr, "ecclCommDestroy", [&] {
     Communicator& c = impl(comm, "ecclCommDestroy");
     comm->streams.reset();  // runs what the streams enqueued, then stops
+    comm->snapshots.reset();
     c.destroy();
     delete comm->impl;
     delete comm;
@@ -393,6 +395,7 @@ ecclResult_t ecclCommDestroy(ecclComm_t comm) {
 ecclResult_t ecclCommAbort(ecclComm_t comm) {
   return guarded(nullptr, "ecclCommAbort", [&] {
     Communicator& c = impl(comm, "ecclCommAbort");
+    comm->snapshots.reset();
     c.abort();
     if (comm->streams) comm->streams->abandon();
     comm->streams.reset();

@@ -16,8 +16,14 @@
 namespace eccl::gpu {
 class StreamProxy;
 }
+namespace eccl::snapshot {
+class Snapshots;
+}
 struct ecclComm {
   eccl::Communicator* impl = nullptr;
+  // Peer-memory snapshots (snapshot_api.cc); created by
+  // ecclSnapshotConfigure, stopped before the communicator goes.
+  std::unique_ptr<eccl::snapshot::Snapshots> snapshots;
   // Stream-ordered work on device buffers (stream_calls.h); created on the
   // first such call, destroyed (drained) before the communicator.
   std::unique_ptr<eccl::gpu::StreamProxy> streams;

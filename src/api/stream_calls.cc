@@ -7,6 +7,7 @@
 #include "coll/reduce.h"
 #include "common/params.h"
 #include "core/group.h"
+#include "snapshot/snapshots.h"
 
 ecclComm::~ecclComm() = default;
 

@@ -51,6 +51,12 @@ const std::vector<Param>& all() {
        "NCCL net plugin: sends of at most this many bytes go at once, without waiting for the receiver's "
        "clear-to-send (the receiver copies them from a staging buffer); larger ones go straight into the posted "
        "buffer once it is announced. 0: every send waits for its clear-to-send."},
+      {"ECCL_SNAPSHOT_REPLICAS", "int", "1",
+       "Peer-memory snapshots: copies of each rank's shards kept on other ranks (ecclSnapshotConfigure's "
+       "default)."},
+      {"ECCL_SNAPSHOT_INFLIGHT_BYTES", "int", "8388608",
+       "Peer-memory snapshots: replication bytes posted at once per rank, so a snapshot never floods the lanes "
+       "collectives use."},
       {"ECCL_NET_LOG_BYTES", "int", "0",
        "NCCL net plugin: the boundary-send log's arena (0: no log); sends to the job ranks of ECCL_NET_LOG_RANKS "
        "are copied into it (needs an eccl job; ecclNetLogConfigure does the same from code)."},
@@ -173,6 +179,8 @@ int64_t coordFailoverMs() { return getInt("ECCL_COORD_FAILOVER_MS"); }
 int64_t ibPollUs() { return getInt("ECCL_IB_POLL_US"); }
 int64_t netPoolIdleMs() { return getInt("ECCL_NET_POOL_IDLE_MS"); }
 int64_t netLogBytes() { return getInt("ECCL_NET_LOG_BYTES"); }
+int64_t snapshotReplicas() { return getInt("ECCL_SNAPSHOT_REPLICAS"); }
+int64_t snapshotInFlightBytes() { return getInt("ECCL_SNAPSHOT_INFLIGHT_BYTES"); }
 int64_t netEagerBytes() { return getInt("ECCL_NET_EAGER_BYTES"); }
 std::string ibHca() { return getString("ECCL_IB_HCA"); }
 int64_t ibGidIndex() { return getInt("ECCL_IB_GID_INDEX"); }

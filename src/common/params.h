@@ -46,6 +46,8 @@ int64_t ibGidIndex();
 int64_t ibZeroCopyBytes();
 int64_t ibRegistrationCacheBytes();
 int64_t netLogBytes();
+int64_t snapshotReplicas();
+int64_t snapshotInFlightBytes();
 std::string netLogRanks();
 std::string netLogWhenFull();
 std::string transport();  // checked by transport::parseBackendList

@@ -84,6 +84,7 @@ Communicator::Communicator(const ecclUniqueId& id, const CommOptions& o, int64_t
     : timeoutMs_(o.timeoutMs > 0 ? o.timeoutMs : params::timeoutMs()) {
   eager_ = params::prepareEager();
   standby_ = true;
+  startedAsStandby_ = true;
   join(id, membership::Role::kStandby, -1, 0, o);
   if (wait) awaitPromotion(deadlineAfterMs(promotionTimeoutMs > 0 ? promotionTimeoutMs : params::standbyTimeoutMs()));
 }

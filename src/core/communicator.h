@@ -47,7 +47,16 @@ class Communicator {
   bool isStandby() const { return standby_; }
   int size() const { return static_cast<int>(view_.rankToMember.size()); }
   uint32_t epoch() const { return view_.epoch; }
+  // The epoch, safe to read from any thread (a background consumer's check
+  // that the view it started in still holds).
+  uint32_t currentEpoch() const { return currentEpoch_.load(); }
   transport::Device& device() { return *device_; }
+  // The member at `rank` of the current view.
+  transport::MemberId memberOf(int rank) const { return view_.rankToMember.at(static_cast<size_t>(rank)); }
+  int64_t timeoutMs() const { return timeoutMs_; }
+  // Registered as a standby (it took a rank later, if it has one now):
+  // such a member brings no state of its own to the job.
+  bool startedAsStandby() const { return startedAsStandby_; }
 
   // Blocking collectives; counts in elements. Throw eccl::Error.
   void allReduce(const void* in, void* out, size_t count, ecclDataType_t type, ecclRedOp_t op);
@@ -172,6 +181,7 @@ class Communicator {
   membership::CoordClient* reporter_ ECCL_GUARDED_BY(reporterMu_) = nullptr;
   bool eager_ = false;          // a standby keeping connections to the members open
   bool standby_ = false;        // registered as a standby and not yet in a view
+  bool startedAsStandby_ = false;
   bool joining_ = false;        // a joiner before its switchover
   std::string leftView_;        // why this member is no longer in the view (migrated away)
   std::unique_ptr<BackgroundWorker> worker_;

@@ -54,7 +54,8 @@ Loaded load() {
              resolve(lib, d.streamWaitEvent, {"cuStreamWaitEvent"}, &l.why) &&
              resolve(lib, d.eventDestroy, {"cuEventDestroy_v2"}, &l.why) &&
              resolve(lib, d.memAllocAsync, {"cuMemAllocAsync"}, &l.why) &&
-             resolve(lib, d.memFreeAsync, {"cuMemFreeAsync"}, &l.why);
+             resolve(lib, d.memFreeAsync, {"cuMemFreeAsync"}, &l.why) &&
+             resolve(lib, d.streamSynchronize, {"cuStreamSynchronize"}, &l.why);
   if (!all) return l;
   if (CUresult r = d.init(0); r != 0) {
     const char* text = nullptr;
@@ -120,6 +121,22 @@ bool isDeviceMemory(const void* p) {
                              reinterpret_cast<CUdeviceptr>(p)) != 0)
     return false;
   return type == CudaDriver::kMemoryTypeDevice || type == CudaDriver::kMemoryTypeUnified;
+}
+
+void copyToHost(void* host, const void* device, size_t bytes, const char* what) {
+  std::string why;
+  const CudaDriver* d = cudaDriver(&why);
+  if (!d) fail(ecclSystemError, "{}: a device buffer without a CUDA driver: {}", what, why);
+  d->check(d->memcpyDtoHAsync(host, reinterpret_cast<CUdeviceptr>(device), bytes, nullptr), what);
+  d->check(d->streamSynchronize(nullptr), what);
+}
+
+void copyToDevice(void* device, const void* host, size_t bytes, const char* what) {
+  std::string why;
+  const CudaDriver* d = cudaDriver(&why);
+  if (!d) fail(ecclSystemError, "{}: a device buffer without a CUDA driver: {}", what, why);
+  d->check(d->memcpyHtoDAsync(reinterpret_cast<CUdeviceptr>(device), host, bytes, nullptr), what);
+  d->check(d->streamSynchronize(nullptr), what);
 }
 
 }  // namespace eccl::gpu

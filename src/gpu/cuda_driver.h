@@ -37,6 +37,7 @@ struct CudaDriver {
   CUresult (*eventDestroy)(CUevent event);
   CUresult (*memAllocAsync)(CUdeviceptr* dptr, size_t bytes, CUstream stream);
   CUresult (*memFreeAsync)(CUdeviceptr dptr, CUstream stream);
+  CUresult (*streamSynchronize)(CUstream stream);
 
   // Constants of the driver ABI used here.
   static constexpr int kPointerAttributeMemoryType = 2;  // CU_POINTER_ATTRIBUTE_MEMORY_TYPE
@@ -71,6 +72,11 @@ class StreamContext {
 
 // The loaded driver, or null with `why` set (no libcuda, no device, too old).
 const CudaDriver* cudaDriver(std::string* why = nullptr);
+
+// Blocking copies between host and device memory on the calling thread's
+// default stream (snapshots of device buffers); throw naming `what`.
+void copyToHost(void* host, const void* device, size_t bytes, const char* what);
+void copyToDevice(void* device, const void* host, size_t bytes, const char* what);
 
 // Whether `p` is device or managed memory; false for host memory and
 // wherever there is no CUDA driver.

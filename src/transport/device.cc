@@ -272,6 +272,7 @@ void LaneDevice::closeLaneLocked(Lane& lane) {
   const std::string peerLabel = labelLocked(lane.key.remote);
   for (const Lane::Exposure& e : exposures) chunkLandedLocked(e.key, e.chunk.length, /*arrived=*/false, peerLabel);
   lane.sendQueue.clear();
+  lane.bulkQueue.clear();
   lane.awaitingClearance.clear();
   lane.zeroCopyWrites.clear();
   lane.zeroCopyStarted = 0;
@@ -321,6 +322,7 @@ bool LaneDevice::removePeerLocked(MemberId member, uint64_t incarnation) {
     // A goodbye first, so the leaver sees an orderly close and tells
     // nobody we failed.
     std::erase_if(lane->sendQueue, [](const SendItem& item) { return item.done == 0; });
+    lane->bulkQueue.clear();
     if (lane->conduit && lane->sendQueue.empty()) queueControlLocked(*lane, FrameType::kGoodbye, {});
     closeLaneLocked(*lane);
   }

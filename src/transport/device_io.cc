@@ -61,7 +61,17 @@ void LaneDevice::flushLocked(Lane& lane) {
     reapZeroCopyWritesLocked(lane);
     startZeroCopyWritesLocked(lane);
   }
-  while (lane.conduit && !lane.sendQueue.empty()) {
+  // One bulk frame per call at most: the rest goes on the lane's later
+  // writability events, so a bulk message never holds the device (and the
+  // posts of other threads) for its whole length.
+  bool tookBulk = false;
+  while (lane.conduit) {
+    if (lane.sendQueue.empty()) {
+      if (lane.bulkQueue.empty() || tookBulk) break;
+      tookBulk = true;
+      lane.sendQueue.push_back(std::move(lane.bulkQueue.front()));
+      lane.bulkQueue.pop_front();
+    }
     SendItem& item = lane.sendQueue.front();
     if (item.done == 0 && item.request && opt_.zeroCopy && !item.rendezvous) {
       const size_t least = lane.conduit->zeroCopyMinBytes();
@@ -117,7 +127,7 @@ void LaneDevice::flushLocked(Lane& lane) {
     lane.sendQueue.pop_front();
     finishChunkLocked(r);
   }
-  setWantOutLocked(lane, !lane.sendQueue.empty());
+  setWantOutLocked(lane, !lane.sendQueue.empty() || !lane.bulkQueue.empty());
 }
 
 RequestPtr LaneDevice::newRequest(MemberId member, uint64_t seq, bool isSend) {
@@ -134,13 +144,13 @@ RequestPtr LaneDevice::newRequest(MemberId member, uint64_t seq, bool isSend) {
 bool LaneDevice::failIfPeerGoneLocked(const RequestPtr& r, Peer& p) {
   if (p.state != Peer::State::kFailed && p.state != Peer::State::kLeft) return false;
   completeLocked(r, p.failCode, p.failReason);
-  if (p.state == Peer::State::kLeft && !r->survivesRevocation)
+  if (p.state == Peer::State::kLeft && !r->survivesRevocation && !FrameHeader::isBackground(r->seq))
     leftPeerNeededLocked(p, FrameHeader::isCollective(r->seq) ? r->seq : 0, p.failReason, /*flood=*/true);
   return true;
 }
 
-RequestPtr LaneDevice::isend(MemberId member, uint64_t seq, uint32_t tag, const void* buf, size_t len,
-                            const uint32_t* payloadCrc, const CallSignature* signature) {
+RequestPtr LaneDevice::postSend(MemberId member, uint64_t seq, uint32_t tag, const void* buf, size_t len,
+                               const uint32_t* payloadCrc, const CallSignature* signature, bool bulk) {
   connectPeer(member);
   RequestPtr r = newRequest(member, seq, /*isSend=*/true);
   r->bytes = len;
@@ -159,7 +169,7 @@ RequestPtr LaneDevice::isend(MemberId member, uint64_t seq, uint32_t tag, const 
   size_t chunk = len;
   if (lanes > 1 && static_cast<int64_t>(len) >= opt_.stripeMinBytes)
     chunk = ((len + lanes - 1) / lanes + 4095) & ~size_t(4095);
-  chunk = std::min<size_t>(std::max<size_t>(chunk, 1), FrameHeader::kMaxPayload);
+  chunk = std::min<size_t>(std::max<size_t>(chunk, 1), bulk ? kBulkFrameBytes : FrameHeader::kMaxPayload);
   const auto* data = static_cast<const uint8_t*>(buf);
   uint64_t touched = 0;  // lane indexes (at most 64 lanes)
   size_t offset = 0;
@@ -191,7 +201,7 @@ RequestPtr LaneDevice::isend(MemberId member, uint64_t seq, uint32_t tag, const 
     item.length = n;
     item.request = r;
     r->pendingChunks++;
-    lane.sendQueue.push_back(std::move(item));
+    (bulk ? lane.bulkQueue : lane.sendQueue).push_back(std::move(item));
     touched |= uint64_t{1} << index;
     offset += n;
   } while (offset < len);
@@ -262,6 +272,7 @@ void LaneDevice::cancel(const RequestPtr& r, const std::string& reason) {
   if (r->isSend && peer != peers_.end()) {
     for (auto& lane : peer->second.lanes) {
       std::erase_if(lane->sendQueue, [&](const SendItem& item) { return item.request == r && item.done == 0; });
+      std::erase_if(lane->bulkQueue, [&](const SendItem& item) { return item.request == r; });
       // Started: the frame must still be whole on the wire, and a chunk
       // whose header went out still written (from a copy).
       for (auto* queue : {&lane->sendQueue, &lane->awaitingClearance})
@@ -390,6 +401,13 @@ bool LaneDevice::driveLocked(const RequestPtr& r, Deadline until) {
   drivers_--;
   leaseUntil_ = Clock::now() + std::chrono::milliseconds(kLeaseMs);
   return true;
+}
+
+void LaneDevice::waitAny(const std::vector<RequestPtr>& requests, Deadline until) {
+  MutexLock lock(mu_);
+  for (const RequestPtr& r : requests)
+    if (r->state.load() != Request::kPending) return;
+  if (Clock::now() < until) cv_.waitUntil(mu_, until);
 }
 
 void LaneDevice::progress() {

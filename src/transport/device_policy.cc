@@ -94,6 +94,11 @@ void LaneDevice::revokeLocked(ecclResult_t code, const std::string& reason, uint
         }
       }
       lane->sendQueue = std::move(keep);
+      std::erase_if(lane->bulkQueue, [&](const SendItem& item) {
+        if (!item.request || !revokesLocked(item.request->seq)) return false;
+        completeLocked(item.request, code, reason);
+        return true;
+      });
       for (SendItem& item : lane->awaitingClearance)
         if (item.request && revokesLocked(item.request->seq)) completeLocked(item.request, code, reason), item.detach();
       for (SendItem& item : lane->zeroCopyWrites)  // written from the pinned pages
@@ -258,7 +263,7 @@ void LaneDevice::markLeftLocked(Peer& p) {
     if (lost && box->second.request) {
       completeLocked(box->second.request, ecclRemoteError, reason);
       uint64_t seq = FrameHeader::isCollective(box->first.seq) ? box->first.seq : 0;
-      neededFrom = std::min(neededFrom.value_or(seq), seq);
+      if (!FrameHeader::isBackground(box->first.seq)) neededFrom = std::min(neededFrom.value_or(seq), seq);
     }
     box = lost ? inbox_.erase(box) : std::next(box);
   }

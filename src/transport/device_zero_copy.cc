@@ -159,7 +159,7 @@ std::map<InboxKey, Inbox>::iterator LaneDevice::dropBoxLocked(std::map<InboxKey,
 }
 
 void LaneDevice::failLaneSendsLocked(Lane& lane, ecclResult_t code, const std::string& reason) {
-  for (auto* queue : {&lane.sendQueue, &lane.awaitingClearance, &lane.zeroCopyWrites})
+  for (auto* queue : {&lane.sendQueue, &lane.bulkQueue, &lane.awaitingClearance, &lane.zeroCopyWrites})
     for (SendItem& item : *queue)
       if (item.request) completeLocked(item.request, code, reason);
 }

@@ -85,6 +85,13 @@ struct FrameHeader {
   // because an unrelated failure revoked it. Only the peer's own failure or
   // departure fails it.
   static constexpr uint64_t kAgreementBit = 1ull << 61;
+  // Background traffic (snapshot replication), point-to-point: a peer that
+  // leaves in order with such an op pending fails only that op; it does
+  // not break the view the way a collective or a send/recv that needed the
+  // peer does (a standing receive for a next message that never comes is
+  // not a need).
+  static constexpr uint64_t kBackgroundBit = 1ull << 60;
+  static bool isBackground(uint64_t seq) { return (seq & (kP2pBit | kBackgroundBit)) == (kP2pBit | kBackgroundBit); }
   static bool survivesRevocation(uint64_t seq) { return (seq & (kP2pBit | kAgreementBit)) == (kP2pBit | kAgreementBit); }
   static bool isCollective(uint64_t seq) { return (seq & kP2pBit) == 0; }
   size_t extensionBytes() const { return (flags & kCallSignature) ? kSignatureBytes : 0; }

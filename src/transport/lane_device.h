@@ -140,6 +140,9 @@ struct Lane {
   bool opened = false;       // connected once (it may be closed again)
   bool reading = false;      // readLocked is parsing this lane (it must not be re-entered)
   std::deque<SendItem> sendQueue;
+  // Device::isendBulk's frames, none started: one moves to sendQueue when
+  // that is empty.
+  std::deque<SendItem> bulkQueue;
   // Receive state machine, touched only by the progress thread.
   enum class Rx { kHeader, kSignature, kPayload } rx = Rx::kHeader;
   uint8_t header[FrameHeader::kSize];
@@ -168,12 +171,12 @@ struct Lane {
     uint64_t handle;
   };
   std::deque<Exposure> exposures;
-  bool hasSends() const { return !sendQueue.empty() || !zeroCopyWrites.empty(); }
+  bool hasSends() const { return !sendQueue.empty() || !bulkQueue.empty() || !zeroCopyWrites.empty(); }
   // Whether a send waits for room on the conduit (ring space or a send
   // slot); a zero-copy write under way waits for its completion instead,
   // which the armed conduit announces, so it must not keep anyone spinning.
   bool wantsRoom() const {
-    return !sendQueue.empty() || (!zeroCopyWrites.empty() && zeroCopyWrites.back().ticket == 0);
+    return !sendQueue.empty() || !bulkQueue.empty() || (!zeroCopyWrites.empty() && zeroCopyWrites.back().ticket == 0);
   }
 };
 
@@ -232,7 +235,13 @@ class LaneDevice final : public Device {
     selfLabel_ = label;
   }
   RequestPtr isend(MemberId peer, uint64_t seq, uint32_t tag, const void* buf, size_t len,
-                   const uint32_t* payloadCrc, const CallSignature* signature) override;
+                   const uint32_t* payloadCrc, const CallSignature* signature) override {
+    return postSend(peer, seq, tag, buf, len, payloadCrc, signature, /*bulk=*/false);
+  }
+  RequestPtr isendBulk(MemberId peer, uint64_t seq, uint32_t tag, const void* buf, size_t len,
+                       const uint32_t* payloadCrc) override {
+    return postSend(peer, seq, tag, buf, len, payloadCrc, nullptr, /*bulk=*/true);
+  }
   RequestPtr irecv(MemberId peer, uint64_t seq, uint32_t tag, void* buf, size_t len,
                    const CallSignature* signature) override {
     return postRecv(peer, seq, tag, buf, len, signature, /*upTo=*/false);
@@ -354,6 +363,13 @@ class LaneDevice final : public Device {
   void answerPingLocked(Lane& lane) ECCL_REQUIRES(mu_);
   void onPongSignatureLocked(Lane& lane) ECCL_REQUIRES(mu_);
 
+  void waitAny(const std::vector<RequestPtr>& requests, Deadline until) override;
+  void notifyWaiters() override {
+    MutexLock lock(mu_);
+    cv_.notifyAll();
+  }
+  RequestPtr postSend(MemberId member, uint64_t seq, uint32_t tag, const void* buf, size_t len,
+                      const uint32_t* payloadCrc, const CallSignature* signature, bool bulk);
   RequestPtr postRecv(MemberId peer, uint64_t seq, uint32_t tag, void* buf, size_t len,
                       const CallSignature* signature, bool upTo);
   // Whether the message a sender announced (`total` bytes) fits the posted receive.

@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/clock.h"
 #include "common/crypto.h"
@@ -120,6 +121,13 @@ class Device {
   // op on (earlier ops still complete), here and, by notices, everywhere.
   virtual RequestPtr isend(MemberId peer, uint64_t seq, uint32_t tag, const void* buf, size_t len,
                            const uint32_t* payloadCrc = nullptr, const CallSignature* signature = nullptr) = 0;
+  // A send in the background class (snapshot replication): its frames,
+  // at most kBulkFrameBytes each, go out on a lane only while nothing else
+  // waits there, so a collective posted after it waits for one frame at
+  // most, never for the whole message. Received like any message.
+  static constexpr size_t kBulkFrameBytes = 256 << 10;
+  virtual RequestPtr isendBulk(MemberId peer, uint64_t seq, uint32_t tag, const void* buf, size_t len,
+                               const uint32_t* payloadCrc = nullptr) = 0;
   virtual RequestPtr irecv(MemberId peer, uint64_t seq, uint32_t tag, void* buf, size_t len,
                            const CallSignature* signature = nullptr) = 0;
   // A receive that takes any message of at most `capacity` bytes (NCCL's
@@ -139,6 +147,13 @@ class Device {
   // abort): it fails with `reason`. A send partly written finishes from a
   // copy of the rest; a receive's message, whenever it comes, is discarded.
   virtual void cancel(const RequestPtr& request, const std::string& reason) = 0;
+  // A background consumer's wait (snapshot replication): returns once one
+  // of `requests` is no longer pending, at `until`, or when notifyWaiters()
+  // or any device event wakes it, whichever is first. It never drives the
+  // lanes (the callers' and the progress thread's job) and never judges a
+  // peer at its deadline: the consumer decides what lateness means.
+  virtual void waitAny(const std::vector<RequestPtr>& requests, Deadline until) = 0;
+  virtual void notifyWaiters() = 0;
   // Non-blocking completion test; throws like wait() on failure.
   virtual bool test(const RequestPtr& request, const std::string& opName) = 0;
   // Moves whatever the connections are ready for, without blocking: a

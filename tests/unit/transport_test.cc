@@ -116,6 +116,54 @@ TEST_P(DeviceOverEachBackEnd, StripedMessageArrivesIntactInBothOrders) {
   EXPECT_GE(p.a->stats().connectionsOpened, 3u);
 }
 
+// A bulk send (snapshot replication) goes out only while nothing else
+// waits on its lane: a small message posted after 32 MiB of bulk arrives
+// while most of the bulk has not, and the bulk still arrives whole.
+TEST_P(DeviceOverEachBackEnd, BulkSendsYieldToMessagesPostedAfterThem) {
+  Pair p(1, GetParam());
+  std::vector<uint8_t> bulk(32 << 20), got(bulk.size());
+  for (size_t i = 0; i < bulk.size(); ++i) bulk[i] = static_cast<uint8_t>(i * 37 + 1);
+  uint64_t small = 0x5eed, gotSmall = 0;
+  auto rb = p.b->irecv(0, 1, 0, got.data(), got.size());
+  auto sb = p.a->isendBulk(1, 1, 0, bulk.data(), bulk.size());
+  auto ss = p.a->isend(1, 2, 0, &small, sizeof(small));
+  auto rs = p.b->irecv(0, 2, 0, &gotSmall, sizeof(gotSmall));
+  p.b->wait(rs, deadlineAfterMs(10000), "small recv");
+  EXPECT_EQ(gotSmall, small);
+  EXPECT_EQ(rb->state.load(), Request::kPending) << "the bulk message went first";
+  p.a->wait(ss, deadlineAfterMs(10000), "small send");
+  p.b->wait(rb, deadlineAfterMs(20000), "bulk recv");
+  p.a->wait(sb, deadlineAfterMs(20000), "bulk send");
+  EXPECT_EQ(got, bulk);
+}
+
+// waitAny returns when one of its requests completes or when woken, and
+// never declares the peer failed at its deadline.
+TEST_P(DeviceOverEachBackEnd, WaitAnyWakesOnCompletionOrNoticeAndJudgesNobody) {
+  Pair p(1, GetParam());
+  uint64_t value = 7, got = 0;
+  auto r = p.b->irecv(0, 1, 0, &got, sizeof(got));
+  auto start = Clock::now();
+  p.b->waitAny({r}, Clock::now() + std::chrono::milliseconds(300));
+  EXPECT_EQ(r->state.load(), Request::kPending);
+  EXPECT_GE(Clock::now() - start, std::chrono::milliseconds(250));
+  std::thread waker([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    p.b->notifyWaiters();
+  });
+  start = Clock::now();
+  p.b->waitAny({r}, Clock::now() + std::chrono::seconds(10));
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(5));
+  waker.join();
+  auto s = p.a->isend(1, 1, 0, &value, sizeof(value));
+  const auto until = Clock::now() + std::chrono::seconds(10);
+  while (r->state.load() == Request::kPending && Clock::now() < until) p.b->waitAny({r}, until);
+  EXPECT_EQ(r->state.load(), Request::kDone);
+  EXPECT_EQ(got, value);
+  p.a->wait(s, deadlineAfterMs(10000), "send");
+  EXPECT_TRUE(p.failure.empty()) << p.failure;
+}
+
 // Over RDMA, chunks of ECCL_IB_ZERO_COPY_BYTES and more go by rendezvous
 // straight between the two buffers (or into staging when the receive is
 // posted late); a message the receive refuses lets its sender go; smaller

@@ -224,6 +224,11 @@ Result cuMemFreeAsync(DevicePtr d, void* stream) {
   return kSuccess;
 }
 
+Result cuStreamSynchronize(void* stream) {
+  streamOf(stream)->synchronize();
+  return kSuccess;
+}
+
 void* hostCudaMalloc(size_t bytes) { return allocate(bytes); }
 void hostCudaFree(void* p) { release(p); }
 void* hostCudaStreamCreate(void) { return new Stream; }

@@ -1,0 +1,124 @@
+// Peer-memory snapshots of one communicator (docs/snapshots.md): named
+// buffers copied into host memory and replicated to other ranks' memory in
+// the background, versioned and sparse, restored into a replacement from
+// the survivors' copies, persisted to a directory as a second level.
+//
+// A version commits when every rank's shards for it reached their replicas,
+// which the ranks learn from each other (each rank's "replicated" notice
+// travels once round the ring, with the names it put). The store keeps,
+// per name, the latest committed copy and the copy of the version in
+// progress; nothing is served that a committed catalog does not name.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/mutex.h"
+#include "core/communicator.h"
+#include "snapshot/gather.h"
+#include "snapshot/store.h"
+
+namespace eccl::snapshot {
+
+struct Config {
+  int replicas = 1;
+  size_t maxInFlightBytes = 8 << 20;
+};
+
+class Snapshots {
+ public:
+  explicit Snapshots(Communicator& comm);
+  ~Snapshots();
+  Snapshots(const Snapshots&) = delete;
+  Snapshots& operator=(const Snapshots&) = delete;
+
+  // Collective over the view for its members (they agree on the replica
+  // count and learn each other's hosts); local for a member that came as a
+  // standby, whose restore() does the same with the others.
+  void configure(const Config& config);
+  // Copies `bytes` at `data` (host memory) into version `version`.
+  void put(int64_t version, const std::string& name, const void* data, size_t bytes);
+  // This rank's puts for `version` are done: replication starts.
+  void commit(int64_t version);
+  // Until `version` (or a later one) committed, or it failed.
+  void wait(int64_t version, int64_t timeoutMs);
+  int64_t committed() const;
+  // This rank's dense view: each name's latest committed copy.
+  std::vector<std::pair<std::string, Entry>> list() const;
+  int64_t get(const std::string& name, void* data, size_t bytes) const;
+  // Collective over the current view after a view change: the ranks agree
+  // on the newest committed version, a member that came as a standby gets
+  // its rank's shards from the survivors, every rank fetches the replicas
+  // it now holds, and replication resumes at the new epoch.
+  int64_t restore();
+  // Second level (persist.cc).
+  void persist(const std::string& directory);
+  int64_t waitPersisted(int64_t timeoutMs);
+  int64_t load(const std::string& directory);
+
+  // For tests: corrupts this rank's held copies of `owner`'s shards.
+  void corruptHeldForTesting(int owner);
+
+ private:
+  struct Need {  // a copy restore() must fetch
+    int owner;
+    std::string name;
+    Entry entry;
+  };
+  int64_t redistribute(std::vector<CatalogDelta> catalog, int64_t newest, bool fresh);
+  std::vector<std::string> fetch(const std::vector<Need>& needs, const std::vector<RankInfo>& plan);
+  void checkUsableLocked(const char* what) const ECCL_REQUIRES(mu_);
+  void openLocked(int64_t version, const char* what) ECCL_REQUIRES(mu_);
+  std::string pendingRanksLocked(int64_t version) const ECCL_REQUIRES(mu_);
+  // Takes the view the ranks gathered in (replica counts must agree).
+  void adoptView(const std::vector<RankInfo>& infos, const char* what);
+  void startEngine();
+  void stopEngine();
+  void engineMain();
+  // Promotes what `version`'s catalog delta names, drops what it supersedes.
+  void commitLocked(int64_t version) ECCL_REQUIRES(mu_);
+  void failVersionLocked(int64_t version, const std::string& why) ECCL_REQUIRES(mu_);
+  std::vector<int> holdersOf(int owner) const;
+
+  Communicator& comm_;
+  const std::string hostKey_;
+  std::atomic<bool> stopping_{false};
+  std::thread engine_;
+
+  mutable Mutex mu_;
+  mutable CondVar changed_;
+  Config config_ ECCL_GUARDED_BY(mu_);
+  bool configured_ ECCL_GUARDED_BY(mu_) = false;
+  // What the engine runs against, fixed between restores.
+  uint32_t epoch_ = 0;
+  int rank_ = -1, size_ = 0;
+  std::vector<transport::MemberId> members_;
+  std::vector<std::string> hosts_;
+  bool fresh_ = false;  // came as a standby and restored nothing yet
+  uint64_t generation_ = 0;  // restores so far, agreed by the ranks (Loop)
+
+  Store store_ ECCL_GUARDED_BY(mu_);
+  int64_t committed_ ECCL_GUARDED_BY(mu_) = -1;
+  std::optional<int64_t> open_ ECCL_GUARDED_BY(mu_);         // puts allowed
+  std::optional<int64_t> replicating_ ECCL_GUARDED_BY(mu_);  // handed to the engine
+  std::map<int64_t, std::string> failed_ ECCL_GUARDED_BY(mu_);
+  std::string brokenWhy_ ECCL_GUARDED_BY(mu_);  // the view changed: restore() first
+  // Ring notices: per version, which ranks replicated and what they put.
+  std::map<int64_t, std::map<int, CatalogDelta>> notices_ ECCL_GUARDED_BY(mu_);
+
+  // Persist (persist.cc).
+  std::thread persister_;
+  int64_t persisted_ ECCL_GUARDED_BY(mu_) = -1;
+  std::string persistError_ ECCL_GUARDED_BY(mu_);
+  bool persisting_ ECCL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace eccl::snapshot

@@ -1,0 +1,351 @@
+// Peer-memory snapshots end to end, real processes: sparse versions commit
+// once every rank's shards reached their replicas; a killed rank's
+// replacement restores its shards from the survivors' memory (and no file
+// is read); two ranks killed at once with two replicas lose nothing, and a
+// corrupt copy makes the replacement ask the next holder; with one replica
+// and both copies of a shard gone, restore names the lost names; persist
+// and load carry a version across a whole-job restart, and a persist killed
+// midway leaves the previous version loadable.
+#include <gtest/gtest.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "api/guard.h"
+#include "snapshot/snapshots.h"
+#include "tests/support/host_cuda/host_cuda.h"
+#include "tests/support/multiproc.h"
+
+namespace eccl::test {
+namespace {
+
+constexpr int kNames = 8;
+
+std::string nameOf(int k) { return "layer" + std::to_string(k) + ".weight"; }
+size_t bytesOf(int rank, int k) { return size_t(k + 1) * 48 * 1024 + size_t(rank) * 7 + 3; }
+// The bytes rank `rank` puts for name k at version v.
+std::vector<uint8_t> contentOf(int rank, int k, int64_t v) {
+  std::vector<uint8_t> b(bytesOf(rank, k));
+  for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<uint8_t>(i * 31 + size_t(rank) * 101 + size_t(k) * 7 + size_t(v) * 13);
+  return b;
+}
+// Sparse: version v holds the names k with k % 4 == v % 4.
+bool inVersion(int k, int64_t v) { return k % 4 == v % 4; }
+// The version the dense view at `v` takes name k from (-1: none yet);
+// `abandoned` never committed.
+int64_t denseVersion(int k, int64_t v, int64_t abandoned) {
+  for (int64_t u = v; u >= 1; --u)
+    if (inVersion(k, u) && u != abandoned) return u;
+  return -1;
+}
+
+void putVersion(ecclComm_t comm, int rank, int64_t v) {
+  for (int k = 0; k < kNames; ++k)
+    if (inVersion(k, v)) {
+      auto b = contentOf(rank, k, v);
+      RANK_OK(ecclSnapshotPut(comm, v, nameOf(k).c_str(), b.data(), b.size()), comm);
+    }
+}
+
+// This rank's dense view equals what it put up to version v.
+void checkDense(ecclComm_t comm, int rank, int64_t v, int64_t abandoned = -1) {
+  std::vector<ecclSnapshotEntry_t> entries(kNames + 2);
+  int count = 0;
+  RANK_OK(ecclSnapshotList(comm, entries.data(), static_cast<int>(entries.size()), &count), comm);
+  int expected = 0;
+  for (int k = 0; k < kNames; ++k) expected += denseVersion(k, v, abandoned) > 0;
+  RANK_CHECK(count == expected, "rank " + std::to_string(rank) + " lists " + std::to_string(count) + " names, not " +
+                                    std::to_string(expected));
+  for (int k = 0; k < kNames; ++k) {
+    int64_t from = denseVersion(k, v, abandoned);
+    if (from < 0) continue;
+    std::vector<uint8_t> got(bytesOf(rank, k));
+    int64_t version = -1;
+    RANK_OK(ecclSnapshotGet(comm, nameOf(k).c_str(), got.data(), got.size(), &version), comm);
+    RANK_CHECK(version == from, nameOf(k) + " comes from version " + std::to_string(version) + ", not " +
+                                    std::to_string(from));
+    RANK_CHECK(got == contentOf(rank, k, from), nameOf(k) + " of rank " + std::to_string(rank) + " differs");
+  }
+}
+
+void configure(ecclComm_t comm, int replicas) {
+  ecclSnapshotConfig_t cfg{};
+  cfg.size = sizeof(cfg);
+  cfg.replicas = replicas;
+  cfg.replicasSet = 1;
+  cfg.maxInFlightBytes = 256 << 10;  // small: many rounds of the cap
+  RANK_OK(ecclSnapshotConfigure(comm, &cfg), comm);
+}
+
+class Snapshot : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    setenv("ECCL_SOCKET_IFNAME", "lo", 1);
+    setenv("ECCL_TIMEOUT_MS", "15000", 1);
+    setenv("ECCL_HEARTBEAT_MS", "100", 1);
+  }
+};
+
+TEST_F(Snapshot, SparseVersionsCommitEverywhereAndBadCallsAreClearErrors) {
+  ProcessGroup group(3, [](int rank, int n, const ecclUniqueId& id) {
+    ecclComm_t comm;
+    RANK_OK(ecclCommInitRank(&comm, n, id, rank), nullptr);
+    uint8_t byte = 1;
+    RANK_CHECK(ecclSnapshotPut(comm, 1, "x", &byte, 1) == ecclInvalidUsage, "a put before configure");
+    RANK_CHECK(std::string(ecclGetLastError(comm)).find("ecclSnapshotConfigure") != std::string::npos,
+               ecclGetLastError(comm));
+    ecclSnapshotConfig_t bad{};
+    bad.size = sizeof(bad);
+    bad.replicas = 3;
+    RANK_CHECK(ecclSnapshotConfigure(comm, &bad) == ecclInvalidArgument, "3 replicas among 3 ranks");
+    configure(comm, 1);
+    for (int64_t v = 1; v <= 6; ++v) {
+      putVersion(comm, rank, v);
+      RANK_OK(ecclSnapshotCommit(comm, v), comm);
+      if (v % 2 == 0) RANK_OK(ecclSnapshotWait(comm, v, 20000), comm);
+    }
+    RANK_OK(ecclSnapshotWait(comm, 6, 20000), comm);
+    int64_t committed = -1;
+    RANK_OK(ecclSnapshotCommitted(comm, &committed), comm);
+    RANK_CHECK(committed == 6, "committed " + std::to_string(committed));
+    checkDense(comm, rank, 6);
+    // Bad input: each a clear error that changes nothing.
+    RANK_CHECK(ecclSnapshotPut(comm, 5, "x", &byte, 1) == ecclInvalidUsage, "an older version was accepted");
+    RANK_CHECK(std::string(ecclGetLastError(comm)).find("not newer") != std::string::npos, ecclGetLastError(comm));
+    std::string longName(300, 'n');
+    RANK_CHECK(ecclSnapshotPut(comm, 7, longName.c_str(), &byte, 1) == ecclInvalidArgument, "a 300-byte name");
+    std::vector<uint8_t> wrong(3);
+    RANK_CHECK(ecclSnapshotGet(comm, nameOf(0).c_str(), wrong.data(), wrong.size(), nullptr) == ecclInvalidArgument,
+               "a get into a buffer of the wrong size");
+    RANK_CHECK(ecclSnapshotGet(comm, "nobody", wrong.data(), wrong.size(), nullptr) == ecclInvalidArgument,
+               "a get of a name never put");
+    checkDense(comm, rank, 6);
+    RANK_OK(ecclCommDestroy(comm), comm);
+  });
+  auto outcomes = group.wait(std::chrono::seconds(90));
+  EXPECT_TRUE(allSucceeded(outcomes)) << describe(outcomes);
+}
+
+// Device buffers go through host copies both ways (the suite's host
+// emulation of the CUDA driver stands in for a GPU here).
+TEST_F(Snapshot, DeviceBuffersArePutAndGotThroughHostCopies) {
+  setenv("ECCL_CUDA_DRIVER", ECCL_HOST_CUDA, 1);
+  ProcessGroup group(2, [](int rank, int n, const ecclUniqueId& id) {
+    ecclComm_t comm;
+    RANK_OK(ecclCommInitRank(&comm, n, id, rank), nullptr);
+    configure(comm, 1);
+    auto content = contentOf(rank, 3, 1);
+    void* device = hostCudaMalloc(content.size());
+    void* back = hostCudaMalloc(content.size());
+    std::memcpy(device, content.data(), content.size());  // emulated device memory is host memory
+    RANK_OK(ecclSnapshotPut(comm, 1, "on-device", device, content.size()), comm);
+    RANK_OK(ecclSnapshotCommit(comm, 1), comm);
+    RANK_OK(ecclSnapshotWait(comm, 1, 20000), comm);
+    std::memset(device, 0, content.size());
+    int64_t version = -1;
+    RANK_OK(ecclSnapshotGet(comm, "on-device", back, content.size(), &version), comm);
+    RANK_CHECK(version == 1 && std::memcmp(back, content.data(), content.size()) == 0, "the device copy differs");
+    hostCudaFree(device);
+    hostCudaFree(back);
+    RANK_OK(ecclCommDestroy(comm), comm);
+  });
+  auto outcomes = group.wait(std::chrono::seconds(60));
+  unsetenv("ECCL_CUDA_DRIVER");
+  EXPECT_TRUE(allSucceeded(outcomes)) << describe(outcomes);
+}
+
+// Survivors and replacements alike: recover and restore until a view with
+// every rank alive restored (a second failure can land mid-restore).
+// Returns the restored version, or -2 with `lost` set when shards were lost.
+int64_t recoverAndRestore(ecclComm_t comm, bool recoverFirst, std::string* lost) {
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    // A replacement that dies while it is taken in fails the recovery too.
+    if (recoverFirst && ecclCommRecover(comm, ecclRecoverReplace) != ecclSuccess) continue;
+    recoverFirst = true;
+    int64_t version = -1;
+    ecclResult_t rc = ecclSnapshotRestore(comm, &version);
+    if (rc == ecclSuccess) return version;
+    std::string why = ecclGetLastError(comm);
+    if (why.find("every replica") != std::string::npos) {
+      *lost = why;
+      return -2;
+    }
+  }
+  throw std::runtime_error(std::string("restore kept failing: ") + ecclGetLastError(comm));
+}
+
+// `n` ranks snapshot versions 1-3, the ranks in `victims` die while
+// version 4 is being put, standbys replace them and restore version 3.
+// With `joinerDies`, the first standby promoted is killed before it
+// restores (the survivors are in their restore), and a second one takes
+// its place.
+void killAndRestore(int n, int replicas, std::vector<int> victims, bool corruptFirstHolder, bool expectLost,
+                    bool joinerDies = false) {
+  const int standbys = static_cast<int>(victims.size()) + (joinerDies ? 1 : 0);
+  ReadyFiles marks;
+  const std::string firstJoiner = marks.dir + "/first-joiner";
+  ProcessGroup group(n + standbys, [=](int index, int, const ecclUniqueId& id) {
+    ecclComm_t comm;
+    std::string lost;
+    if (index >= n) {
+      RANK_OK(ecclCommInitStandby(&comm, id, nullptr), nullptr);
+      int rank = -1;
+      RANK_OK(ecclCommUserRank(comm, &rank), comm);
+      RANK_CHECK(std::find(victims.begin(), victims.end(), rank) != victims.end(),
+                 "a standby took rank " + std::to_string(rank));
+      configure(comm, replicas);
+      if (joinerDies) {
+        int fd = open(firstJoiner.c_str(), O_CREAT | O_EXCL | O_WRONLY, 0644);
+        if (fd >= 0) raise(SIGKILL);
+      }
+      int64_t v = recoverAndRestore(comm, false, &lost);
+      if (expectLost) {
+        RANK_CHECK(v == -2, "nothing was lost");
+      } else {
+        RANK_CHECK(v == 3, "restored version " + std::to_string(v));
+        checkDense(comm, rank, 3);  // from the survivors' memory: no file exists
+      }
+      if (!expectLost) {
+        putVersion(comm, rank, 5);
+        RANK_OK(ecclSnapshotCommit(comm, 5), comm);
+        RANK_OK(ecclSnapshotWait(comm, 5, 30000), comm);
+        checkDense(comm, rank, 5, /*abandoned=*/4);
+      }
+      RANK_OK(ecclCommDestroy(comm), comm);
+      return;
+    }
+    const int rank = index;
+    RANK_OK(ecclCommInitRank(&comm, n, id, rank), nullptr);
+    configure(comm, replicas);
+    for (int64_t v = 1; v <= 3; ++v) {
+      putVersion(comm, rank, v);
+      RANK_OK(ecclSnapshotCommit(comm, v), comm);
+    }
+    RANK_OK(ecclSnapshotWait(comm, 3, 30000), comm);
+    float one = 1;
+    // The victims die once they finished this allreduce, which others may
+    // not have yet: for them the failure shows up here or later.
+    ecclResult_t rc = ecclAllReduce(&one, &one, 1, ecclFloat32, ecclSum, comm, nullptr);
+    const bool victim = std::find(victims.begin(), victims.end(), rank) != victims.end();
+    if (victim && rc != ecclSuccess) raise(SIGKILL);  // the other victim went first
+    if (rc == ecclSuccess) {
+      // Version 4: the victims die midway through their puts.
+      for (int k = 0; k < kNames; ++k) {
+        if (!inVersion(k, 4)) continue;
+        auto b = contentOf(rank, k, 4);
+        RANK_OK(ecclSnapshotPut(comm, 4, nameOf(k).c_str(), b.data(), b.size()), comm);
+        if (victim) raise(SIGKILL);
+      }
+      RANK_OK(ecclSnapshotCommit(comm, 4), comm);
+    }
+    const bool committed4 = rc == ecclSuccess;
+    while (rc == ecclSuccess) rc = ecclAllReduce(&one, &one, 1, ecclFloat32, ecclSum, comm, nullptr);
+    if (committed4) {
+      // A rank died during version 4: waiting for it is a clear error.
+      RANK_CHECK(ecclSnapshotWait(comm, 4, 20000) != ecclSuccess, "version 4 committed without the victims");
+      const std::string why = ecclGetLastError(comm);
+      RANK_CHECK(why.find("version 4") != std::string::npos &&
+                     (why.find("rank") != std::string::npos || why.find("view changed") != std::string::npos),
+                 why);
+    }
+    if (corruptFirstHolder && rank == victims.back() + 1) comm->snapshots->corruptHeldForTesting(victims.back());
+    int64_t v = recoverAndRestore(comm, true, &lost);
+    if (expectLost) {
+      RANK_CHECK(v == -2, "nothing was lost");
+      RANK_CHECK(lost.find("rank " + std::to_string(victims.front()) + " lost") != std::string::npos, lost);
+    } else {
+      RANK_CHECK(v == 3, "restored version " + std::to_string(v));
+      putVersion(comm, rank, 5);
+      RANK_OK(ecclSnapshotCommit(comm, 5), comm);
+      RANK_OK(ecclSnapshotWait(comm, 5, 30000), comm);
+      checkDense(comm, rank, 5, /*abandoned=*/4);
+    }
+    RANK_OK(ecclCommDestroy(comm), comm);
+  });
+  auto outcomes = group.wait(std::chrono::seconds(150));
+  int killedStandbys = 0;
+  for (int r = 0; r < n + standbys; ++r) {
+    const auto& o = outcomes[static_cast<size_t>(r)];
+    const bool killed = !o.exited && o.signal == SIGKILL;
+    if (std::find(victims.begin(), victims.end(), r) != victims.end())
+      EXPECT_TRUE(killed) << describe(outcomes);
+    else if (r >= n && joinerDies && killed)
+      killedStandbys++;
+    else
+      EXPECT_TRUE(o.exited && o.exitCode == 0) << describe(outcomes);
+  }
+  EXPECT_EQ(killedStandbys, joinerDies ? 1 : 0) << describe(outcomes);
+}
+
+TEST_F(Snapshot, AReplacementRestoresItsRankFromTheSurvivorsMemory) { killAndRestore(4, 1, {2}, false, false); }
+
+TEST_F(Snapshot, TwoRanksKilledWithTwoReplicasLoseNothingAndACorruptCopyIsRefetched) {
+  killAndRestore(5, 2, {1, 2}, true, false);
+}
+
+TEST_F(Snapshot, AReplacementKilledBeforeItRestoredIsReplacedInTurn) { killAndRestore(4, 1, {2}, false, false, true); }
+
+TEST_F(Snapshot, WithEveryReplicaOfAShardGoneRestoreNamesTheLostNames) {
+  killAndRestore(4, 1, {2, 3}, false, true);
+}
+
+TEST_F(Snapshot, PersistAndLoadAcrossAWholeJobRestartAndAPersistKilledMidway) {
+  char tmpl[] = "/tmp/eccl-snapshots-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  constexpr int n = 3;
+  {
+    ProcessGroup job(n, [dir](int rank, int nranks, const ecclUniqueId& id) {
+      ecclComm_t comm;
+      RANK_OK(ecclCommInitRank(&comm, nranks, id, rank), nullptr);
+      configure(comm, 1);
+      for (int64_t v = 1; v <= 5; ++v) {
+        putVersion(comm, rank, v);
+        RANK_OK(ecclSnapshotCommit(comm, v), comm);
+        RANK_OK(ecclSnapshotWait(comm, v, 30000), comm);
+        if (v == 4 || v == 5) RANK_OK(ecclSnapshotPersist(comm, dir.c_str()), comm);
+        if (v == 5 && rank == 1) _exit(0);  // killed while its persist writes
+        int64_t onDisk = -1;
+        if (v == 4) RANK_OK(ecclSnapshotPersistWait(comm, 30000, &onDisk), comm);
+        RANK_CHECK(v != 4 || onDisk == 4, "persisted " + std::to_string(onDisk));
+      }
+      int64_t onDisk = -1;
+      RANK_OK(ecclSnapshotPersistWait(comm, 30000, &onDisk), comm);
+      _exit(0);  // the whole job goes down
+    });
+    auto outcomes = job.wait(std::chrono::seconds(90));
+    ASSERT_TRUE(allSucceeded(outcomes)) << describe(outcomes);
+  }
+  // Rank 1 never finished version 5 (its files may be partial, its manifest
+  // missing): the restart loads version 4 and replicates it anew.
+  ProcessGroup restart(n, [dir](int rank, int nranks, const ecclUniqueId& id) {
+    ecclComm_t comm;
+    RANK_OK(ecclCommInitRank(&comm, nranks, id, rank), nullptr);
+    configure(comm, 1);
+    // Rank 1's persist of version 5 was cut short unless it happened to
+    // finish before the exit: its manifest, written last, says which.
+    const int64_t expected = std::filesystem::exists(dir + "/v5/rank1.manifest") ? 5 : 4;
+    int64_t v = -1;
+    RANK_OK(ecclSnapshotLoad(comm, dir.c_str(), &v), comm);
+    RANK_CHECK(v == expected, "loaded version " + std::to_string(v) + ", not " + std::to_string(expected));
+    checkDense(comm, rank, v);
+    putVersion(comm, rank, v + 1);
+    RANK_OK(ecclSnapshotCommit(comm, v + 1), comm);
+    RANK_OK(ecclSnapshotWait(comm, v + 1, 30000), comm);
+    checkDense(comm, rank, v + 1);
+    RANK_OK(ecclCommDestroy(comm), comm);
+  });
+  auto outcomes = restart.wait(std::chrono::seconds(90));
+  EXPECT_TRUE(allSucceeded(outcomes)) << describe(outcomes);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace eccl::test
