@@ -138,7 +138,10 @@ void Snapshots::openLocked(int64_t version, const char* what) {
   const Deadline until = deadlineAfterMs(comm_.timeoutMs());
   while (replicating_) {
     if (!brokenWhy_.empty()) fail(ecclInvalidUsage, "{}: {}", what, brokenWhy_);
-    if (!changed_.waitUntil(mu_, until) && Clock::now() >= until)
+    if (comm_.asyncError() != ecclSuccess)
+      fail(ecclRemoteError, "{}: version {} cannot commit: {}", what, *replicating_, comm_.asyncErrorMessage());
+    if (!changed_.waitUntil(mu_, std::min(until, Clock::now() + std::chrono::milliseconds(50))) &&
+        Clock::now() >= until)
       fail(ecclTimeout, "{}: version {} is still replicating after {} ms ({})", what, *replicating_,
            comm_.timeoutMs(), pendingRanksLocked(*replicating_));
   }
@@ -194,7 +197,13 @@ void Snapshots::wait(int64_t version, int64_t timeoutMs) {
     if (failed != failed_.end())
       fail(ecclRemoteError, "ecclSnapshotWait: version {} failed: {}", version, failed->second);
     if (!brokenWhy_.empty()) fail(ecclInvalidUsage, "ecclSnapshotWait: version {}: {}", version, brokenWhy_);
-    if (!changed_.waitUntil(mu_, until) && Clock::now() >= until)
+    // A revoked communicator (a rank failed) will not commit anything
+    // until the view changes and the ranks restore.
+    if (comm_.asyncError() != ecclSuccess)
+      fail(ecclRemoteError, "ecclSnapshotWait: version {} cannot commit: {} ({})", version, comm_.asyncErrorMessage(),
+           pendingRanksLocked(version));
+    if (!changed_.waitUntil(mu_, std::min(until, Clock::now() + std::chrono::milliseconds(50))) &&
+        Clock::now() >= until)
       fail(ecclTimeout, "ecclSnapshotWait: version {} is not committed after {} ms ({})", version,
            timeoutMs > 0 ? timeoutMs : comm_.timeoutMs(), pendingRanksLocked(version));
   }

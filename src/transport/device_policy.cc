@@ -94,11 +94,14 @@ void LaneDevice::revokeLocked(ecclResult_t code, const std::string& reason, uint
         }
       }
       lane->sendQueue = std::move(keep);
-      std::erase_if(lane->bulkQueue, [&](const SendItem& item) {
-        if (!item.request || !revokesLocked(item.request->seq)) return false;
-        completeLocked(item.request, code, reason);
-        return true;
-      });
+      for (auto item = lane->bulkQueue.begin(); item != lane->bulkQueue.end();) {  // none started
+        if (!item->request || !revokesLocked(item->request->seq)) {
+          ++item;
+          continue;
+        }
+        completeLocked(item->request, code, reason);
+        item = lane->bulkQueue.erase(item);
+      }
       for (SendItem& item : lane->awaitingClearance)
         if (item.request && revokesLocked(item.request->seq)) completeLocked(item.request, code, reason), item.detach();
       for (SendItem& item : lane->zeroCopyWrites)  // written from the pinned pages
