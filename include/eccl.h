@@ -284,6 +284,10 @@ ecclResult_t ecclLogSetTag(ecclComm_t comm, int64_t iteration, int32_t microbatc
 /* Frees every record older than `iteration` (call when a checkpoint taken
  * at `iteration` is durable); time proportional to what it frees. */
 ecclResult_t ecclLogTruncate(ecclComm_t comm, int64_t iteration);
+/* Drops every record of `fromIteration` or later: after a failure in the
+ * middle of an iteration that every rank then redoes, the first attempt's
+ * records must never be replayed. */
+ecclResult_t ecclLogDiscard(ecclComm_t comm, int64_t fromIteration);
 typedef struct {
   size_t size;                  /* set to sizeof(ecclLogStats_t) */
   uint64_t records, bytes, capacityBytes;

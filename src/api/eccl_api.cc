@@ -319,6 +319,14 @@ ecclResult_t ecclLogTruncate(ecclComm_t comm, int64_t iteration) {
   });
 }
 
+ecclResult_t ecclLogDiscard(ecclComm_t comm, int64_t fromIteration) {
+  return guarded(comm, "ecclLogDiscard", [&] {
+    Communicator& c = impl(comm, "ecclLogDiscard");
+    afterStreamWork(comm);
+    c.discardLog(fromIteration);
+  });
+}
+
 ecclResult_t ecclLogStats(ecclComm_t comm, ecclLogStats_t* stats) {
   return guarded(comm, "ecclLogStats", [&] {
     Communicator& c = impl(comm, "ecclLogStats");

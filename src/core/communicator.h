@@ -114,6 +114,7 @@ class Communicator {
   void configureLog(const ecclLogConfig_t& config);
   void setLogTag(int64_t iteration, int32_t microbatch);
   size_t truncateLog(int64_t iteration);
+  size_t discardLog(int64_t fromIteration);
   void fillLogStats(ecclLogStats_t* out) const;
   void replayLog(int peer, int64_t fromIteration, int64_t toIteration);
   void readLog(int peer, size_t index, ecclLogRecord_t* record, void* buffer, size_t bufferBytes) const;

@@ -13,6 +13,8 @@ void Communicator::setLogTag(int64_t iteration, int32_t microbatch) { sendLog_.s
 
 size_t Communicator::truncateLog(int64_t iteration) { return sendLog_.truncate(iteration); }
 
+size_t Communicator::discardLog(int64_t fromIteration) { return sendLog_.discardFrom(fromIteration); }
+
 void Communicator::fillLogStats(ecclLogStats_t* out) const { sendLog_.fillStats(out); }
 
 void Communicator::readLog(int peer, size_t index, ecclLogRecord_t* record, void* buffer, size_t bufferBytes) const {

@@ -142,6 +142,24 @@ size_t LogStore::truncate(int64_t iteration) {
   return freed;
 }
 
+size_t LogStore::discardFrom(int64_t iteration) {
+  MutexLock lock(mu_);
+  size_t dropped = 0;
+  for (Record& r : records_)
+    if (r.state == Record::State::kCommitted && r.info.tag.iteration >= iteration) {
+      r.state = Record::State::kAbandoned;
+      ++dropped;
+    }
+  while (!records_.empty() && records_.back().state == Record::State::kAbandoned) {
+    used_ -= records_.back().footprint;
+    head_ = records_.back().offset;
+    records_.pop_back();
+  }
+  if (records_.empty()) head_ = 0, used_ = 0;
+  freed_.notifyAll();
+  return dropped;
+}
+
 std::vector<RecordInfo> LogStore::select(int peer, int64_t from, int64_t to,
                                          std::vector<const uint8_t*>* payloads) const {
   ECCL_CHECK_ARG(from <= to, "log replay: fromIteration {} is after toIteration {}", from, to);

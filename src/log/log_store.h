@@ -67,6 +67,11 @@ class LogStore {
   // Frees every record older than `iteration` (a prefix of the log when
   // iterations are tagged in order), in time proportional to what it frees.
   size_t truncate(int64_t iteration);
+  // Drops every record of `iteration` or later (an iteration a failure
+  // interrupted is redone: its first attempt must never be replayed);
+  // returns how many. Space at the head of the log is reclaimed at once,
+  // the rest when truncation reaches it.
+  size_t discardFrom(int64_t iteration);
 
   // The committed records for `peer` with iteration in [from, to], in send
   // order. Throws ecclInvalidUsage naming the range if part of it was

@@ -45,6 +45,11 @@ bool SenderLog::logsTo(int peer) const {
   return allPeers_ || std::count(peers_.begin(), peers_.end(), peer) > 0;
 }
 
+size_t SenderLog::discardFrom(int64_t iteration) {
+  ECCL_CHECK_ARG(store_ != nullptr, "ecclLogDiscard: logging is not configured (ecclLogConfigure)");
+  return store_->discardFrom(iteration);
+}
+
 size_t SenderLog::truncate(int64_t iteration) {
   ECCL_CHECK_ARG(store_ != nullptr, "ecclLogTruncate: logging is not configured (ecclLogConfigure)");
   return store_->truncate(iteration);

@@ -26,6 +26,7 @@ class SenderLog {
   bool logsTo(int peer) const;
   void setTag(int64_t iteration, int32_t microbatch) { tag_ = {iteration, microbatch}; }
   size_t truncate(int64_t iteration);
+  size_t discardFrom(int64_t iteration);
   void fillStats(ecclLogStats_t* out) const;
   void read(int peer, size_t index, ecclLogRecord_t* record, void* buffer, size_t bufferBytes) const;
 

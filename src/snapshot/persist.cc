@@ -117,7 +117,7 @@ std::map<std::string, Copy> readVersion(const std::string& dir, int rank, int64_
   while (manifest >> hex >> entry.version >> entry.bytes >> entry.crc) {
     const fs::path file = versionDir(dir, version) / fmt::format("rank{}", rank) / hex;
     std::ifstream in(file, std::ios::binary);
-    auto data = std::make_shared<std::vector<uint8_t>>(entry.bytes);
+    std::shared_ptr<Buffer> data = unpooledBuffer(entry.bytes);
     in.read(reinterpret_cast<char*>(data->data()), static_cast<std::streamsize>(entry.bytes));
     Copy copy{entry, data};
     if (!in || in.peek() != EOF || !copy.intact())

@@ -125,7 +125,7 @@ void Snapshots::engineMain() {
     loop.add(std::move(r), [&, owner, head](const transport::Request& done) {
       if (done.state.load() != transport::Request::kDone) return;
       postShardHead(owner);
-      auto data = std::make_shared<std::vector<uint8_t>>(head->bytes);
+      std::shared_ptr<Buffer> data = pool_->take(head->bytes);
       auto landed = [&, owner, head, data](bool ok) {
         Incoming& in = incoming[{owner, head->version}];
         in.count = head->count;
@@ -192,6 +192,7 @@ void Snapshots::engineMain() {
         if (copy.entry.version == version) job->shards.emplace_back(name, copy);
     }
     job->lastProgress = Clock::now();
+    log::trace("{}: version {}: {} shard(s) to replicate", self, version, job->shards.size());
     if (!job->shards.empty()) job->holders = holdersOf(rank_);
     job->next.assign(job->holders.size(), 0);
     for (int holder : job->holders) {
@@ -207,6 +208,7 @@ void Snapshots::engineMain() {
           return failJob(fmt::format("the replica on rank {} received a corrupt copy of '{}' (checksum mismatch)",
                                      holder, nameOf(*ack)));
         job->acksDue.erase(holder);
+        log::trace("{}: version {}: rank {} acknowledged", self, version, holder);
         job->lastProgress = Clock::now();
       }, ack);
     }

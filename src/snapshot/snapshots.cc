@@ -166,7 +166,7 @@ void Snapshots::put(int64_t version, const std::string& name, const void* data, 
     checkUsableLocked("ecclSnapshotPut");
     openLocked(version, "ecclSnapshotPut");
   }
-  Copy copy = makeCopy(version, data, bytes);  // outside the lock: it may be large
+  Copy copy = makeCopy(version, data, bytes, pool_.get());  // outside the lock: it may be large
   MutexLock lock(mu_);
   if (!open_ || *open_ != version) fail(ecclInvalidUsage, "ecclSnapshotPut: version {} was committed meanwhile", version);
   store_.ownPending[name] = std::move(copy);
@@ -237,6 +237,12 @@ int64_t Snapshots::get(const std::string& name, void* data, size_t bytes) const 
 
 void Snapshots::commitLocked(int64_t version) {
   if (version <= committed_) return;
+  // The pool keeps about one version's bytes: what the next one reuses.
+  size_t versionBytes = 0;
+  for (const auto& [name, copy] : store_.ownPending) versionBytes += copy.entry.version == version ? copy.entry.bytes : 0;
+  for (const auto& [owner, pending] : store_.heldPending)
+    for (const auto& [key, copy] : pending) versionBytes += key.first == version ? copy.entry.bytes : 0;
+  pool_->setCap(versionBytes);
   store_.promote(version, notices_[version], rank_);
   committed_ = version;
   std::erase_if(notices_, [&](const auto& kv) { return kv.first <= version; });
@@ -254,11 +260,18 @@ void Snapshots::failVersionLocked(int64_t version, const std::string& why) {
   changed_.notifyAll();
 }
 
+void Snapshots::forgetOwnForTesting() {
+  MutexLock lock(mu_);
+  store_.ownCommitted.clear();
+  fresh_ = true;
+}
+
 void Snapshots::corruptHeldForTesting(int owner) {
   MutexLock lock(mu_);
   for (auto& [name, copy] : store_.heldCommitted[owner]) {
-    auto bytes = std::make_shared<std::vector<uint8_t>>(*copy.data);
-    if (!bytes->empty()) (*bytes)[0] ^= 0xff;
+    auto bytes = unpooledBuffer(copy.data->size());
+    std::memcpy(bytes->data(), copy.data->data(), copy.data->size());
+    if (bytes->size()) bytes->data()[0] ^= 0xff;
     copy.data = std::move(bytes);
   }
 }

@@ -66,6 +66,9 @@ class Snapshots {
 
   // For tests: corrupts this rank's held copies of `owner`'s shards.
   void corruptHeldForTesting(int owner);
+  // For benchmarks: this rank forgets its own copies, as a replacement
+  // that has not restored yet (the next restore() fetches them).
+  void forgetOwnForTesting();
 
  private:
   struct Need {  // a copy restore() must fetch
@@ -90,6 +93,7 @@ class Snapshots {
 
   Communicator& comm_;
   const std::string hostKey_;
+  const std::shared_ptr<BufferPool> pool_ = std::make_shared<BufferPool>();
   std::atomic<bool> stopping_{false};
   std::thread engine_;
 

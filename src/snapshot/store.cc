@@ -11,8 +11,8 @@ bool Copy::intact() const {
   return data && data->size() == entry.bytes && crc32c(data->data(), data->size()) == entry.crc;
 }
 
-Copy makeCopy(int64_t version, const void* data, size_t bytes) {
-  auto buffer = std::make_shared<std::vector<uint8_t>>(bytes);
+Copy makeCopy(int64_t version, const void* data, size_t bytes, BufferPool* pool) {
+  auto buffer = pool ? pool->take(bytes) : unpooledBuffer(bytes);
   if (bytes) std::memcpy(buffer->data(), data, bytes);
   Copy c;
   c.entry = {version, bytes, crc32c(buffer->data(), bytes)};

@@ -10,6 +10,8 @@
 #include <utility>
 #include <vector>
 
+#include "snapshot/buffer_pool.h"
+
 namespace eccl::snapshot {
 
 constexpr size_t kMaxNameBytes = 255;
@@ -21,14 +23,15 @@ struct Entry {
   bool operator==(const Entry&) const = default;
 };
 
-using Bytes = std::shared_ptr<const std::vector<uint8_t>>;
+using Bytes = std::shared_ptr<const Buffer>;
 struct Copy {
   Entry entry;
   Bytes data;
   // Whether the bytes still match the entry's checksum.
   bool intact() const;
 };
-Copy makeCopy(int64_t version, const void* data, size_t bytes);
+// Copies `bytes` at `data` into a buffer from `pool` (none: unpooled).
+Copy makeCopy(int64_t version, const void* data, size_t bytes, BufferPool* pool = nullptr);
 
 // The names one owner put in one version.
 using CatalogDelta = std::map<std::string, Entry>;

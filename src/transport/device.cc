@@ -300,6 +300,10 @@ void LaneDevice::setCallerOwnedLocked(bool owned) {
   ev.events = owned ? 0u : uint32_t{EPOLLIN};
   ev.data.u64 = kLanesToken;
   epoll_ctl(epollFd_.get(), EPOLL_CTL_MOD, laneEpoll_.get(), &ev);
+  // The progress thread sleeps with the lanes' timeout (200 ms); it must
+  // take the short lease's instead, or lanes a caller stops driving sit
+  // unserviced until that timeout ends.
+  if (owned) wakeLoop();
 }
 
 void LaneDevice::removePeer(MemberId member) {

@@ -61,14 +61,15 @@ void LaneDevice::flushLocked(Lane& lane) {
     reapZeroCopyWritesLocked(lane);
     startZeroCopyWritesLocked(lane);
   }
-  // One bulk frame per call at most: the rest goes on the lane's later
+  // A few bulk frames per call at most: the rest goes on the lane's later
   // writability events, so a bulk message never holds the device (and the
-  // posts of other threads) for its whole length.
-  bool tookBulk = false;
+  // posts of other threads) for its whole length, and the lane is not
+  // woken once per frame either.
+  size_t bulkFrames = 0;
   while (lane.conduit) {
     if (lane.sendQueue.empty()) {
-      if (lane.bulkQueue.empty() || tookBulk) break;
-      tookBulk = true;
+      if (lane.bulkQueue.empty() || bulkFrames == kBulkFramesPerFlush) break;
+      bulkFrames++;
       lane.sendQueue.push_back(std::move(lane.bulkQueue.front()));
       lane.bulkQueue.pop_front();
     }
@@ -205,8 +206,17 @@ RequestPtr LaneDevice::postSend(MemberId member, uint64_t seq, uint32_t tag, con
     touched |= uint64_t{1} << index;
     offset += n;
   } while (offset < len);
+  bool waitsForRoom = false;
   for (size_t i = 0; i < lanes; ++i)
-    if (touched & (uint64_t{1} << i)) flushLocked(*p.lanes[i]);
+    if (touched & (uint64_t{1} << i)) {
+      flushLocked(*p.lanes[i]);
+      waitsForRoom |= p.lanes[i]->conduit && p.lanes[i]->wantsRoom();
+    }
+  // What did not fit goes when the lane has room. A poster that will not
+  // drive the lanes (a background thread, a consumer that tests) leaves
+  // that to the progress thread, which armed its lanes before this send
+  // existed: wake it to arm them for room, or it sleeps its full timeout.
+  if (waitsForRoom && !callerOwned_) wakeLoop();
   return r;
 }
 

@@ -74,6 +74,8 @@ constexpr uint64_t kLanesToken = 1;  // in the progress thread's epoll only
 // op's data does not wake the progress thread; it bounds how late an idle
 // member answers a ping or notices a hang-up.
 constexpr int64_t kLeaseMs = 2;
+// Bulk frames (Device::isendBulk) one flush of a lane may start: 2 MiB.
+constexpr size_t kBulkFramesPerFlush = 8;
 
 struct SendItem {
   uint8_t header[FrameHeader::kSize + FrameHeader::kSignatureBytes];

@@ -32,6 +32,26 @@ TEST(LogStore, Crc32cIsTheStandardOne) {
   EXPECT_EQ(crc32c("", 0), 0u);
 }
 
+// An interrupted iteration is redone: its first attempt's records go, the
+// space they held at the head comes back at once, and the redo is what a
+// later replay returns.
+TEST(LogStore, DiscardingFromAnIterationDropsItsRecordsAndReclaimsTheHead) {
+  LogStore s(4096 + 4 * LogStore::kRecordOverheadBytes, FullPolicy::kError);
+  append(s, info(1, 1, 0, 1000), 0x11);
+  append(s, info(1, 2, 0, 1000), 0x21);
+  append(s, info(1, 3, 0, 1000), 0x31);  // the attempt a failure cut short
+  EXPECT_EQ(s.discardFrom(3), 1u);
+  EXPECT_EQ(s.stats().records, 2u);
+  append(s, info(1, 3, 0, 1000), 0x32);  // the redo
+  append(s, info(1, 4, 0, 1000), 0x41);  // fits only because the head came back
+  std::vector<const uint8_t*> payloads;
+  auto replay = s.select(1, 2, 4, &payloads);
+  ASSERT_EQ(replay.size(), 3u);
+  EXPECT_EQ(payloads[1][0], 0x32);
+  EXPECT_EQ(payloads[2][0], 0x41);
+  EXPECT_EQ(s.discardFrom(10), 0u);
+}
+
 // A shrink: old rank 1 left, 2 -> 1, 3 -> 2. Records and evicted-gap
 // marks follow their peer; the leaver's records are gone and their space
 // comes back when truncation reaches them.
