@@ -40,6 +40,7 @@ __all__ = [
     "stats",
     "make_job",
     "POLICIES",
+    "snapshot",
 ]
 
 BACKEND_NAME = "eccl"
@@ -224,3 +225,6 @@ def stats(group: dist.ProcessGroup | None = None) -> dict:
     """epoch, joined_epoch, rank, world_size, reconfigurations, connections
     opened/closed/inherited/prepared by the last change and its phase times."""
     return backend(group).stats()
+
+
+from . import snapshot  # noqa: E402  (torch_eccl.snapshot: state dicts in peers' memory)

@@ -116,5 +116,18 @@ PYBIND11_MODULE(_C, m) {
       .def("migration_recv", &ProcessGroupEccl::migrationRecv, release, py::arg("tensor"))
       .def("grow", &ProcessGroupEccl::grow, release, py::arg("count"))
       .def("await_promotion", &ProcessGroupEccl::awaitPromotion, release, py::arg("timeout"))
-      .def("stats", &ProcessGroupEccl::stats, release);
+      .def("stats", &ProcessGroupEccl::stats, release)
+      .def("snapshot_configure", &ProcessGroupEccl::snapshotConfigure, release, py::arg("replicas"),
+           py::arg("max_in_flight_bytes"))
+      .def("snapshot_put", &ProcessGroupEccl::snapshotPut, release, py::arg("version"), py::arg("name"),
+           py::arg("tensor"))
+      .def("snapshot_commit", &ProcessGroupEccl::snapshotCommit, release, py::arg("version"))
+      .def("snapshot_wait", &ProcessGroupEccl::snapshotWait, release, py::arg("version"), py::arg("timeout_ms"))
+      .def("snapshot_committed", &ProcessGroupEccl::snapshotCommitted, release)
+      .def("snapshot_list", &ProcessGroupEccl::snapshotList, release)
+      .def("snapshot_get", &ProcessGroupEccl::snapshotGet, release, py::arg("name"), py::arg("tensor"))
+      .def("snapshot_restore", &ProcessGroupEccl::snapshotRestore, release)
+      .def("snapshot_persist", &ProcessGroupEccl::snapshotPersist, release, py::arg("directory"))
+      .def("snapshot_persist_wait", &ProcessGroupEccl::snapshotPersistWait, release, py::arg("timeout_ms"))
+      .def("snapshot_load", &ProcessGroupEccl::snapshotLoad, release, py::arg("directory"));
 }

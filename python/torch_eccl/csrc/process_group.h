@@ -104,6 +104,20 @@ class ProcessGroupEccl : public c10d::Backend {
   std::map<std::string, double> switchover();
   void migrationSend(const at::Tensor& t);
   void migrationRecv(at::Tensor& t);
+
+  // Peer-memory snapshots (snapshots.cc; docs/snapshots.md), on the
+  // driver thread like every call on the communicator.
+  void snapshotConfigure(int replicas, int64_t maxInFlightBytes);
+  void snapshotPut(int64_t version, const std::string& name, const at::Tensor& t);
+  void snapshotCommit(int64_t version);
+  void snapshotWait(int64_t version, int64_t timeoutMs);
+  int64_t snapshotCommitted();
+  std::vector<std::tuple<std::string, int64_t, int64_t>> snapshotList();
+  int64_t snapshotGet(const std::string& name, at::Tensor& t);
+  int64_t snapshotRestore();
+  void snapshotPersist(const std::string& directory);
+  int64_t snapshotPersistWait(int64_t timeoutMs);
+  int64_t snapshotLoad(const std::string& directory);
   std::map<std::string, double> grow(int count);
   std::map<std::string, double> awaitPromotion(std::chrono::milliseconds timeout);
   std::map<std::string, double> stats();

@@ -1,0 +1,92 @@
+// ProcessGroupEccl's peer-memory snapshot calls: each runs on the driver
+// thread, where every call on the communicator runs.
+#include <cstring>
+
+#include "process_group.h"
+#include "tensors.h"
+
+namespace torch_eccl {
+
+void ProcessGroupEccl::snapshotConfigure(int replicas, int64_t maxInFlightBytes) {
+  runNow("snapshot_configure", [&] {
+    ecclSnapshotConfig_t cfg{};
+    cfg.size = sizeof(cfg);
+    cfg.replicas = replicas;
+    cfg.replicasSet = replicas >= 0 ? 1 : 0;
+    if (replicas < 0) cfg.replicas = 0;
+    cfg.maxInFlightBytes = static_cast<size_t>(std::max<int64_t>(0, maxInFlightBytes));
+    check(ecclSnapshotConfigure(comm_, &cfg), "snapshot_configure");
+  });
+}
+
+void ProcessGroupEccl::snapshotPut(int64_t version, const std::string& name, const at::Tensor& t) {
+  checkTensor(t, "snapshot_put");
+  runNow("snapshot_put", [&] {
+    Flat f(t, true);
+    check(ecclSnapshotPut(comm_, version, name.c_str(), f.data(), f.bytes()), "snapshot_put");
+  });
+}
+
+void ProcessGroupEccl::snapshotCommit(int64_t version) {
+  runNow("snapshot_commit", [&] { check(ecclSnapshotCommit(comm_, version), "snapshot_commit"); });
+}
+
+void ProcessGroupEccl::snapshotWait(int64_t version, int64_t timeoutMs) {
+  runNow("snapshot_wait", [&] { check(ecclSnapshotWait(comm_, version, timeoutMs), "snapshot_wait"); });
+}
+
+int64_t ProcessGroupEccl::snapshotCommitted() {
+  int64_t version = -1;
+  runNow("snapshot_committed", [&] { check(ecclSnapshotCommitted(comm_, &version), "snapshot_committed"); });
+  return version;
+}
+
+std::vector<std::tuple<std::string, int64_t, int64_t>> ProcessGroupEccl::snapshotList() {
+  std::vector<std::tuple<std::string, int64_t, int64_t>> out;
+  runNow("snapshot_list", [&] {
+    int count = 0;
+    check(ecclSnapshotList(comm_, nullptr, 0, &count), "snapshot_list");
+    std::vector<ecclSnapshotEntry_t> entries(static_cast<size_t>(count));
+    check(ecclSnapshotList(comm_, entries.data(), count, &count), "snapshot_list");
+    for (int i = 0; i < count && i < static_cast<int>(entries.size()); ++i)
+      out.emplace_back(std::string(entries[i].name, strnlen(entries[i].name, sizeof(entries[i].name))),
+                       entries[i].version, static_cast<int64_t>(entries[i].bytes));
+  });
+  return out;
+}
+
+int64_t ProcessGroupEccl::snapshotGet(const std::string& name, at::Tensor& t) {
+  checkTensor(t, "snapshot_get");
+  int64_t version = -1;
+  runNow("snapshot_get", [&] {
+    Flat f(t, false);
+    check(ecclSnapshotGet(comm_, name.c_str(), f.data(), f.bytes(), &version), "snapshot_get");
+    f.writeBack();
+  });
+  return version;
+}
+
+int64_t ProcessGroupEccl::snapshotRestore() {
+  int64_t version = -1;
+  runNow("snapshot_restore", [&] { check(ecclSnapshotRestore(comm_, &version), "snapshot_restore"); });
+  return version;
+}
+
+void ProcessGroupEccl::snapshotPersist(const std::string& directory) {
+  runNow("snapshot_persist", [&] { check(ecclSnapshotPersist(comm_, directory.c_str()), "snapshot_persist"); });
+}
+
+int64_t ProcessGroupEccl::snapshotPersistWait(int64_t timeoutMs) {
+  int64_t version = -1;
+  runNow("snapshot_persist_wait",
+         [&] { check(ecclSnapshotPersistWait(comm_, timeoutMs, &version), "snapshot_persist_wait"); });
+  return version;
+}
+
+int64_t ProcessGroupEccl::snapshotLoad(const std::string& directory) {
+  int64_t version = -1;
+  runNow("snapshot_load", [&] { check(ecclSnapshotLoad(comm_, directory.c_str(), &version), "snapshot_load"); });
+  return version;
+}
+
+}  // namespace torch_eccl
