@@ -157,6 +157,17 @@ ecclResult_t ecclCommRegisterStandby(ecclComm_t* comm, ecclUniqueId commId, cons
  * ECCL_STANDBY_TIMEOUT_MS) for a recovery, grow or migration to promote it.
  * ecclCommInitStandby is ecclCommRegisterStandby and this wait. */
 ecclResult_t ecclCommAwaitPromotion(ecclComm_t comm, int64_t timeoutMs);
+/* A standby runs the application's step before it has a rank: as rank
+ * `rank` of `nranks`, every collective and send/receive on comm completes
+ * locally at once, after the same argument checks, with outputs of the
+ * right size: its own input where a one-rank group would return it
+ * (allreduce, reduce and broadcast at their root, its own block of
+ * allgather, reducescatter and alltoall), zeros where the data would come
+ * from other ranks. Nothing touches the network. ecclCommCount and
+ * ecclCommUserRank say nranks and rank meanwhile. nranks = 0 leaves the
+ * sandbox; a promotion (ecclCommAwaitPromotion, ecclCommReconfigure) ends
+ * it and the same handle is a real rank. */
+ecclResult_t ecclCommSandbox(ecclComm_t comm, int nranks, int rank);
 /* Makes the view exactly `members` (member ids, in rank order), as a delta:
  * called by every process it names, with the same list and the same uuid
  * (never used before: each names one new epoch); returns when the new view

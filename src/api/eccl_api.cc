@@ -192,6 +192,10 @@ ecclResult_t ecclCommRecover(ecclComm_t comm, ecclRecoverPolicy_t policy) {
   });
 }
 
+ecclResult_t ecclCommSandbox(ecclComm_t comm, int nranks, int rank) {
+  return guarded(comm, "ecclCommSandbox", [&] { impl(comm, "ecclCommSandbox").setSandbox(nranks, rank); });
+}
+
 ecclResult_t ecclCommPrepare(ecclComm_t comm, int rank) {
   return guarded(comm, "ecclCommPrepare", [&] { impl(comm, "ecclCommPrepare").prepareMigration(rank); });
 }

@@ -483,6 +483,7 @@ void Communicator::allReduce(const void* in, void* out, size_t count, ecclDataTy
   checkOp(op, "allreduce");
   checkBuffer(in, count, "allreduce sendbuff");
   checkBuffer(out, count, "allreduce recvbuff");
+  if (sandboxed()) return sandboxCopy(in, out, bytes, 0);
   runCollective("allreduce", signatureOf(transport::CallKind::kAllReduce, count, type, op), [&](OpLinks& links) {
     reduceWide(in, count, out, count, type, op, size(), true, [&](const void* i, void* o, ecclDataType_t t) {
       if (bytes > smallAllreduceBytes_)
@@ -500,15 +501,17 @@ void Communicator::broadcast(const void* in, void* out, size_t count, ecclDataTy
   checkRank(root, "broadcast root");
   if (rank_ == root) checkBuffer(in, count, "broadcast sendbuff");
   checkBuffer(out, count, "broadcast recvbuff");
+  if (sandboxed()) return rank_ == root ? sandboxCopy(in, out, bytes, 0) : sandboxZero(out, bytes);
   runCollective("broadcast", signatureOf(transport::CallKind::kBroadcast, count, type, -1, root), [&](OpLinks& links) { coll::broadcastChain(links, in, out, bytes, root); });
 }
 
 void Communicator::reduce(const void* in, void* out, size_t count, ecclDataType_t type, ecclRedOp_t op, int root) {
-  checkedBytes(count, type, 1, "reduce");
+  size_t reduceBytes = checkedBytes(count, type, 1, "reduce");
   checkOp(op, "reduce");
   checkRank(root, "reduce root");
   checkBuffer(in, count, "reduce sendbuff");
   if (rank_ == root) checkBuffer(out, count, "reduce recvbuff");
+  if (sandboxed()) return rank_ == root ? sandboxCopy(in, out, reduceBytes, 0) : sandboxCount();
   runCollective("reduce", signatureOf(transport::CallKind::kReduce, count, type, op, root), [&](OpLinks& links) {
     reduceWide(in, count, out, count, type, op, size(), rank_ == root,
                [&](const void* i, void* o, ecclDataType_t t) { coll::reduceChain(links, i, o, count, t, op, root); });
@@ -520,14 +523,20 @@ void Communicator::allGather(const void* in, void* out, size_t sendCount, ecclDa
   checkedBytes(sendCount, type, size(), "allgather");
   checkBuffer(in, sendCount, "allgather sendbuff");
   checkBuffer(out, sendCount, "allgather recvbuff");
+  if (sandboxed()) {
+    sandboxZero(out, bytes * size());
+    return sandboxCopy(in, static_cast<uint8_t*>(out) + bytes * rank_, bytes, 0);
+  }
   runCollective("allgather", signatureOf(transport::CallKind::kAllGather, sendCount, type), [&](OpLinks& links) { coll::allGatherRing(links, in, out, bytes); });
 }
 
 void Communicator::reduceScatter(const void* in, void* out, size_t recvCount, ecclDataType_t type, ecclRedOp_t op) {
+  size_t scatterBytes = checkedBytes(recvCount, type, 1, "reducescatter");
   checkedBytes(recvCount, type, size(), "reducescatter");
   checkOp(op, "reducescatter");
   checkBuffer(in, recvCount, "reducescatter sendbuff");
   checkBuffer(out, recvCount, "reducescatter recvbuff");
+  if (sandboxed()) return sandboxCopy(static_cast<const uint8_t*>(in) + scatterBytes * rank_, out, scatterBytes, 0);
   runCollective("reducescatter", signatureOf(transport::CallKind::kReduceScatter, recvCount, type, op),
                 [&](OpLinks& links) {
     reduceWide(in, recvCount * size(), out, recvCount, type, op, size(), true,
@@ -543,6 +552,11 @@ void Communicator::allToAll(const void* in, void* out, size_t count, ecclDataTyp
   ECCL_CHECK_ARG(in != out || count == 0 || size() == 1, "alltoall: in-place operation is not supported");
   std::vector<size_t> sizes(size(), bytes), offsets(size());
   for (int r = 0; r < size(); ++r) offsets[r] = bytes * r;
+  if (sandboxed()) {
+    sandboxZero(out, bytes * size());
+    return sandboxCopy(static_cast<const uint8_t*>(in) + offsets[rank_], static_cast<uint8_t*>(out) + offsets[rank_],
+                       bytes, 0);
+  }
   runCollective("alltoall", signatureOf(transport::CallKind::kAllToAll, count, type), [&](OpLinks& links) {
     coll::allToAllvPairwise(links, in, sizes.data(), offsets.data(), out, sizes.data(), offsets.data());
   });
@@ -568,6 +582,11 @@ void Communicator::allToAllv(const void* in, const size_t* sendCounts, const siz
   checkBuffer(in, anySend, "alltoallv sendbuff");
   checkBuffer(out, anyRecv, "alltoallv recvbuff");
   (void)es;
+  if (sandboxed()) {
+    for (int r = 0; r < size(); ++r) sandboxZero(static_cast<uint8_t*>(out) + ro[r], rb[r]);
+    return sandboxCopy(static_cast<const uint8_t*>(in) + so[rank_], static_cast<uint8_t*>(out) + ro[rank_], sb[rank_],
+                       0);
+  }
   // Counts differ per pair by design; each message's size is checked.
   runCollective("alltoallv", signatureOf(transport::CallKind::kAllToAllv, 0, type), [&](OpLinks& links) {
     coll::allToAllvPairwise(links, in, sb.data(), so.data(), out, rb.data(), ro.data());
@@ -575,10 +594,12 @@ void Communicator::allToAllv(const void* in, const size_t* sendCounts, const siz
 }
 
 void Communicator::barrier() {
+  if (sandboxed()) return sandboxCount();
   runCollective("barrier", signatureOf(transport::CallKind::kBarrier, 0), [&](OpLinks& links) { coll::barrierTree(links); });
 }
 
 transport::RequestPtr Communicator::postSend(const void* buf, size_t bytes, int peer, ecclDataType_t type) {
+  if (sandboxed()) return sandboxDone(nullptr, 0);
   checkUsable();
   auto signature = signatureOf(transport::CallKind::kSend, bytes / coll::typeSize(type), type);
   const transport::CallSignature* checked = checkCalls_ ? &signature : nullptr;
@@ -603,6 +624,7 @@ transport::RequestPtr Communicator::postSend(const void* buf, size_t bytes, int 
 }
 
 transport::RequestPtr Communicator::postRecv(void* buf, size_t bytes, int peer, ecclDataType_t type) {
+  if (sandboxed()) return sandboxDone(buf, bytes);
   checkUsable();
   auto signature = signatureOf(transport::CallKind::kRecv, bytes / coll::typeSize(type), type);
   uint64_t seq = transport::FrameHeader::kP2pBit | ++recvSeq_[peer];

@@ -45,7 +45,7 @@ class Communicator {
   int rank() const { return rank_; }
   transport::MemberId memberId() const { return self_; }
   bool isStandby() const { return standby_; }
-  int size() const { return static_cast<int>(view_.rankToMember.size()); }
+  int size() const { return sandboxRanks_ > 0 ? sandboxRanks_ : static_cast<int>(view_.rankToMember.size()); }
   uint32_t epoch() const { return view_.epoch; }
   // The epoch, safe to read from any thread (a background consumer's check
   // that the view it started in still holds).
@@ -104,6 +104,14 @@ class Communicator {
   // A standby: waits until a view takes it in (recovery, grow, migration or
   // a named reconfiguration).
   void awaitPromotion(Deadline until);
+  // A standby runs the application's step before it has a rank
+  // (core/sandbox.cc): as rank `rank` of `nranks`, every collective and
+  // send/receive completes here at once (what a one-rank group would
+  // return where that is defined, zeros where data would come from
+  // others), after the same argument checks; nothing touches the network.
+  // nranks = 0 leaves it; a promotion ends it.
+  void setSandbox(int nranks, int rank);
+  bool sandboxed() const { return sandboxRanks_ > 0; }
   // Ends this communicator for good from any thread, without freeing it:
   // blocked and later calls fail with `why`.
   void revoke(const std::string& why);
@@ -183,6 +191,13 @@ class Communicator {
   bool eager_ = false;          // a standby keeping connections to the members open
   bool standby_ = false;        // registered as a standby and not yet in a view
   bool startedAsStandby_ = false;
+  int sandboxRanks_ = 0;  // > 0: in the sandbox as rank_ of this many
+  uint64_t sandboxOps_ = 0;
+  // The sandbox's answers (core/sandbox.cc).
+  transport::RequestPtr sandboxDone(void* zeroFill, size_t bytes);
+  void sandboxCopy(const void* in, void* out, size_t bytes, int unused);
+  void sandboxZero(void* out, size_t bytes);
+  void sandboxCount() { sandboxOps_++; }
   bool joining_ = false;        // a joiner before its switchover
   std::string leftView_;        // why this member is no longer in the view (migrated away)
   std::unique_ptr<BackgroundWorker> worker_;

@@ -1,0 +1,129 @@
+// A standby's sandbox: before it has a rank it runs the application's step
+// (every collective, send and receive) as rank 1 of 3, each call checked as
+// for a rank and completed locally with outputs of the right size, without
+// a byte on the network, while the job trains. Rank 1 is then killed; the
+// survivors' recovery promotes the standby, which ends the sandbox, and the
+// same handle runs real collectives with them. Bad calls in the sandbox are
+// the errors a rank would get; a rank cannot enter it.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <stdlib.h>
+
+#include <cstring>
+#include <filesystem>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "api/guard.h"
+#include "tests/support/multiproc.h"
+
+namespace eccl::test {
+namespace {
+
+constexpr int kRanks = 3, kSandboxRank = 1, kCount = 1000;
+
+// One "training step" in the sandbox; checks every output.
+void sandboxStep(ecclComm_t comm, int step) {
+  const int n = kRanks, r = kSandboxRank;
+  std::vector<float> in(kCount * n), out(kCount * n, -1.0f);
+  for (size_t i = 0; i < in.size(); ++i) in[i] = float(i % 97) + float(step);
+  RANK_OK(ecclAllReduce(in.data(), out.data(), kCount, ecclFloat32, ecclSum, comm, nullptr), comm);
+  RANK_CHECK(std::memcmp(out.data(), in.data(), kCount * sizeof(float)) == 0, "allreduce: not its own input");
+  RANK_OK(ecclAllGather(in.data(), out.data(), kCount, ecclFloat32, comm, nullptr), comm);
+  for (int b = 0; b < n; ++b)
+    for (int i = 0; i < kCount; ++i)
+      RANK_CHECK(out[b * kCount + i] == (b == r ? in[i] : 0.0f), "allgather block " + std::to_string(b));
+  RANK_OK(ecclReduceScatter(in.data(), out.data(), kCount, ecclFloat32, ecclSum, comm, nullptr), comm);
+  RANK_CHECK(std::memcmp(out.data(), in.data() + r * kCount, kCount * sizeof(float)) == 0, "reducescatter");
+  RANK_OK(ecclBroadcast(in.data(), out.data(), kCount, ecclFloat32, 0, comm, nullptr), comm);
+  RANK_CHECK(out[0] == 0.0f && out[kCount - 1] == 0.0f, "broadcast from another rank: not zeros");
+  RANK_OK(ecclBroadcast(in.data(), out.data(), kCount, ecclFloat32, r, comm, nullptr), comm);
+  RANK_CHECK(out[5] == in[5], "broadcast from itself");
+  std::fill(out.begin(), out.end(), -1.0f);
+  RANK_OK(ecclAllToAll(in.data(), out.data(), kCount, ecclFloat32, comm, nullptr), comm);
+  for (int b = 0; b < n; ++b)
+    RANK_CHECK(out[b * kCount + 3] == (b == r ? in[b * kCount + 3] : 0.0f), "alltoall block " + std::to_string(b));
+  std::vector<float> peer(kCount, 7.0f);
+  RANK_OK(ecclGroupStart(), comm);
+  RANK_OK(ecclSend(in.data(), kCount, ecclFloat32, 0, comm, nullptr), comm);
+  RANK_OK(ecclRecv(peer.data(), kCount, ecclFloat32, 2, comm, nullptr), comm);
+  RANK_OK(ecclGroupEnd(), comm);
+  RANK_CHECK(peer[0] == 0.0f && peer[kCount - 1] == 0.0f, "a receive in the sandbox is not zeros");
+  RANK_OK(ecclBarrier(comm), comm);
+  // The checks a rank gets.
+  RANK_CHECK(ecclBroadcast(in.data(), out.data(), kCount, ecclFloat32, 5, comm, nullptr) == ecclInvalidArgument,
+             "a root outside the group");
+  RANK_CHECK(ecclAllReduce(nullptr, out.data(), kCount, ecclFloat32, ecclSum, comm, nullptr) == ecclInvalidArgument,
+             "a NULL buffer");
+}
+
+TEST(Sandbox, AStandbyTrainsLocallyThenTheSameHandleBecomesTheRank) {
+  setenv("ECCL_SOCKET_IFNAME", "lo", 1);
+  setenv("ECCL_TIMEOUT_MS", "15000", 1);
+  setenv("ECCL_HEARTBEAT_MS", "100", 1);
+  ReadyFiles ready;
+  const std::string dir = ready.dir;
+  ProcessGroup group(kRanks + 1, [dir](int index, int, const ecclUniqueId& id) {
+    ecclComm_t comm;
+    if (index == kRanks) {
+      RANK_OK(ecclCommRegisterStandby(&comm, id, nullptr), nullptr);
+      float x = 1;
+      RANK_CHECK(ecclAllReduce(&x, &x, 1, ecclFloat32, ecclSum, comm, nullptr) == ecclInvalidUsage,
+                 "a standby outside the sandbox ran a collective");
+      RANK_OK(ecclCommSandbox(comm, kRanks, kSandboxRank), comm);
+      int n = 0, r = -1;
+      RANK_OK(ecclCommCount(comm, &n), comm);
+      RANK_OK(ecclCommUserRank(comm, &r), comm);
+      RANK_CHECK(n == kRanks && r == kSandboxRank, "the sandbox says rank " + std::to_string(r) + " of " + std::to_string(n));
+      int steps = 0;
+      ecclResult_t promoted = ecclTimeout;
+      transport::DeviceStats during;
+      while (promoted == ecclTimeout) {
+        sandboxStep(comm, steps++);
+        during = comm->impl->device().stats();  // after the step, before a promotion
+        if (steps == 3) ReadyFiles::mark(dir, kRanks);  // warm: the job may go on
+        promoted = ecclCommAwaitPromotion(comm, 1);
+      }
+      RANK_OK(promoted, comm);
+      RANK_CHECK(steps >= 3, "steps " + std::to_string(steps));
+      RANK_OK(ecclCommUserRank(comm, &r), comm);
+      RANK_CHECK(r == kSandboxRank, "promoted to rank " + std::to_string(r));
+      // What the sandbox did never reached the network: before the
+      // promotion the standby had no connection and sent nothing.
+      RANK_CHECK(during.bytesSent == 0 && during.bytesReceived == 0 && during.connectionsOpened == 0,
+                 "the sandbox moved bytes: sent " + std::to_string(during.bytesSent));
+      float v = float(r + 1);
+      RANK_OK(ecclAllReduce(&v, &v, 1, ecclFloat32, ecclSum, comm, nullptr), comm);
+      RANK_CHECK(v == 6.0f, "a real allreduce after the sandbox gave " + std::to_string(v));
+      RANK_OK(ecclCommDestroy(comm), comm);
+      return;
+    }
+    RANK_OK(ecclCommInitRank(&comm, kRanks, id, index), nullptr);
+    RANK_CHECK(ecclCommSandbox(comm, kRanks, 0) == ecclInvalidArgument, "a rank entered the sandbox");
+    float v = 1;
+    int step = 0;
+    for (;; ++step) {
+      ecclResult_t rc = ecclAllReduce(&v, &v, 1, ecclFloat32, ecclMax, comm, nullptr);
+      if (rc != ecclSuccess) break;
+      if (index == kSandboxRank && step == 20 && std::filesystem::exists(dir + "/" + std::to_string(kRanks)))
+        raise(SIGKILL);
+      if (index == kSandboxRank && step == 20) --step;  // wait for the standby to be warm
+      RANK_CHECK(step < 100000, "rank 1 never died");
+    }
+    RANK_OK(ecclCommRecover(comm, ecclRecoverReplace), comm);
+    v = float(index + 1);
+    RANK_OK(ecclAllReduce(&v, &v, 1, ecclFloat32, ecclSum, comm, nullptr), comm);
+    RANK_CHECK(v == 6.0f, "after the replacement: " + std::to_string(v));
+    RANK_OK(ecclCommDestroy(comm), comm);
+  });
+  auto outcomes = group.wait(std::chrono::seconds(90));
+  for (int r = 0; r <= kRanks; ++r) {
+    const auto& o = outcomes[static_cast<size_t>(r)];
+    if (r == kSandboxRank) EXPECT_TRUE(!o.exited && o.signal == SIGKILL) << describe(outcomes);
+    else EXPECT_TRUE(o.exited && o.exitCode == 0) << describe(outcomes);
+  }
+}
+
+}  // namespace
+}  // namespace eccl::test
