@@ -41,6 +41,8 @@ __all__ = [
     "make_job",
     "POLICIES",
     "snapshot",
+    "sandbox",
+    "try_promotion",
 ]
 
 BACKEND_NAME = "eccl"
@@ -219,6 +221,22 @@ def await_promotion(group: dist.ProcessGroup, timeout: timedelta | None = None) 
     """A group made in the reconfigure regime (a standby): waits until a
     recovery, grow or migration takes it in."""
     return backend(group).await_promotion(timedelta(0) if timeout is None else timeout)
+
+
+def sandbox(nranks: int, rank: int, group: dist.ProcessGroup | None = None) -> None:
+    """A standby's group (made in the reconfigure regime) runs the training
+    step before it has a rank: as ``rank`` of ``nranks``, every collective
+    completes locally at once (its own input where a one-rank group returns
+    it, zeros where data would come from others), nothing touches the
+    network. A promotion ends it; the same group is then the real one.
+    ``nranks=0`` leaves it."""
+    backend(group).sandbox(int(nranks), int(rank))
+
+
+def try_promotion(group: dist.ProcessGroup | None = None) -> bool:
+    """A standby polls between sandboxed steps: True once a recovery, grow
+    or migration took it in (rank and world size are then the real ones)."""
+    return backend(group).try_promotion()
 
 
 def stats(group: dist.ProcessGroup | None = None) -> dict:

@@ -117,6 +117,8 @@ PYBIND11_MODULE(_C, m) {
       .def("grow", &ProcessGroupEccl::grow, release, py::arg("count"))
       .def("await_promotion", &ProcessGroupEccl::awaitPromotion, release, py::arg("timeout"))
       .def("stats", &ProcessGroupEccl::stats, release)
+      .def("sandbox", &ProcessGroupEccl::sandbox, release, py::arg("nranks"), py::arg("rank"))
+      .def("try_promotion", &ProcessGroupEccl::tryPromotion, release)
       .def("snapshot_configure", &ProcessGroupEccl::snapshotConfigure, release, py::arg("replicas"),
            py::arg("max_in_flight_bytes"))
       .def("snapshot_put", &ProcessGroupEccl::snapshotPut, release, py::arg("version"), py::arg("name"),

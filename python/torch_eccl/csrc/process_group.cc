@@ -131,7 +131,7 @@ void ProcessGroupEccl::refreshRankAndSize() {
 bool ProcessGroupEccl::isStandby() {
   int rank = -1;
   check(ecclCommUserRank(comm_, &rank), "rank");
-  return rank < 0;
+  return rank < 0 || sandboxed_;
 }
 
 void ProcessGroupEccl::requireRank(const char* what) const {
@@ -303,10 +303,32 @@ std::map<std::string, double> ProcessGroupEccl::grow(int count) {
   return out;
 }
 
+void ProcessGroupEccl::sandbox(int nranks, int rank) {
+  runNow("sandbox", [&] {
+    check(ecclCommSandbox(comm_, nranks, rank), "sandbox");
+    sandboxed_ = nranks > 0;
+    if (sandboxed_) rank_ = rank, size_ = nranks;
+  });
+}
+
+bool ProcessGroupEccl::tryPromotion() {
+  bool promoted = false;
+  runNow("try_promotion", [&] {
+    ecclResult_t r = ecclCommAwaitPromotion(comm_, 1);
+    if (r == ecclTimeout) return;
+    check(r, "try_promotion");
+    sandboxed_ = false;
+    refreshRankAndSize();
+    promoted = true;
+  });
+  return promoted;
+}
+
 std::map<std::string, double> ProcessGroupEccl::awaitPromotion(std::chrono::milliseconds timeout) {
   std::map<std::string, double> out;
   runNow("await_promotion", [&] {
     check(ecclCommAwaitPromotion(comm_, timeout.count()), "await_promotion");
+    sandboxed_ = false;
     refreshRankAndSize();
     out = statsLocked();
   });

@@ -105,6 +105,12 @@ class ProcessGroupEccl : public c10d::Backend {
   void migrationSend(const at::Tensor& t);
   void migrationRecv(at::Tensor& t);
 
+  // A standby's sandbox (ecclCommSandbox): rank/size say `rank` of
+  // `nranks` until a promotion; tryPromotion takes a pending one (false:
+  // none yet).
+  void sandbox(int nranks, int rank);
+  bool tryPromotion();
+
   // Peer-memory snapshots (snapshots.cc; docs/snapshots.md), on the
   // driver thread like every call on the communicator.
   void snapshotConfigure(int replicas, int64_t maxInFlightBytes);
@@ -155,6 +161,7 @@ class ProcessGroupEccl : public c10d::Backend {
   void renewIfAborted();
 
   ecclComm_t comm_ = nullptr;
+  bool sandboxed_ = false;  // a standby in the sandbox: its rank is pretend
   uint64_t member_ = 0;
   std::string jobText_;
   uint64_t jobId_ = 0;
