@@ -41,6 +41,7 @@ __all__ = [
     "make_job",
     "POLICIES",
     "snapshot",
+    "log",
     "sandbox",
     "try_promotion",
 ]
@@ -245,4 +246,4 @@ def stats(group: dist.ProcessGroup | None = None) -> dict:
     return backend(group).stats()
 
 
-from . import snapshot  # noqa: E402  (torch_eccl.snapshot: state dicts in peers' memory)
+from . import log, snapshot  # noqa: E402  (boundary-send logs; state dicts in peers' memory)

@@ -227,7 +227,7 @@ void Snapshots::engineMain() {
       if (brokenWhy_.empty()) {
         brokenWhy_ = fmt::format("the view changed (epoch {} -> {}); every member calls ecclSnapshotRestore first",
                                  epoch_, comm_.currentEpoch());
-        if (replicating_) failVersionLocked(*replicating_, brokenWhy_);
+        if (replicating_) failVersionLocked(*replicating_, brokenWhy_, /*dropCopies=*/false);
       }
     }
     std::optional<int64_t> handed;

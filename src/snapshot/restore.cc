@@ -49,6 +49,8 @@ int64_t Snapshots::restore() {
     if (!info.fresh && info.committed > newest) newest = info.committed, source = r;
   }
   generation_ = maxGeneration + 1;
+  log::info("snapshot restore (rank {}, epoch {}): newest committed version {} (rank {}){}", comm_.rank(),
+            comm_.epoch(), newest, source, fresh ? "; this rank restores its own" : "");
   std::vector<uint8_t> blob;
   if (rank_ == source) {
     MutexLock lock(mu_);
@@ -101,6 +103,7 @@ int64_t Snapshots::redistribute(std::vector<CatalogDelta> catalog, int64_t newes
   RankInfo mine;
   mine.fresh = fresh ? 1 : 0;
   mine.needs = needs.size();
+  log::info("snapshot restore (rank {}): {} cop{} to fetch", rank_, needs.size(), needs.size() == 1 ? "y" : "ies");
   std::vector<RankInfo> plan = gatherRecords(comm_, mine);
   log::trace("restore C-planned t={}", std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now().time_since_epoch()).count() % 100000);
   std::vector<std::string> lost = fetch(needs, plan);
@@ -180,6 +183,10 @@ std::vector<std::string> Snapshots::fetch(const std::vector<Need>& needs, const 
   std::vector<int> sources;
   size_t item = 0, tried = 0;
   bool fetched = needs.empty();
+  // A source that failed (not one that lacked the copy) may have held it:
+  // the name is not lost, the restore is (recover and restore again).
+  bool sourceFailed = false;
+  std::string unreachable;
   std::function<void()> ask = [&] {
     while (item < needs.size()) {
       const Need& need = needs[item];
@@ -189,9 +196,12 @@ std::vector<std::string> Snapshots::fetch(const std::vector<Need>& needs, const 
         if (r != rank_ && !plan[static_cast<size_t>(r)].fresh) sources.push_back(r);
       }
       if (tried < sources.size()) break;
-      if (need.owner == rank_) lost.push_back(fmt::format("{}:{}", rank_, need.name));
+      if (sourceFailed && unreachable.empty())
+        unreachable = fmt::format("'{}' of rank {}: a rank that may hold it failed while serving it", need.name,
+                                  need.owner);
+      else if (need.owner == rank_) lost.push_back(fmt::format("{}:{}", rank_, need.name));
       else log::warn("snapshot restore (rank {}): no copy of rank {}'s '{}' to hold", rank_, need.owner, need.name);
-      item++, tried = 0;
+      item++, tried = 0, sourceFailed = false;
     }
     if (item == needs.size()) {
       fetched = true;
@@ -216,6 +226,7 @@ std::vector<std::string> Snapshots::fetch(const std::vector<Need>& needs, const 
         tried++;
         ask();
       };
+      if (got.state.load() != transport::Request::kDone) sourceFailed = true;
       if (got.state.load() != transport::Request::kDone || !head->have || head->bytes != need.entry.bytes ||
           head->crc != need.entry.crc)
         return next();
@@ -232,12 +243,13 @@ std::vector<std::string> Snapshots::fetch(const std::vector<Need>& needs, const 
           if (need.owner == rank_) store_.ownCommitted[need.name] = copy;
           else store_.heldCommitted[need.owner][need.name] = copy;
         }
-        item++, tried = 0;
+        item++, tried = 0, sourceFailed = false;
         ask();
       };
       if (head->bytes == 0) return landed(true);
       auto r2 = device.irecv(members_[from], loop.nextRecv(from, kReplyData), kReplyData, data->data(), data->size());
-      loop.add(std::move(r2), [landed](const transport::Request& got2) {
+      loop.add(std::move(r2), [landed, &sourceFailed](const transport::Request& got2) {
+        if (got2.state.load() != transport::Request::kDone) sourceFailed = true;
         landed(got2.state.load() == transport::Request::kDone);
       }, data);
     }, head);
@@ -257,6 +269,7 @@ std::vector<std::string> Snapshots::fetch(const std::vector<Need>& needs, const 
   // The replies' sends may still be queued: let them go before the loop
   // (and the bytes it keeps) ends.
   while (!loop.empty() && Clock::now() < until) loop.runOnce(std::min(until, Clock::now() + std::chrono::milliseconds(100)));
+  if (!unreachable.empty()) fail(ecclRemoteError, "ecclSnapshotRestore (rank {}): {}", rank_, unreachable);
   return lost;
 }
 

@@ -250,11 +250,13 @@ void Snapshots::commitLocked(int64_t version) {
   changed_.notifyAll();
 }
 
-void Snapshots::failVersionLocked(int64_t version, const std::string& why) {
+void Snapshots::failVersionLocked(int64_t version, const std::string& why, bool dropCopies) {
   if (version <= committed_ || failed_.count(version)) return;
   failed_[version] = why;
-  store_.dropPending(version, rank_);
-  notices_.erase(version);
+  if (dropCopies) {
+    store_.dropPending(version, rank_);
+    notices_.erase(version);
+  }
   if (replicating_ && *replicating_ == version) replicating_.reset();
   if (open_ && *open_ == version) open_.reset();
   changed_.notifyAll();

@@ -88,7 +88,10 @@ class Snapshots {
   void engineMain();
   // Promotes what `version`'s catalog delta names, drops what it supersedes.
   void commitLocked(int64_t version) ECCL_REQUIRES(mu_);
-  void failVersionLocked(int64_t version, const std::string& why) ECCL_REQUIRES(mu_);
+  // `dropCopies`: the version can commit nowhere (a rank's shards missed a
+  // holder), so its pending copies go; a view change alone keeps them for
+  // restore(), since another rank may have committed it.
+  void failVersionLocked(int64_t version, const std::string& why, bool dropCopies = true) ECCL_REQUIRES(mu_);
   std::vector<int> holdersOf(int owner) const;
 
   Communicator& comm_;

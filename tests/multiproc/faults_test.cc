@@ -67,7 +67,12 @@ TEST(Faults, KilledRankFailsEverySurvivorNamingIt) {
   auto outcomes = group.wait(std::chrono::seconds(20));
   unsetenv("ECCL_TIMEOUT_MS");
   ASSERT_TRUE(running) << "the ranks did not all finish a first allreduce\n" << describe(outcomes);
-  EXPECT_EQ(devShmEntries(), shmBefore) << "files left in /dev/shm after a crash and three aborts";
+  // What appeared meanwhile; Python's multiprocessing semaphores come and go
+  // with the PyTorch tests ctest runs beside this one.
+  std::set<std::string> appeared;
+  for (const std::string& name : devShmEntries())
+    if (!shmBefore.count(name) && name.rfind("sem.mp-", 0) != 0) appeared.insert(name);
+  EXPECT_TRUE(appeared.empty()) << "files left in /dev/shm after a crash and three aborts: " << *appeared.begin();
   for (const auto& o : outcomes) {
     if (o.rank == kVictim) continue;
     EXPECT_FALSE(o.hung) << describe(outcomes);

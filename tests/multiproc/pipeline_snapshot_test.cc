@@ -177,14 +177,14 @@ bool microBatch(ecclComm_t comm, Stage& st, int it, int mb, bool dieMidway) {
   };
   Vec up = s == 0 ? input(it, mb) : recvVec(comm, s - 1, &rc);
   if (!ok()) return false;
+  // Before its output goes on: no survivor can finish this iteration.
+  if (dieMidway) raise(SIGKILL);
   Vec out = st.forward(up);
   if (s == kStages - 1) {
     send(out, s - 1);
-    if (dieMidway) raise(SIGKILL);
     return ok();
   }
   send(out, s + 1);
-  if (dieMidway) raise(SIGKILL);
   Vec down = recvVec(comm, s + 1, &rc);
   if (!ok()) return false;
   Vec g = st.backward(down, up);
@@ -210,7 +210,7 @@ int replay(ecclComm_t comm, Stage& st, const std::vector<int64_t>& blockVersion,
   return replayed;
 }
 
-// `victims` die in iteration kFailIter after forwarding micro-batch
+// `victims` die in iteration kFailIter on receiving micro-batch
 // kFailMicro; standbys replace them.
 void pipelineRun(int replicas, std::vector<int> victims, bool expectLost) {
   const int standbys = static_cast<int>(victims.size());
@@ -239,6 +239,7 @@ void pipelineRun(int replicas, std::vector<int> victims, bool expectLost) {
         bool ok = true;
         for (int mb = 0; mb < kMicro && ok; ++mb)
           ok = microBatch(comm, st, it, mb, victim && it == kFailIter && mb == kFailMicro);
+        if (!ok && victim) raise(SIGKILL);  // the other victim's death reached it first
         if (!ok) break;
         st.step();
         if (it % kEvery == 0) {

@@ -119,6 +119,13 @@ PYBIND11_MODULE(_C, m) {
       .def("stats", &ProcessGroupEccl::stats, release)
       .def("sandbox", &ProcessGroupEccl::sandbox, release, py::arg("nranks"), py::arg("rank"))
       .def("try_promotion", &ProcessGroupEccl::tryPromotion, release)
+      .def("log_configure", &ProcessGroupEccl::logConfigure, release, py::arg("capacity_bytes"), py::arg("peers"),
+           py::arg("when_full"))
+      .def("log_set_tag", &ProcessGroupEccl::logSetTag, release, py::arg("iteration"), py::arg("microbatch"))
+      .def("log_truncate", &ProcessGroupEccl::logTruncate, release, py::arg("iteration"))
+      .def("log_discard", &ProcessGroupEccl::logDiscard, release, py::arg("from_iteration"))
+      .def("log_replay", &ProcessGroupEccl::logReplay, release, py::arg("peer"), py::arg("from_iteration"),
+           py::arg("to_iteration"))
       .def("snapshot_configure", &ProcessGroupEccl::snapshotConfigure, release, py::arg("replicas"),
            py::arg("max_in_flight_bytes"))
       .def("snapshot_put", &ProcessGroupEccl::snapshotPut, release, py::arg("version"), py::arg("name"),

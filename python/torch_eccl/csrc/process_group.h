@@ -111,6 +111,14 @@ class ProcessGroupEccl : public c10d::Backend {
   void sandbox(int nranks, int rank);
   bool tryPromotion();
 
+  // Boundary-send logs (snapshots.cc; docs/logs.md): sends to `peers`
+  // (empty: every peer) teed into a host-memory log.
+  void logConfigure(int64_t capacityBytes, const std::vector<int>& peers, int whenFull);
+  void logSetTag(int64_t iteration, int32_t microbatch);
+  void logTruncate(int64_t iteration);
+  void logDiscard(int64_t fromIteration);
+  void logReplay(int peer, int64_t fromIteration, int64_t toIteration);
+
   // Peer-memory snapshots (snapshots.cc; docs/snapshots.md), on the
   // driver thread like every call on the communicator.
   void snapshotConfigure(int replicas, int64_t maxInFlightBytes);

@@ -7,6 +7,34 @@
 
 namespace torch_eccl {
 
+void ProcessGroupEccl::logConfigure(int64_t capacityBytes, const std::vector<int>& peers, int whenFull) {
+  runNow("log_configure", [&] {
+    ecclLogConfig_t cfg{};
+    cfg.size = sizeof(cfg);
+    cfg.capacityBytes = static_cast<size_t>(std::max<int64_t>(0, capacityBytes));
+    cfg.whenFull = static_cast<ecclLogFullPolicy_t>(whenFull);
+    cfg.peers = peers.empty() ? nullptr : peers.data();
+    cfg.numPeers = static_cast<int>(peers.size());
+    check(ecclLogConfigure(comm_, &cfg), "log_configure");
+  });
+}
+
+void ProcessGroupEccl::logSetTag(int64_t iteration, int32_t microbatch) {
+  runNow("log_set_tag", [&] { check(ecclLogSetTag(comm_, iteration, microbatch), "log_set_tag"); });
+}
+
+void ProcessGroupEccl::logTruncate(int64_t iteration) {
+  runNow("log_truncate", [&] { check(ecclLogTruncate(comm_, iteration), "log_truncate"); });
+}
+
+void ProcessGroupEccl::logDiscard(int64_t fromIteration) {
+  runNow("log_discard", [&] { check(ecclLogDiscard(comm_, fromIteration), "log_discard"); });
+}
+
+void ProcessGroupEccl::logReplay(int peer, int64_t fromIteration, int64_t toIteration) {
+  runNow("log_replay", [&] { check(ecclLogReplay(comm_, peer, fromIteration, toIteration), "log_replay"); });
+}
+
 void ProcessGroupEccl::snapshotConfigure(int replicas, int64_t maxInFlightBytes) {
   runNow("snapshot_configure", [&] {
     ecclSnapshotConfig_t cfg{};
