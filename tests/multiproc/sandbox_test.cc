@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "api/guard.h"
+#include "tests/support/host_cuda/host_cuda.h"
 #include "tests/support/multiproc.h"
 
 namespace eccl::test {
@@ -59,6 +60,7 @@ void sandboxStep(ecclComm_t comm, int step) {
 }
 
 TEST(Sandbox, AStandbyTrainsLocallyThenTheSameHandleBecomesTheRank) {
+  setenv("ECCL_CUDA_DRIVER", ECCL_HOST_CUDA, 1);
   setenv("ECCL_SOCKET_IFNAME", "lo", 1);
   setenv("ECCL_TIMEOUT_MS", "15000", 1);
   setenv("ECCL_HEARTBEAT_MS", "100", 1);
@@ -76,6 +78,20 @@ TEST(Sandbox, AStandbyTrainsLocallyThenTheSameHandleBecomesTheRank) {
       RANK_OK(ecclCommCount(comm, &n), comm);
       RANK_OK(ecclCommUserRank(comm, &r), comm);
       RANK_CHECK(n == kRanks && r == kSandboxRank, "the sandbox says rank " + std::to_string(r) + " of " + std::to_string(n));
+      // Device buffers take the stream path, which ends in the same calls
+      // (the suite's host emulation of the CUDA driver stands in for a GPU).
+      {
+        void* stream = hostCudaStreamCreate();
+        auto* devIn = static_cast<float*>(hostCudaMalloc(kCount * sizeof(float)));
+        auto* devOut = static_cast<float*>(hostCudaMalloc(kCount * sizeof(float)));
+        for (int i = 0; i < kCount; ++i) devIn[i] = float(i), devOut[i] = -1.0f;
+        RANK_OK(ecclAllReduce(devIn, devOut, kCount, ecclFloat32, ecclSum, comm, stream), comm);
+        RANK_CHECK(hostCudaStreamSynchronize(stream) == 0, "stream");
+        RANK_CHECK(devOut[0] == 0.0f && devOut[kCount - 1] == float(kCount - 1), "a device allreduce in the sandbox");
+        hostCudaFree(devIn);
+        hostCudaFree(devOut);
+        hostCudaStreamDestroy(stream);
+      }
       int steps = 0;
       ecclResult_t promoted = ecclTimeout;
       transport::DeviceStats during;
