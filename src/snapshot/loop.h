@@ -59,6 +59,13 @@ struct ReplyHead {
   uint32_t crc, have;
 };
 
+// A message's bytes, owned, for a send that may outlive the caller's copy.
+template <typename T>
+std::shared_ptr<std::vector<uint8_t>> podBytes(const T& m) {
+  auto p = reinterpret_cast<const uint8_t*>(&m);
+  return std::make_shared<std::vector<uint8_t>>(p, p + sizeof(m));
+}
+
 template <typename T>
 void setName(T& m, const std::string& name) {
   m.nameBytes = static_cast<uint16_t>(std::min(name.size(), kMaxNameBytes));

@@ -50,17 +50,14 @@ void Snapshots::engineMain() {
                   : device.isend(members_[peer], seq, s, bytes->data(), bytes->size());
     loop.add(std::move(r), std::move(done), bytes);
   };
-  auto pod = [](const auto& m) {
-    auto p = reinterpret_cast<const uint8_t*>(&m);
-    return std::make_shared<std::vector<uint8_t>>(p, p + sizeof(m));
-  };
+
   auto ignore = [](const transport::Request&) {};
 
   // A notice (ours or one passing through) goes on to the right
   // neighbour unless that is where it started.
   auto forward = [&](const NoticeHead& head, std::shared_ptr<std::vector<uint8_t>> body) {
     if (size_ == 1 || head.origin == right) return;
-    sendTo(right, kNoticeHead, pod(head), false, ignore);
+    sendTo(right, kNoticeHead, podBytes(head), false, ignore);
     if (head.bodyBytes) sendTo(right, kNoticeBody, std::move(body), false, ignore);
   };
   auto record = [&](const NoticeHead& head, const std::vector<uint8_t>& body) {
@@ -95,8 +92,14 @@ void Snapshots::engineMain() {
       if (done.state.load() != transport::Request::kDone) return;  // the view changed; restore() restarts us
       postNoticeHead();
       auto body = std::make_shared<std::vector<uint8_t>>(head->bodyBytes);
-      if (head->bodyBytes == 0 || head->bodyBytes > (256u << 20)) {
-        if (head->bodyBytes) return;
+      if (head->bodyBytes > (256u << 20)) {  // the stream cannot be followed past it
+        MutexLock lock(mu_);
+        brokenWhy_ = fmt::format("rank {} sent a notice of {} bytes (malformed); snapshots stop until a restore",
+                                 left, head->bodyBytes);
+        log::warn("{}: {}", self, brokenWhy_);
+        return;
+      }
+      if (head->bodyBytes == 0) {
         forward(*head, body);
         record(*head, *body);
         return;
@@ -143,7 +146,7 @@ void Snapshots::engineMain() {
         Ack ack{head->version, in.corrupt.empty() ? 1u : 0u, 0, {}};
         setName(ack, in.corrupt);
         incoming.erase({owner, head->version});
-        sendTo(owner, kAck, pod(ack), false, ignore);
+        sendTo(owner, kAck, podBytes(ack), false, ignore);
       };
       if (head->bytes == 0) return landed(true);
       uint64_t dataSeq = loop.nextRecv(owner, kShardData);
@@ -166,7 +169,7 @@ void Snapshots::engineMain() {
                        static_cast<uint32_t>(job->next[h]), static_cast<uint32_t>(job->shards.size()), 0, {}};
         setName(head, job->shards[job->next[h]].first);
         job->next[h]++;
-        sendTo(holder, kShardHead, pod(head), false, ignore);
+        sendTo(holder, kShardHead, podBytes(head), false, ignore);
         if (copy.entry.bytes == 0) continue;
         job->inFlight += copy.entry.bytes;
         const size_t bytes = copy.entry.bytes;
@@ -256,7 +259,9 @@ void Snapshots::engineMain() {
       loop.runOnce(Clock::now() + std::chrono::milliseconds(100));
     }
   }
-  loop.drainSends(deadlineAfterMs(comm_.timeoutMs()));
+  // A notice others wait for must go; a peer that stopped must not hold a
+  // teardown for long.
+  loop.drainSends(deadlineAfterMs(std::min<int64_t>(comm_.timeoutMs(), 2000)));
   loop.cancelAll("snapshot replication stopped");
 }
 

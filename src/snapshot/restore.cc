@@ -133,10 +133,7 @@ std::vector<std::string> Snapshots::fetch(const std::vector<Need>& needs, const 
   transport::Device& device = comm_.device();
   Loop loop(device, generation_);
   std::vector<std::string> lost;
-  auto pod = [](const auto& m) {
-    auto p = reinterpret_cast<const uint8_t*>(&m);
-    return std::make_shared<std::vector<uint8_t>>(p, p + sizeof(m));
-  };
+
   auto send = [&](int peer, Stream s, const void* data, size_t bytes, std::shared_ptr<const void> keep) {
     auto r = device.isend(members_[peer], loop.nextSend(peer, s), s, data, bytes);
     loop.add(std::move(r), [](const transport::Request&) {}, std::move(keep));
@@ -169,7 +166,7 @@ std::vector<std::string> Snapshots::fetch(const std::vector<Need>& needs, const 
           }
         }
       }
-      auto headBytes = pod(head);
+      auto headBytes = podBytes(head);
       send(from, kReplyHead, headBytes->data(), headBytes->size(), headBytes);
       if (head.have && head.bytes) send(from, kReplyData, data->data(), data->size(), data);
     }, request);
@@ -207,7 +204,7 @@ std::vector<std::string> Snapshots::fetch(const std::vector<Need>& needs, const 
       fetched = true;
       Request end{};
       end.end = 1;
-      auto endBytes = pod(end);
+      auto endBytes = podBytes(end);
       for (int r = 0; r < size_; ++r)
         if (r != rank_ && !plan[static_cast<size_t>(r)].fresh) send(r, kRequest, endBytes->data(), endBytes->size(), endBytes);
       return;

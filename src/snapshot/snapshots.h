@@ -109,7 +109,7 @@ class Snapshots {
   int rank_ = -1, size_ = 0;
   std::vector<transport::MemberId> members_;
   std::vector<std::string> hosts_;
-  bool fresh_ = false;  // came as a standby and restored nothing yet
+  bool fresh_ ECCL_GUARDED_BY(mu_) = false;  // came as a standby and restored nothing yet
   uint64_t generation_ = 0;  // restores so far, agreed by the ranks (Loop)
 
   Store store_ ECCL_GUARDED_BY(mu_);
