@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -65,13 +66,29 @@ class LinkFaults : public ::testing::Test {
 TEST_F(LinkFaults, PacketLossIsHiddenByRetransmissionAndEveryByteArrives) {
   NEEDS_RDMA_PAIR();
   shell("modprobe sch_netem");
-  for (const char* dev : {env("ECCL_RDMA_VM_NETDEV"), env("ECCL_RDMA_VM_NETDEV2")})
-    shell("tc qdisc add dev " + std::string(dev) + " root netem loss 2%");
   const uint64_t before = retransmissionSigns();
-  ProcessGroup group(2, [](int rank, int n, const ecclUniqueId& id) {
+  // The loss starts once the queue pairs are connected: it is the data path
+  // RC retransmission must hide (address resolution for a queue pair's RTR
+  // under loss can time out, which is a different fault).
+  ReadyFiles ready;
+  const std::string dir = ready.dir;
+  ProcessGroup group(2, [dir](int rank, int n, const ecclUniqueId& id) {
     useOwnDevice(rank);
     ecclComm_t comm;
     RANK_OK(ecclCommInitRank(&comm, n, id, rank), nullptr);
+    int32_t warm = 1;
+    RANK_OK(ecclAllReduce(&warm, &warm, 1, ecclInt32, ecclSum, comm, nullptr), comm);
+    std::vector<int32_t> pairWarm(4, rank), pairGot(4);
+    RANK_OK(ecclGroupStart(), comm);
+    RANK_OK(ecclSend(pairWarm.data(), 4, ecclInt32, 1 - rank, comm, nullptr), comm);
+    RANK_OK(ecclRecv(pairGot.data(), 4, ecclInt32, 1 - rank, comm, nullptr), comm);
+    RANK_OK(ecclGroupEnd(), comm);
+    ReadyFiles::mark(dir, rank);
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (!std::filesystem::exists(dir + "/lossy")) {
+      RANK_CHECK(std::chrono::steady_clock::now() < until, "the loss was never switched on");
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
     for (size_t count : {size_t(1), size_t(4099), size_t(1) << 20}) {
       std::vector<int32_t> v(count);
       for (size_t i = 0; i < count; ++i) v[i] = static_cast<int32_t>(i % 1000 + rank);
@@ -91,6 +108,11 @@ TEST_F(LinkFaults, PacketLossIsHiddenByRetransmissionAndEveryByteArrives) {
     }
     RANK_OK(ecclCommDestroy(comm), comm);
   });
+  if (ready.waitAll(2, std::chrono::seconds(120))) {
+    for (const char* dev : {env("ECCL_RDMA_VM_NETDEV"), env("ECCL_RDMA_VM_NETDEV2")})
+      shell("tc qdisc add dev " + std::string(dev) + " root netem loss 2%");
+    if (FILE* f = std::fopen((dir + "/lossy").c_str(), "w")) std::fclose(f);
+  }
   auto outcomes = group.wait(std::chrono::seconds(200));
   EXPECT_TRUE(allSucceeded(outcomes)) << describe(outcomes);
   EXPECT_GT(retransmissionSigns(), before) << "no packet was lost and retransmitted: the test proved nothing";

@@ -310,6 +310,10 @@ TEST_F(Snapshot, PersistAndLoadAcrossAWholeJobRestartAndAPersistKilledMidway) {
         putVersion(comm, rank, v);
         RANK_OK(ecclSnapshotCommit(comm, v), comm);
         RANK_OK(ecclSnapshotWait(comm, v, 30000), comm);
+        // Every rank has committed it before rank 1 dies: a rank that
+        // committed may still be passing the last notice on.
+        float sync = 0;
+        RANK_OK(ecclAllReduce(&sync, &sync, 1, ecclFloat32, ecclSum, comm, nullptr), comm);
         if (v == 4 || v == 5) RANK_OK(ecclSnapshotPersist(comm, dir.c_str()), comm);
         if (v == 5 && rank == 1) raise(SIGKILL);  // killed while its persist writes
         int64_t onDisk = -1;
