@@ -19,21 +19,14 @@
 
 #include "eccl.h"
 #include "log/log_store.h"
+#include "perf/common/rounds.h"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-void check(ecclResult_t r, ecclComm_t comm, const char* what) {
-  if (r == ecclSuccess) return;
-  fprintf(stderr, "log_perf: %s: %s: %s\n", what, ecclGetErrorString(r), ecclGetLastError(comm));
-  exit(1);
-}
-
-double median(std::vector<double> v) {
-  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
-  return v[v.size() / 2];
-}
+void check(ecclResult_t r, ecclComm_t comm, const char* what) { eccl::perf::checkOrExit("log_perf", r, comm, what); }
+using eccl::perf::median;
 
 }  // namespace
 

@@ -24,6 +24,7 @@
 
 #include "api/guard.h"
 #include "eccl.h"
+#include "perf/common/rounds.h"
 #include "snapshot/snapshots.h"
 
 namespace {
@@ -31,16 +32,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr int kNames = 8;
 
-void check(ecclResult_t r, ecclComm_t comm, const char* what) {
-  if (r == ecclSuccess) return;
-  fprintf(stderr, "snapshot_perf: %s: %s: %s\n", what, ecclGetErrorString(r), ecclGetLastError(comm));
-  exit(1);
-}
-
-double median(std::vector<double> v) {
-  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
-  return v[v.size() / 2];
-}
+void check(ecclResult_t r, ecclComm_t comm, const char* what) { eccl::perf::checkOrExit("snapshot_perf", r, comm, what); }
+using eccl::perf::median;
 
 double seconds(Clock::time_point since) { return std::chrono::duration<double>(Clock::now() - since).count(); }
 

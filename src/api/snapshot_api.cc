@@ -52,13 +52,12 @@ ecclResult_t ecclSnapshotPut(ecclComm_t comm, int64_t version, const char* name,
   return api::guarded(comm, "ecclSnapshotPut", [&] {
     auto& s = snapshots(comm, "ecclSnapshotPut");
     std::string n = nameArg(name, "ecclSnapshotPut");
-    if (buff && bytes && gpu::isDeviceMemory(buff)) {
-      std::vector<uint8_t> staged(bytes);
-      gpu::copyToHost(staged.data(), buff, bytes, "ecclSnapshotPut");
-      s.put(version, n, staged.data(), bytes);
-      return;
-    }
-    s.put(version, n, buff, bytes);
+    if (!buff && bytes) fail(ecclInvalidArgument, "ecclSnapshotPut: '{}': buff is NULL with {} bytes", n, bytes);
+    const bool device = bytes && gpu::isDeviceMemory(buff);
+    s.put(version, n, bytes, [&](uint8_t* to) {
+      if (device) gpu::copyToHost(to, buff, bytes, "ecclSnapshotPut");
+      else std::memcpy(to, buff, bytes);
+    });
   });
 }
 
@@ -100,14 +99,11 @@ ecclResult_t ecclSnapshotGet(ecclComm_t comm, const char* name, void* buff, size
     auto& s = snapshots(comm, "ecclSnapshotGet");
     std::string n = nameArg(name, "ecclSnapshotGet");
     if (!buff && bytes) fail(ecclInvalidArgument, "ecclSnapshotGet: buff is NULL with {} bytes", bytes);
-    int64_t v;
-    if (buff && bytes && gpu::isDeviceMemory(buff)) {
-      std::vector<uint8_t> staged(bytes);
-      v = s.get(n, staged.data(), bytes);
-      gpu::copyToDevice(buff, staged.data(), bytes, "ecclSnapshotGet");
-    } else {
-      v = s.get(n, buff, bytes);
-    }
+    const bool device = bytes && gpu::isDeviceMemory(buff);
+    int64_t v = s.get(n, bytes, [&](const uint8_t* from) {
+      if (device) gpu::copyToDevice(buff, from, bytes, "ecclSnapshotGet");
+      else std::memcpy(buff, from, bytes);
+    });
     if (version) *version = v;
   });
 }

@@ -483,7 +483,7 @@ void Communicator::allReduce(const void* in, void* out, size_t count, ecclDataTy
   checkOp(op, "allreduce");
   checkBuffer(in, count, "allreduce sendbuff");
   checkBuffer(out, count, "allreduce recvbuff");
-  if (sandboxed()) return sandboxCopy(in, out, bytes, 0);
+  if (sandboxed()) return sandboxCopy(in, out, bytes);
   runCollective("allreduce", signatureOf(transport::CallKind::kAllReduce, count, type, op), [&](OpLinks& links) {
     reduceWide(in, count, out, count, type, op, size(), true, [&](const void* i, void* o, ecclDataType_t t) {
       if (bytes > smallAllreduceBytes_)
@@ -501,7 +501,7 @@ void Communicator::broadcast(const void* in, void* out, size_t count, ecclDataTy
   checkRank(root, "broadcast root");
   if (rank_ == root) checkBuffer(in, count, "broadcast sendbuff");
   checkBuffer(out, count, "broadcast recvbuff");
-  if (sandboxed()) return rank_ == root ? sandboxCopy(in, out, bytes, 0) : sandboxZero(out, bytes);
+  if (sandboxed()) return rank_ == root ? sandboxCopy(in, out, bytes) : sandboxZero(out, bytes);
   runCollective("broadcast", signatureOf(transport::CallKind::kBroadcast, count, type, -1, root), [&](OpLinks& links) { coll::broadcastChain(links, in, out, bytes, root); });
 }
 
@@ -511,7 +511,7 @@ void Communicator::reduce(const void* in, void* out, size_t count, ecclDataType_
   checkRank(root, "reduce root");
   checkBuffer(in, count, "reduce sendbuff");
   if (rank_ == root) checkBuffer(out, count, "reduce recvbuff");
-  if (sandboxed()) return rank_ == root ? sandboxCopy(in, out, reduceBytes, 0) : sandboxCount();
+  if (sandboxed()) return rank_ == root ? sandboxCopy(in, out, reduceBytes) : sandboxCount();
   runCollective("reduce", signatureOf(transport::CallKind::kReduce, count, type, op, root), [&](OpLinks& links) {
     reduceWide(in, count, out, count, type, op, size(), rank_ == root,
                [&](const void* i, void* o, ecclDataType_t t) { coll::reduceChain(links, i, o, count, t, op, root); });
@@ -525,7 +525,7 @@ void Communicator::allGather(const void* in, void* out, size_t sendCount, ecclDa
   checkBuffer(out, sendCount, "allgather recvbuff");
   if (sandboxed()) {
     sandboxZero(out, bytes * size());
-    return sandboxCopy(in, static_cast<uint8_t*>(out) + bytes * rank_, bytes, 0);
+    return sandboxCopy(in, static_cast<uint8_t*>(out) + bytes * rank_, bytes);
   }
   runCollective("allgather", signatureOf(transport::CallKind::kAllGather, sendCount, type), [&](OpLinks& links) { coll::allGatherRing(links, in, out, bytes); });
 }
@@ -536,7 +536,7 @@ void Communicator::reduceScatter(const void* in, void* out, size_t recvCount, ec
   checkOp(op, "reducescatter");
   checkBuffer(in, recvCount, "reducescatter sendbuff");
   checkBuffer(out, recvCount, "reducescatter recvbuff");
-  if (sandboxed()) return sandboxCopy(static_cast<const uint8_t*>(in) + scatterBytes * rank_, out, scatterBytes, 0);
+  if (sandboxed()) return sandboxCopy(static_cast<const uint8_t*>(in) + scatterBytes * rank_, out, scatterBytes);
   runCollective("reducescatter", signatureOf(transport::CallKind::kReduceScatter, recvCount, type, op),
                 [&](OpLinks& links) {
     reduceWide(in, recvCount * size(), out, recvCount, type, op, size(), true,
@@ -555,7 +555,7 @@ void Communicator::allToAll(const void* in, void* out, size_t count, ecclDataTyp
   if (sandboxed()) {
     sandboxZero(out, bytes * size());
     return sandboxCopy(static_cast<const uint8_t*>(in) + offsets[rank_], static_cast<uint8_t*>(out) + offsets[rank_],
-                       bytes, 0);
+                       bytes);
   }
   runCollective("alltoall", signatureOf(transport::CallKind::kAllToAll, count, type), [&](OpLinks& links) {
     coll::allToAllvPairwise(links, in, sizes.data(), offsets.data(), out, sizes.data(), offsets.data());
@@ -584,8 +584,7 @@ void Communicator::allToAllv(const void* in, const size_t* sendCounts, const siz
   (void)es;
   if (sandboxed()) {
     for (int r = 0; r < size(); ++r) sandboxZero(static_cast<uint8_t*>(out) + ro[r], rb[r]);
-    return sandboxCopy(static_cast<const uint8_t*>(in) + so[rank_], static_cast<uint8_t*>(out) + ro[rank_], sb[rank_],
-                       0);
+    return sandboxCopy(static_cast<const uint8_t*>(in) + so[rank_], static_cast<uint8_t*>(out) + ro[rank_], sb[rank_]);
   }
   // Counts differ per pair by design; each message's size is checked.
   runCollective("alltoallv", signatureOf(transport::CallKind::kAllToAllv, 0, type), [&](OpLinks& links) {

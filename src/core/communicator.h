@@ -195,7 +195,7 @@ class Communicator {
   uint64_t sandboxOps_ = 0;
   // The sandbox's answers (core/sandbox.cc).
   transport::RequestPtr sandboxDone(void* zeroFill, size_t bytes);
-  void sandboxCopy(const void* in, void* out, size_t bytes, int unused);
+  void sandboxCopy(const void* in, void* out, size_t bytes);
   void sandboxZero(void* out, size_t bytes);
   void sandboxCount() { sandboxOps_++; }
   bool joining_ = false;        // a joiner before its switchover

@@ -25,7 +25,7 @@ void Communicator::setSandbox(int nranks, int rank) {
   log::info("standby {:016x} runs in the sandbox as rank {} of {}", self_, rank, nranks);
 }
 
-void Communicator::sandboxCopy(const void* in, void* out, size_t bytes, int) {
+void Communicator::sandboxCopy(const void* in, void* out, size_t bytes) {
   sandboxOps_++;
   if (bytes && in != out) std::memmove(out, in, bytes);
 }

@@ -103,13 +103,7 @@ void LogStore::abandon(const Reservation& res) {
       it->state = Record::State::kAbandoned;
       break;
     }
-  // Abandoned records at the head of the log hold nothing anyone needs.
-  while (!records_.empty() && records_.back().state == Record::State::kAbandoned) {
-    used_ -= records_.back().footprint;
-    head_ = records_.back().offset;
-    records_.pop_back();
-  }
-  if (records_.empty()) head_ = 0, used_ = 0;
+  reclaimAbandonedHeadLocked();
   freed_.notifyAll();
 }
 
@@ -142,6 +136,16 @@ size_t LogStore::truncate(int64_t iteration) {
   return freed;
 }
 
+// Abandoned records at the head of the log hold nothing anyone needs.
+void LogStore::reclaimAbandonedHeadLocked() {
+  while (!records_.empty() && records_.back().state == Record::State::kAbandoned) {
+    used_ -= records_.back().footprint;
+    head_ = records_.back().offset;
+    records_.pop_back();
+  }
+  if (records_.empty()) head_ = 0, used_ = 0;
+}
+
 size_t LogStore::discardFrom(int64_t iteration) {
   MutexLock lock(mu_);
   size_t dropped = 0;
@@ -150,12 +154,7 @@ size_t LogStore::discardFrom(int64_t iteration) {
       r.state = Record::State::kAbandoned;
       ++dropped;
     }
-  while (!records_.empty() && records_.back().state == Record::State::kAbandoned) {
-    used_ -= records_.back().footprint;
-    head_ = records_.back().offset;
-    records_.pop_back();
-  }
-  if (records_.empty()) head_ = 0, used_ = 0;
+  reclaimAbandonedHeadLocked();
   freed_.notifyAll();
   return dropped;
 }

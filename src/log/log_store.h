@@ -107,6 +107,7 @@ class LogStore {
   };
   bool fitsLocked(size_t bytes, size_t* offset, size_t* footprint) const ECCL_REQUIRES(mu_);
   void popOldestLocked(bool evicting) ECCL_REQUIRES(mu_);
+  void reclaimAbandonedHeadLocked() ECCL_REQUIRES(mu_);
 
   std::vector<uint8_t> arena_;
   const FullPolicy policy_;

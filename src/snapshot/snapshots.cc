@@ -156,17 +156,17 @@ std::string Snapshots::pendingRanksLocked(int64_t version) const {
   return fmt::format("no notice yet from rank(s) {}", fmt::join(missing, ", "));
 }
 
-void Snapshots::put(int64_t version, const std::string& name, const void* data, size_t bytes) {
+void Snapshots::put(int64_t version, const std::string& name, size_t bytes,
+                    const std::function<void(uint8_t*)>& fill) {
   if (name.empty() || name.size() > kMaxNameBytes)
     fail(ecclInvalidArgument, "ecclSnapshotPut: a name has 1 to {} bytes ('{}' has {})", kMaxNameBytes, name,
          name.size());
-  if (!data && bytes) fail(ecclInvalidArgument, "ecclSnapshotPut: '{}': buff is NULL with {} bytes", name, bytes);
   {
     MutexLock lock(mu_);
     checkUsableLocked("ecclSnapshotPut");
     openLocked(version, "ecclSnapshotPut");
   }
-  Copy copy = makeCopy(version, data, bytes, pool_.get());  // outside the lock: it may be large
+  Copy copy = makeCopy(version, bytes, pool_.get(), fill);  // outside the lock: it may be large
   MutexLock lock(mu_);
   if (!open_ || *open_ != version) fail(ecclInvalidUsage, "ecclSnapshotPut: version {} was committed meanwhile", version);
   store_.ownPending[name] = std::move(copy);
@@ -221,18 +221,22 @@ std::vector<std::pair<std::string, Entry>> Snapshots::list() const {
   return out;
 }
 
-int64_t Snapshots::get(const std::string& name, void* data, size_t bytes) const {
-  MutexLock lock(mu_);
-  auto it = store_.ownCommitted.find(name);
-  if (it == store_.ownCommitted.end())
-    fail(ecclInvalidArgument, "ecclSnapshotGet: rank {} has no committed copy of '{}'", comm_.rank(), name);
-  if (it->second.entry.bytes != bytes)
-    fail(ecclInvalidArgument, "ecclSnapshotGet: '{}' holds {} bytes, the buffer {}", name, it->second.entry.bytes, bytes);
-  if (!it->second.intact())
+int64_t Snapshots::get(const std::string& name, size_t bytes, const std::function<void(const uint8_t*)>& read) const {
+  Copy copy;  // its bytes are immutable: checked and read outside the lock
+  {
+    MutexLock lock(mu_);
+    auto it = store_.ownCommitted.find(name);
+    if (it == store_.ownCommitted.end())
+      fail(ecclInvalidArgument, "ecclSnapshotGet: rank {} has no committed copy of '{}'", comm_.rank(), name);
+    copy = it->second;
+  }
+  if (copy.entry.bytes != bytes)
+    fail(ecclInvalidArgument, "ecclSnapshotGet: '{}' holds {} bytes, the buffer {}", name, copy.entry.bytes, bytes);
+  if (!copy.intact())
     fail(ecclSystemError, "ecclSnapshotGet: the host copy of '{}' (version {}) fails its checksum", name,
-         it->second.entry.version);
-  if (bytes) std::memcpy(data, it->second.data->data(), bytes);
-  return it->second.entry.version;
+         copy.entry.version);
+  if (bytes) read(copy.data->data());
+  return copy.entry.version;
 }
 
 void Snapshots::commitLocked(int64_t version) {

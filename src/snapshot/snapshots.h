@@ -44,8 +44,9 @@ class Snapshots {
   // count and learn each other's hosts); local for a member that came as a
   // standby, whose restore() does the same with the others.
   void configure(const Config& config);
-  // Copies `bytes` at `data` (host memory) into version `version`.
-  void put(int64_t version, const std::string& name, const void* data, size_t bytes);
+  // Copies `bytes` into version `version`: `fill` writes them into the
+  // snapshot's own buffer (one copy, from host or device memory).
+  void put(int64_t version, const std::string& name, size_t bytes, const std::function<void(uint8_t*)>& fill);
   // This rank's puts for `version` are done: replication starts.
   void commit(int64_t version);
   // Until `version` (or a later one) committed, or it failed.
@@ -53,7 +54,9 @@ class Snapshots {
   int64_t committed() const;
   // This rank's dense view: each name's latest committed copy.
   std::vector<std::pair<std::string, Entry>> list() const;
-  int64_t get(const std::string& name, void* data, size_t bytes) const;
+  // Hands this rank's committed copy of `name` (`bytes` long, checked) to
+  // `read`; returns the version it comes from.
+  int64_t get(const std::string& name, size_t bytes, const std::function<void(const uint8_t*)>& read) const;
   // Collective over the current view after a view change: the ranks agree
   // on the newest committed version, a member that came as a standby gets
   // its rank's shards from the survivors, every rank fetches the replicas

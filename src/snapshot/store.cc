@@ -11,9 +11,9 @@ bool Copy::intact() const {
   return data && data->size() == entry.bytes && crc32c(data->data(), data->size()) == entry.crc;
 }
 
-Copy makeCopy(int64_t version, const void* data, size_t bytes, BufferPool* pool) {
+Copy makeCopy(int64_t version, size_t bytes, BufferPool* pool, const std::function<void(uint8_t*)>& fill) {
   auto buffer = pool ? pool->take(bytes) : unpooledBuffer(bytes);
-  if (bytes) std::memcpy(buffer->data(), data, bytes);
+  if (bytes) fill(buffer->data());
   Copy c;
   c.entry = {version, bytes, crc32c(buffer->data(), bytes)};
   c.data = std::move(buffer);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -30,8 +31,9 @@ struct Copy {
   // Whether the bytes still match the entry's checksum.
   bool intact() const;
 };
-// Copies `bytes` at `data` into a buffer from `pool` (none: unpooled).
-Copy makeCopy(int64_t version, const void* data, size_t bytes, BufferPool* pool = nullptr);
+// A copy of `bytes` that `fill` writes into a buffer from `pool` (none:
+// unpooled): a memcpy from host memory, a copy from a device.
+Copy makeCopy(int64_t version, size_t bytes, BufferPool* pool, const std::function<void(uint8_t*)>& fill);
 
 // The names one owner put in one version.
 using CatalogDelta = std::map<std::string, Entry>;

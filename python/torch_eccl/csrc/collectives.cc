@@ -404,14 +404,15 @@ intrusive_ptr<c10d::Work> ProcessGroupEccl::all_to_all_single(at::Tensor& output
     }
     return std::make_pair(counts, displs);
   };
-  auto [sendCounts, sendDispls] = splits(input, inputSplits, "input");
-  auto [recvCounts, recvDispls] = splits(output, outputSplits, "output");
+  // Pairs, not structured bindings: clang before 16 cannot capture those.
+  auto send = splits(input, inputSplits, "input");
+  auto recv = splits(output, outputSplits, "output");
   at::Tensor in = input, out = output;
   return enqueue(OpType::ALLTOALL_BASE, "all_to_all_single", {out}, {in},
-                 [this, in, out, sendCounts, sendDispls, recvCounts, recvDispls] {
+                 [this, in, out, send, recv] {
                    Flat i(in, true), o(out, false);
-                   check(ecclAllToAllv(i.data(), sendCounts.data(), sendDispls.data(), o.data(), recvCounts.data(),
-                                       recvDispls.data(), ecclUint8, comm_, opStream()),
+                   check(ecclAllToAllv(i.data(), send.first.data(), send.second.data(), o.data(), recv.first.data(),
+                                       recv.second.data(), ecclUint8, comm_, opStream()),
                          "all_to_all_single");
                    o.writeBack();
                  }, opts.asyncOp);
