@@ -168,6 +168,18 @@ ecclResult_t ecclCommAwaitPromotion(ecclComm_t comm, int64_t timeoutMs);
  * sandbox; a promotion (ecclCommAwaitPromotion, ecclCommReconfigure) ends
  * it and the same handle is a real rank. */
 ecclResult_t ecclCommSandbox(ecclComm_t comm, int nranks, int rank);
+/* A rank records the next `calls` collectives it makes on comm (each call's
+ * signature and output; calls past ECCL_SANDBOX_RECORD_BYTES of outputs,
+ * and alltoallv, by signature only) and then ships the recording, in the
+ * background and below the collectives' priority, to every eager standby
+ * (ECCL_PREPARE=eager) the job has. A standby in its sandbox answers the
+ * same calls, in the recorded order, with these outputs where it would
+ * otherwise give its own input or zeros: an allreduce's sum, a broadcast
+ * from another rank, an allgather's other blocks; outputs that depend on
+ * the rank (reducescatter, alltoall, reduce at the root) only in a sandbox
+ * of the recording rank. Receives in the sandbox still give zeros. Record
+ * one training step. A failed call drops the recording; calls = 0 disarms. */
+ecclResult_t ecclCommSandboxRecord(ecclComm_t comm, int calls);
 /* Makes the view exactly `members` (member ids, in rank order), as a delta:
  * called by every process it names, with the same list and the same uuid
  * (never used before: each names one new epoch); returns when the new view
@@ -209,6 +221,11 @@ typedef struct {
   uint64_t queuePairsOpened;     /* the last reconfiguration: created while switching */
   uint64_t queuePairsClosed;     /* destroyed while switching */
   uint64_t queuePairsPrepared;   /* created in the background before the switchover */
+  /* The sandbox (ecclCommSandbox, ecclCommSandboxRecord): */
+  uint64_t sandboxCalls;              /* calls a standby answered in its sandbox */
+  uint64_t sandboxReplayed;           /* of those, answered with a member's recorded output */
+  uint64_t sandboxRecordingsReceived; /* recordings a standby took in */
+  uint64_t sandboxRecordingsShipped;  /* a rank's recordings that reached a standby whole */
 } ecclCommStats_t;
 ecclResult_t ecclCommGetStats(ecclComm_t comm, ecclCommStats_t* stats);
 

@@ -1,9 +1,11 @@
 """torch_eccl.sandbox: a standby's group (reconfigure regime) runs the
 training step before it has a rank, as rank 1 of 3, every collective
 answered locally (its own input where a one-rank group returns it, zeros
-for others' data) while the job trains; rank 1 is killed, the survivors
-recover, try_promotion() takes the standby in, and the same group object
-runs real collectives with them."""
+for others' data) while the job trains; rank 1 records a step with
+sandbox_record and the (eager) standby's next steps answer with those real
+outputs; rank 1 is killed, the survivors recover, try_promotion() takes
+the standby in, and the same group object runs real collectives with
+them."""
 
 import os
 import signal
@@ -21,17 +23,45 @@ def _env(job_id, role, rank=-1, nranks=-1):
     os.environ.update({"ECCL_UNIQUE_ID": job_id, "ECCL_ROLE": role, "ECCL_RANK": str(rank), "ECCL_NRANKS": str(nranks)})
 
 
-def _sandboxed_step(step):
-    x = torch.arange(12, dtype=torch.float32) + step
+def _input(rank):
+    return torch.arange(12, dtype=torch.float32) + 100.0 * (rank + 1)
+
+
+def _job_step(rank):
+    """The step the ranks run (and rank 1 records): three collectives."""
+    y = _input(rank)
+    dist.all_reduce(y)
+    parts = [torch.empty(12) for _ in range(3)]
+    dist.all_gather(parts, _input(rank))
+    b = _input(rank)
+    dist.broadcast(b, src=0)
+
+
+def _sandboxed_step():
+    """The same step in the sandbox: the sandbox's own answers until a
+    recording came, then rank 1's real outputs. True once replayed."""
+    import torch_eccl
+
+    before = torch_eccl.stats()["sandbox_replayed"]
+    x = _input(1)
     y = x.clone()
     dist.all_reduce(y)
-    assert torch.equal(y, x), "all_reduce in the sandbox is not its own input"
     parts = [torch.full((12,), -1.0) for _ in range(3)]
     dist.all_gather(parts, x)
-    assert torch.equal(parts[1], x) and not parts[0].any() and not parts[2].any(), parts
     b = x.clone()
     dist.broadcast(b, src=0)
-    assert not b.any(), "a broadcast from another rank is not zeros"
+    replayed = torch_eccl.stats()["sandbox_replayed"] - before
+    if replayed == 0:
+        assert torch.equal(y, x), "all_reduce in the sandbox is not its own input"
+        assert torch.equal(parts[1], x) and not parts[0].any() and not parts[2].any(), parts
+        assert not b.any(), "a broadcast from another rank is not zeros"
+        return False
+    if replayed != 3:
+        return False  # the recording came in mid-step
+    assert torch.equal(y, _input(0) + _input(1) + _input(2)), y
+    assert all(torch.equal(parts[r], _input(r)) for r in range(3)), parts
+    assert torch.equal(b, _input(0)), b
+    return True
 
 
 def body(index, _n, _port, job_id, ready_dir):
@@ -39,16 +69,18 @@ def body(index, _n, _port, job_id, ready_dir):
 
     if index == 3:
         _env(job_id, "standby")
+        os.environ["ECCL_PREPARE"] = "eager"  # members keep connections to it: recordings reach it
         dist.init_process_group("eccl", rank=0, world_size=1, store=dist.HashStore(), timeout=TIMEOUT,
                                 enable_reconfigure=True)
         torch_eccl.sandbox(3, 1)
         assert (dist.get_rank(), dist.get_world_size()) == (1, 3)
         assert torch_eccl.backend().is_standby()
-        steps = 0
+        steps = replayed = 0
         while not torch_eccl.try_promotion():
-            _sandboxed_step(steps)
+            replayed += _sandboxed_step()
             steps += 1
-            if steps == 3:
+            if steps >= 3 and replayed == 1:
+                assert torch_eccl.stats()["sandbox_recordings_received"] >= 1
                 open(os.path.join(ready_dir, "warm"), "w").close()
         assert not torch_eccl.backend().is_standby()
         assert (dist.get_rank(), dist.get_world_size()) == (1, 3), (dist.get_rank(), dist.get_world_size())
@@ -59,11 +91,16 @@ def body(index, _n, _port, job_id, ready_dir):
         return steps
     _env(job_id, "rank", index, 3)
     torch_eccl.init_process_group(timeout=TIMEOUT)
-    while True:
+    for step in range(100000):
+        if index == 1 and step % 5 == 0:
+            torch_eccl.sandbox_record(3)
+        _job_step(index)
         ready = torch.tensor([1.0 if os.path.exists(os.path.join(ready_dir, "warm")) else 0.0])
         dist.all_reduce(ready, op=dist.ReduceOp.MIN)
         if ready.item():
             break
+    else:
+        raise AssertionError("the standby never replayed rank 1's recording")
     if index == 1:
         os.kill(os.getpid(), signal.SIGKILL)
     try:

@@ -43,6 +43,7 @@ __all__ = [
     "snapshot",
     "log",
     "sandbox",
+    "sandbox_record",
     "try_promotion",
 ]
 
@@ -228,10 +229,20 @@ def sandbox(nranks: int, rank: int, group: dist.ProcessGroup | None = None) -> N
     """A standby's group (made in the reconfigure regime) runs the training
     step before it has a rank: as ``rank`` of ``nranks``, every collective
     completes locally at once (its own input where a one-rank group returns
-    it, zeros where data would come from others), nothing touches the
-    network. A promotion ends it; the same group is then the real one.
-    ``nranks=0`` leaves it."""
+    it, zeros where data would come from others, or what a rank recorded
+    for it with ``sandbox_record``), nothing touches the network. A
+    promotion ends it; the same group is then the real one. ``nranks=0``
+    leaves it."""
     backend(group).sandbox(int(nranks), int(rank))
+
+
+def sandbox_record(calls: int, group: dist.ProcessGroup | None = None) -> None:
+    """A rank records the outputs of its next ``calls`` collectives (one
+    training step) and ships them in the background to the job's eager
+    standbys (``ECCL_PREPARE=eager``); their sandboxes answer the same
+    calls with these outputs (an all_reduce's sum, a broadcast from another
+    rank), so data-dependent code warms up on real values."""
+    backend(group).sandbox_record(int(calls))
 
 
 def try_promotion(group: dist.ProcessGroup | None = None) -> bool:

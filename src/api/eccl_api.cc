@@ -196,6 +196,14 @@ ecclResult_t ecclCommSandbox(ecclComm_t comm, int nranks, int rank) {
   return guarded(comm, "ecclCommSandbox", [&] { impl(comm, "ecclCommSandbox").setSandbox(nranks, rank); });
 }
 
+ecclResult_t ecclCommSandboxRecord(ecclComm_t comm, int calls) {
+  return guarded(comm, "ecclCommSandboxRecord", [&] {
+    Communicator& c = impl(comm, "ecclCommSandboxRecord");
+    afterStreamWork(comm);
+    c.recordSandboxCalls(calls);
+  });
+}
+
 ecclResult_t ecclCommPrepare(ecclComm_t comm, int rank) {
   return guarded(comm, "ecclCommPrepare", [&] { impl(comm, "ecclCommPrepare").prepareMigration(rank); });
 }

@@ -57,6 +57,9 @@ const std::vector<Param>& all() {
       {"ECCL_SNAPSHOT_INFLIGHT_BYTES", "int", "8388608",
        "Peer-memory snapshots: replication bytes posted at once per rank, so a snapshot never floods the lanes "
        "collectives use."},
+      {"ECCL_SANDBOX_RECORD_BYTES", "int", "268435456",
+       "Sandboxed warm-up: output bytes a rank keeps of a recording for standbys (ecclCommSandboxRecord; calls past "
+       "it are recorded by signature only), and the largest recording a standby takes in."},
       {"ECCL_NET_LOG_BYTES", "int", "0",
        "NCCL net plugin: the boundary-send log's arena (0: no log); sends to the job ranks of ECCL_NET_LOG_RANKS "
        "are copied into it (needs an eccl job; ecclNetLogConfigure does the same from code)."},
@@ -181,6 +184,7 @@ int64_t netPoolIdleMs() { return getInt("ECCL_NET_POOL_IDLE_MS"); }
 int64_t netLogBytes() { return getInt("ECCL_NET_LOG_BYTES"); }
 int64_t snapshotReplicas() { return getInt("ECCL_SNAPSHOT_REPLICAS"); }
 int64_t snapshotInFlightBytes() { return getInt("ECCL_SNAPSHOT_INFLIGHT_BYTES"); }
+int64_t sandboxRecordBytes() { return getInt("ECCL_SANDBOX_RECORD_BYTES"); }
 int64_t netEagerBytes() { return getInt("ECCL_NET_EAGER_BYTES"); }
 std::string ibHca() { return getString("ECCL_IB_HCA"); }
 int64_t ibGidIndex() { return getInt("ECCL_IB_GID_INDEX"); }

@@ -48,6 +48,7 @@ int64_t ibRegistrationCacheBytes();
 int64_t netLogBytes();
 int64_t snapshotReplicas();
 int64_t snapshotInFlightBytes();
+int64_t sandboxRecordBytes();
 std::string netLogRanks();
 std::string netLogWhenFull();
 std::string transport();  // checked by transport::parseBackendList

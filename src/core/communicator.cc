@@ -115,6 +115,8 @@ void Communicator::join(const ecclUniqueId& id, membership::Role role, int rank,
   };
   device_->onRevoked = [this](ecclResult_t code, const std::string& reason) { onRevoked(code, reason); };
   worker_ = std::make_unique<BackgroundWorker>();
+  if (role == membership::Role::kStandby && eager_)
+    feed_ = std::make_unique<sandbox::Feed>(*device_, static_cast<size_t>(std::max<int64_t>(0, params::sandboxRecordBytes())));
   membership::JoinRequest req{role, rank, nranks, self_, device_->address(), eager_};
   req.failoverMs = params::coordFailoverMs();
   client_ = std::make_unique<membership::CoordClient>(idData, req, params::heartbeatMs(), params::heartbeatTimeoutMs(),
@@ -155,7 +157,13 @@ void Communicator::join(const ecclUniqueId& id, membership::Role role, int rank,
       },
       [this](const membership::CoordMessage& m) { onReconfiguration(m); },
       [this](const std::vector<membership::ViewEntry>& entries) {
-        if (eager_) worker_->post([this, entries] { migration_->connectStandbys(entries); });
+        if (!eager_) return;
+        if (feed_) {
+          std::vector<transport::MemberId> members;
+          for (const auto& e : entries) members.push_back(e.member);
+          feed_->setMembers(members);
+        }
+        worker_->post([this, entries] { migration_->connectStandbys(entries); });
       },
       nullptr,  // a communicator watches no groups
   });
@@ -287,6 +295,10 @@ void Communicator::fillStats(ecclCommStats_t* out) const {
   s.openConnections = d.openConnections;
   s.staleFramesDropped = d.staleFramesDropped;
   s.queuePairsOpen = d.queuePairsCreated - d.queuePairsDestroyed;
+  s.sandboxCalls = sandboxOps_;
+  s.sandboxReplayed = sandboxReplayed_;
+  s.sandboxRecordingsReceived = feed_ ? feed_->received() : 0;
+  s.sandboxRecordingsShipped = recordingsShipped_.load();
   std::memcpy(out, &s, std::min(out->size, sizeof(s)));
 }
 
@@ -299,6 +311,7 @@ Communicator::~Communicator() {
     reporter_ = nullptr;
   }
   client_.reset();
+  feed_.reset();
   worker_.reset();
   migration_.reset();
   device_.reset();
@@ -306,7 +319,11 @@ Communicator::~Communicator() {
 
 void Communicator::onReconfiguration(const membership::CoordMessage& m) {
   if (m.kind == membership::CoordKind::kStandbys) {
-    worker_->post([this, list = m.entries] { migration_->connectStandbys(list); });
+    worker_->post([this, list = m.entries] {
+      migration_->connectStandbys(list);
+      eagerStandbys_.clear();
+      for (const auto& e : list) eagerStandbys_.push_back(e.member);
+    });
     return;
   }
   migration_->onAnnouncement(m);
@@ -394,6 +411,7 @@ void Communicator::popSelfRecv(void* buf, size_t bytes) {
 void Communicator::abort() { device_->abort(fmt::format("rank {}: communicator aborted by the application", rank_)); }
 
 void Communicator::destroy() {
+  if (feed_) feed_->stop();
   migration_->sendBoundaryToken();  // a leaver going without its switchover still lets the joiner vote
   migration_->abstain();
   client_->leave();
@@ -423,7 +441,7 @@ std::string Communicator::opLabel(const char* name, uint64_t seq) const {
 }
 
 void Communicator::runCollective(const char* name, const transport::CallSignature& signature,
-                                 const std::function<void(OpLinks&)>& body) {
+                                 const std::function<void(OpLinks&)>& body, const void* out, size_t outBytes) {
   checkUsable();
   uint64_t seq = ++collSeq_;
   if (checkCalls_) device_->beginCall(seq, signature);
@@ -433,8 +451,16 @@ void Communicator::runCollective(const char* name, const transport::CallSignatur
   // them waiting: it exchanges a barrier's empty messages instead.
   bool empty = signature.count == 0 && signature.kind != transport::CallKind::kAllToAllv &&
                signature.kind != transport::CallKind::kBarrier;
-  if (checkCalls_ && empty && size() > 1) return coll::barrierTree(links);
-  body(links);
+  try {
+    if (checkCalls_ && empty && size() > 1)
+      coll::barrierTree(links);
+    else
+      body(links);
+  } catch (...) {
+    dropSandboxRecording("a recorded call failed");
+    throw;
+  }
+  recordForSandbox(signature, out, outBytes);
 }
 
 namespace {
@@ -483,8 +509,9 @@ void Communicator::allReduce(const void* in, void* out, size_t count, ecclDataTy
   checkOp(op, "allreduce");
   checkBuffer(in, count, "allreduce sendbuff");
   checkBuffer(out, count, "allreduce recvbuff");
-  if (sandboxed()) return sandboxCopy(in, out, bytes);
-  runCollective("allreduce", signatureOf(transport::CallKind::kAllReduce, count, type, op), [&](OpLinks& links) {
+  const auto signature = signatureOf(transport::CallKind::kAllReduce, count, type, op);
+  if (sandboxed()) return sandboxCall(signature, out, bytes, [&] { sandboxCopy(in, out, bytes); });
+  runCollective("allreduce", signature, [&](OpLinks& links) {
     reduceWide(in, count, out, count, type, op, size(), true, [&](const void* i, void* o, ecclDataType_t t) {
       if (bytes > smallAllreduceBytes_)
         coll::allreduceRing(links, i, o, count, t, op);
@@ -493,7 +520,7 @@ void Communicator::allReduce(const void* in, void* out, size_t count, ecclDataTy
       else
         coll::allreduceTree(links, i, o, count, t, op);
     });
-  });
+  }, out, bytes);
 }
 
 void Communicator::broadcast(const void* in, void* out, size_t count, ecclDataType_t type, int root) {
@@ -501,8 +528,11 @@ void Communicator::broadcast(const void* in, void* out, size_t count, ecclDataTy
   checkRank(root, "broadcast root");
   if (rank_ == root) checkBuffer(in, count, "broadcast sendbuff");
   checkBuffer(out, count, "broadcast recvbuff");
-  if (sandboxed()) return rank_ == root ? sandboxCopy(in, out, bytes) : sandboxZero(out, bytes);
-  runCollective("broadcast", signatureOf(transport::CallKind::kBroadcast, count, type, -1, root), [&](OpLinks& links) { coll::broadcastChain(links, in, out, bytes, root); });
+  const auto signature = signatureOf(transport::CallKind::kBroadcast, count, type, -1, root);
+  if (sandboxed())
+    return sandboxCall(signature, out, bytes, [&] { rank_ == root ? sandboxCopy(in, out, bytes) : sandboxZero(out, bytes); });
+  runCollective("broadcast", signature, [&](OpLinks& links) { coll::broadcastChain(links, in, out, bytes, root); }, out,
+                bytes);
 }
 
 void Communicator::reduce(const void* in, void* out, size_t count, ecclDataType_t type, ecclRedOp_t op, int root) {
@@ -511,11 +541,14 @@ void Communicator::reduce(const void* in, void* out, size_t count, ecclDataType_
   checkRank(root, "reduce root");
   checkBuffer(in, count, "reduce sendbuff");
   if (rank_ == root) checkBuffer(out, count, "reduce recvbuff");
-  if (sandboxed()) return rank_ == root ? sandboxCopy(in, out, reduceBytes) : sandboxCount();
-  runCollective("reduce", signatureOf(transport::CallKind::kReduce, count, type, op, root), [&](OpLinks& links) {
+  const auto signature = signatureOf(transport::CallKind::kReduce, count, type, op, root);
+  const size_t outBytes = rank_ == root ? reduceBytes : 0;
+  if (sandboxed())
+    return sandboxCall(signature, out, outBytes, [&] { if (outBytes) sandboxCopy(in, out, reduceBytes); });
+  runCollective("reduce", signature, [&](OpLinks& links) {
     reduceWide(in, count, out, count, type, op, size(), rank_ == root,
                [&](const void* i, void* o, ecclDataType_t t) { coll::reduceChain(links, i, o, count, t, op, root); });
-  });
+  }, out, outBytes);
 }
 
 void Communicator::allGather(const void* in, void* out, size_t sendCount, ecclDataType_t type) {
@@ -523,11 +556,14 @@ void Communicator::allGather(const void* in, void* out, size_t sendCount, ecclDa
   checkedBytes(sendCount, type, size(), "allgather");
   checkBuffer(in, sendCount, "allgather sendbuff");
   checkBuffer(out, sendCount, "allgather recvbuff");
-  if (sandboxed()) {
-    sandboxZero(out, bytes * size());
-    return sandboxCopy(in, static_cast<uint8_t*>(out) + bytes * rank_, bytes);
-  }
-  runCollective("allgather", signatureOf(transport::CallKind::kAllGather, sendCount, type), [&](OpLinks& links) { coll::allGatherRing(links, in, out, bytes); });
+  const auto signature = signatureOf(transport::CallKind::kAllGather, sendCount, type);
+  if (sandboxed())
+    return sandboxCall(signature, out, bytes * size(), [&] {
+      sandboxZero(out, bytes * size());
+      sandboxCopy(in, static_cast<uint8_t*>(out) + bytes * rank_, bytes);
+    });
+  runCollective("allgather", signature, [&](OpLinks& links) { coll::allGatherRing(links, in, out, bytes); }, out,
+                bytes * size());
 }
 
 void Communicator::reduceScatter(const void* in, void* out, size_t recvCount, ecclDataType_t type, ecclRedOp_t op) {
@@ -536,12 +572,15 @@ void Communicator::reduceScatter(const void* in, void* out, size_t recvCount, ec
   checkOp(op, "reducescatter");
   checkBuffer(in, recvCount, "reducescatter sendbuff");
   checkBuffer(out, recvCount, "reducescatter recvbuff");
-  if (sandboxed()) return sandboxCopy(static_cast<const uint8_t*>(in) + scatterBytes * rank_, out, scatterBytes);
-  runCollective("reducescatter", signatureOf(transport::CallKind::kReduceScatter, recvCount, type, op),
-                [&](OpLinks& links) {
+  const auto signature = signatureOf(transport::CallKind::kReduceScatter, recvCount, type, op);
+  if (sandboxed())
+    return sandboxCall(signature, out, scatterBytes, [&] {
+      sandboxCopy(static_cast<const uint8_t*>(in) + scatterBytes * rank_, out, scatterBytes);
+    });
+  runCollective("reducescatter", signature, [&](OpLinks& links) {
     reduceWide(in, recvCount * size(), out, recvCount, type, op, size(), true,
                [&](const void* i, void* o, ecclDataType_t t) { coll::reduceScatterRing(links, i, o, recvCount, t, op); });
-  });
+  }, out, scatterBytes);
 }
 
 void Communicator::allToAll(const void* in, void* out, size_t count, ecclDataType_t type) {
@@ -552,14 +591,15 @@ void Communicator::allToAll(const void* in, void* out, size_t count, ecclDataTyp
   ECCL_CHECK_ARG(in != out || count == 0 || size() == 1, "alltoall: in-place operation is not supported");
   std::vector<size_t> sizes(size(), bytes), offsets(size());
   for (int r = 0; r < size(); ++r) offsets[r] = bytes * r;
-  if (sandboxed()) {
-    sandboxZero(out, bytes * size());
-    return sandboxCopy(static_cast<const uint8_t*>(in) + offsets[rank_], static_cast<uint8_t*>(out) + offsets[rank_],
-                       bytes);
-  }
-  runCollective("alltoall", signatureOf(transport::CallKind::kAllToAll, count, type), [&](OpLinks& links) {
+  const auto signature = signatureOf(transport::CallKind::kAllToAll, count, type);
+  if (sandboxed())
+    return sandboxCall(signature, out, bytes * size(), [&] {
+      sandboxZero(out, bytes * size());
+      sandboxCopy(static_cast<const uint8_t*>(in) + offsets[rank_], static_cast<uint8_t*>(out) + offsets[rank_], bytes);
+    });
+  runCollective("alltoall", signature, [&](OpLinks& links) {
     coll::allToAllvPairwise(links, in, sizes.data(), offsets.data(), out, sizes.data(), offsets.data());
-  });
+  }, out, bytes * size());
 }
 
 void Communicator::allToAllv(const void* in, const size_t* sendCounts, const size_t* sendDispls, void* out,
@@ -582,19 +622,23 @@ void Communicator::allToAllv(const void* in, const size_t* sendCounts, const siz
   checkBuffer(in, anySend, "alltoallv sendbuff");
   checkBuffer(out, anyRecv, "alltoallv recvbuff");
   (void)es;
-  if (sandboxed()) {
-    for (int r = 0; r < size(); ++r) sandboxZero(static_cast<uint8_t*>(out) + ro[r], rb[r]);
-    return sandboxCopy(static_cast<const uint8_t*>(in) + so[rank_], static_cast<uint8_t*>(out) + ro[rank_], sb[rank_]);
-  }
+  // Recorded by signature only: its blocks need not tile the buffer.
+  const auto signature = signatureOf(transport::CallKind::kAllToAllv, 0, type);
+  if (sandboxed())
+    return sandboxCall(signature, nullptr, 0, [&] {
+      for (int r = 0; r < size(); ++r) sandboxZero(static_cast<uint8_t*>(out) + ro[r], rb[r]);
+      sandboxCopy(static_cast<const uint8_t*>(in) + so[rank_], static_cast<uint8_t*>(out) + ro[rank_], sb[rank_]);
+    });
   // Counts differ per pair by design; each message's size is checked.
-  runCollective("alltoallv", signatureOf(transport::CallKind::kAllToAllv, 0, type), [&](OpLinks& links) {
+  runCollective("alltoallv", signature, [&](OpLinks& links) {
     coll::allToAllvPairwise(links, in, sb.data(), so.data(), out, rb.data(), ro.data());
   });
 }
 
 void Communicator::barrier() {
-  if (sandboxed()) return sandboxCount();
-  runCollective("barrier", signatureOf(transport::CallKind::kBarrier, 0), [&](OpLinks& links) { coll::barrierTree(links); });
+  const auto signature = signatureOf(transport::CallKind::kBarrier, 0);
+  if (sandboxed()) return sandboxCall(signature, nullptr, 0, [] {});
+  runCollective("barrier", signature, [&](OpLinks& links) { coll::barrierTree(links); });
 }
 
 transport::RequestPtr Communicator::postSend(const void* buf, size_t bytes, int peer, ecclDataType_t type) {

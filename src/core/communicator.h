@@ -14,6 +14,7 @@
 #include "common/background.h"
 #include "common/mutex.h"
 #include "common/params.h"
+#include "core/sandbox_feed.h"
 #include "eccl.h"
 #include "elastic/migration.h"
 #include "log/sender_log.h"
@@ -112,6 +113,11 @@ class Communicator {
   // nranks = 0 leaves it; a promotion ends it.
   void setSandbox(int nranks, int rank);
   bool sandboxed() const { return sandboxRanks_ > 0; }
+  // A rank records the signatures and outputs of its next `calls`
+  // collectives and ships them, in the background, to the eager standbys
+  // it knows, whose sandboxes answer the same calls with them
+  // (core/sandbox_recording.h). 0 disarms.
+  void recordSandboxCalls(int calls);
   // Ends this communicator for good from any thread, without freeing it:
   // blocked and later calls fail with `why`.
   void revoke(const std::string& why);
@@ -145,8 +151,9 @@ class Communicator {
   std::string opLabel(const char* name, uint64_t seq) const;
   // Runs `body` under an OpLinks for the next collective sequence number;
   // every message of it carries `signature` (ECCL_CHECK_CALLS).
+  // `out` (outBytes) is the call's output here, for a sandbox recording.
   void runCollective(const char* name, const transport::CallSignature& signature,
-                     const std::function<void(OpLinks&)>& body);
+                     const std::function<void(OpLinks&)>& body, const void* out = nullptr, size_t outBytes = 0);
   void onPeerFailure(transport::MemberId member, ecclResult_t code, const std::string& reason, uint64_t neededFrom);
   void onRevoked(ecclResult_t code, const std::string& reason);
   void join(const ecclUniqueId& id, membership::Role role, int rank, int nranks, const CommOptions& o);
@@ -193,11 +200,28 @@ class Communicator {
   bool startedAsStandby_ = false;
   int sandboxRanks_ = 0;  // > 0: in the sandbox as rank_ of this many
   uint64_t sandboxOps_ = 0;
-  // The sandbox's answers (core/sandbox.cc).
+  // The sandbox's answers (core/sandbox.cc): `local` writes what a
+  // one-rank group gives (zeros for others' data); a member's recorded
+  // output of the same call replaces it.
+  void sandboxCall(const transport::CallSignature& s, void* out, size_t outBytes, const std::function<void()>& local);
   transport::RequestPtr sandboxDone(void* zeroFill, size_t bytes);
   void sandboxCopy(const void* in, void* out, size_t bytes);
   void sandboxZero(void* out, size_t bytes);
-  void sandboxCount() { sandboxOps_++; }
+  void endSandbox();
+  // Standby: an eager one takes in members' recordings while sandboxed.
+  std::unique_ptr<sandbox::Feed> feed_;
+  std::shared_ptr<const sandbox::Recording> replaying_;
+  size_t replayCursor_ = 0;
+  uint64_t sandboxReplayed_ = 0;
+  // Member: the recording being made (the calling thread's, like collSeq_),
+  // and, on the worker thread only, the eager standbys it ships to.
+  void recordForSandbox(const transport::CallSignature& s, const void* out, size_t outBytes);
+  void dropSandboxRecording(const char* why);
+  int recordCallsLeft_ = 0;
+  std::shared_ptr<sandbox::Recording> recording_;
+  std::vector<transport::MemberId> eagerStandbys_;
+  std::map<transport::MemberId, uint64_t> recordingsSent_;
+  std::atomic<uint64_t> recordingsShipped_{0};
   bool joining_ = false;        // a joiner before its switchover
   std::string leftView_;        // why this member is no longer in the view (migrated away)
   std::unique_ptr<BackgroundWorker> worker_;

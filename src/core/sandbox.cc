@@ -1,7 +1,8 @@
 // The sandbox of a standby (Communicator::setSandbox): the application's
 // training step runs before the standby has a rank, so its first real step
 // finds the allocator, the autograd graph and compiled code warm. Every call
-// is checked as for a rank, then completes here at once.
+// is checked as for a rank, then completes here at once, with a member's
+// recorded output where one came for the same call (core/sandbox_feed.h).
 #include <cstring>
 
 #include "common/error.h"
@@ -14,7 +15,7 @@ void Communicator::setSandbox(int nranks, int rank) {
   ECCL_CHECK_ARG(standby_, "ecclCommSandbox: member {:016x} holds rank {}: only a standby can run in the sandbox", self_,
                  rank_);
   if (nranks == 0) {
-    sandboxRanks_ = 0;
+    endSandbox();
     rank_ = -1;
     return;
   }
@@ -22,11 +23,38 @@ void Communicator::setSandbox(int nranks, int rank) {
                  nranks);
   sandboxRanks_ = nranks;
   rank_ = rank;
-  log::info("standby {:016x} runs in the sandbox as rank {} of {}", self_, rank, nranks);
+  if (feed_) feed_->start();
+  log::info("standby {:016x} runs in the sandbox as rank {} of {}{}", self_, rank, nranks,
+            feed_ ? ", taking in members' recordings" : "");
+}
+
+void Communicator::endSandbox() {
+  sandboxRanks_ = 0;
+  if (feed_) feed_->stop();
+  replaying_.reset();
+}
+
+void Communicator::sandboxCall(const transport::CallSignature& s, void* out, size_t outBytes,
+                               const std::function<void()>& local) {
+  sandboxOps_++;
+  local();
+  auto recording = feed_ ? feed_->latest() : nullptr;
+  if (!recording) return;
+  if (recording != replaying_) replaying_ = recording, replayCursor_ = 0;
+  // The step replays in order; a call that is not the next recorded one
+  // but is the first starts the step again; any other keeps its local answer.
+  const auto& calls = recording->calls;
+  size_t at = replayCursor_ < calls.size() && calls[replayCursor_].signature == s ? replayCursor_ : 0;
+  if (!(calls[at].signature == s)) return;
+  replayCursor_ = (at + 1) % calls.size();
+  const sandbox::RecordedCall& c = calls[at];
+  if (!c.hasOutput || c.bytes != outBytes || recording->nranks != size()) return;
+  if (sandbox::Recording::rankDependent(s.kind) && recording->rank != rank_) return;
+  std::memcpy(out, recording->outputs.data() + c.offset, outBytes);
+  sandboxReplayed_++;
 }
 
 void Communicator::sandboxCopy(const void* in, void* out, size_t bytes) {
-  sandboxOps_++;
   if (bytes && in != out) std::memmove(out, in, bytes);
 }
 
@@ -41,6 +69,51 @@ transport::RequestPtr Communicator::sandboxDone(void* zeroFill, size_t bytes) {
   done->bytes = bytes;
   done->state.store(transport::Request::kDone);
   return done;
+}
+
+void Communicator::recordSandboxCalls(int calls) {
+  ECCL_CHECK_ARG(!standby_ && rank_ >= 0, "ecclCommSandboxRecord: member {:016x} is a standby: a rank records its calls",
+                 self_);
+  ECCL_CHECK_ARG(calls >= 0 && static_cast<uint32_t>(calls) <= sandbox::kMaxRecordedCalls,
+                 "ecclCommSandboxRecord: {} calls (0 to {})", calls, sandbox::kMaxRecordedCalls);
+  recordCallsLeft_ = calls;
+  recording_.reset();
+  if (!calls) return;
+  recording_ = std::make_shared<sandbox::Recording>();
+  recording_->rank = rank_;
+  recording_->nranks = size();
+}
+
+void Communicator::dropSandboxRecording(const char* why) {
+  if (!recording_) return;
+  log::info("rank {}: sandbox recording dropped: {}", rank_, why);
+  recordCallsLeft_ = 0;
+  recording_.reset();
+}
+
+void Communicator::recordForSandbox(const transport::CallSignature& s, const void* out, size_t outBytes) {
+  if (recordCallsLeft_ <= 0 || !recording_) return;
+  sandbox::Recording& r = *recording_;
+  sandbox::RecordedCall call{s, false, r.outputs.size(), 0};
+  const size_t cap = static_cast<size_t>(std::max<int64_t>(0, params::sandboxRecordBytes()));
+  if (out && outBytes && outBytes <= cap - std::min(cap, r.outputs.size())) {
+    call.hasOutput = true;
+    call.bytes = outBytes;
+    r.outputs.insert(r.outputs.end(), static_cast<const uint8_t*>(out), static_cast<const uint8_t*>(out) + outBytes);
+  }
+  r.calls.push_back(call);
+  if (--recordCallsLeft_ > 0) return;
+  worker_->post([this, done = std::shared_ptr<const sandbox::Recording>(std::move(recording_))] {
+    if (eagerStandbys_.empty()) {
+      log::info("rank {}: a sandbox recording of {} calls, and no eager standby to ship it to", done->rank,
+                done->calls.size());
+      return;
+    }
+    int took = sandbox::shipRecording(*device_, *done, eagerStandbys_, recordingsSent_, timeoutMs_);
+    recordingsShipped_ += static_cast<uint64_t>(took);
+    log::info("rank {}: a sandbox recording of {} calls ({} bytes) reached {} of {} eager standbys", done->rank,
+              done->calls.size(), done->outputs.size(), took, eagerStandbys_.size());
+  });
 }
 
 }  // namespace eccl

@@ -14,7 +14,7 @@ void Communicator::awaitPromotion(Deadline until) {
   ECCL_CHECK_ARG(standby_, "member {:016x} is not a standby: it holds rank {}", self_, rank_);
   for (;;) {
     membership::ViewUpdate v = client_->awaitView(until, "standby waiting for promotion");
-    if (v.joining || v.rank >= 0) sandboxRanks_ = 0;  // the real view replaces the sandbox's
+    if (v.joining || v.rank >= 0) endSandbox();  // the real view replaces the sandbox's
     if (v.joining) {
       becomeJoiner(v);
       standby_ = false;
@@ -73,7 +73,7 @@ void Communicator::reconfigure(const std::vector<transport::MemberId>& members, 
   migration_->reset();  // a migration being prepared was superseded
   bool wasStandby = standby_;
   standby_ = false;
-  sandboxRanks_ = 0;
+  endSandbox();
   if (wasStandby) {
     MutexLock lock(reporterMu_);
     reporter_ = client_.get();  // a member again: its peers' failures are news

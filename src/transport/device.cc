@@ -350,7 +350,7 @@ void LaneDevice::beginEpoch(uint32_t epoch) {
   lastCheckedSeq_ = 0;
   signatures_.beginEpoch(epoch);
   for (auto box = inbox_.begin(); box != inbox_.end();) {
-    bool stale = box->first.epoch < epoch;
+    bool stale = box->first.epoch < epoch && !FrameHeader::isOutOfView(box->first.seq);
     box = stale ? dropBoxLocked(box, ecclRemoteError, "superseded by a new view") : std::next(box);
   }
   discardOrphanedPayloadsLocked();

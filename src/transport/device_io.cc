@@ -231,7 +231,7 @@ RequestPtr LaneDevice::postRecv(MemberId member, uint64_t seq, uint32_t tag, voi
     return r;
   }
   const bool p2pChecked = signature && !FrameHeader::isCollective(seq) && !r->survivesRevocation;
-  InboxKey key{epoch_, member, seq, tag};
+  InboxKey key{FrameHeader::isOutOfView(seq) ? 0 : epoch_, member, seq, tag};
   auto it = inbox_.find(key);
   if (p2pChecked && it != inbox_.end() && it->second.sent && !signaturesAgree(*signature, *it->second.sent))
     callMismatchLocked(member, seq, *signature, *it->second.sent);
@@ -630,7 +630,8 @@ bool LaneDevice::onDataFrameLocked(Lane& lane, const CallSignature* signature) {
 bool LaneDevice::placeDataFrameLocked(Lane& lane, const CallSignature* signature) {
   const FrameHeader* h = &lane.frame;
   MemberId remote = lane.key.remote;
-  if (h->epoch < epoch_) {
+  const bool outOfView = FrameHeader::isOutOfView(h->seq);
+  if (h->epoch < epoch_ && !outOfView) {
     stats_.staleFramesDropped++;
     log::trace("dropped a stale frame from {} (epoch {} < {})", labelLocked(remote), h->epoch, epoch_);
     return true;  // the payload is read and discarded
@@ -641,7 +642,7 @@ bool LaneDevice::placeDataFrameLocked(Lane& lane, const CallSignature* signature
       return true;  // discarded: the op is dead
     }
   }
-  InboxKey key{h->epoch, remote, h->seq, h->tag};
+  InboxKey key{outOfView ? 0 : h->epoch, remote, h->seq, h->tag};
   auto it = inbox_.find(key);
   if (it == inbox_.end()) {
     Inbox& box = inbox_[key];

@@ -92,6 +92,12 @@ struct FrameHeader {
   // not a need).
   static constexpr uint64_t kBackgroundBit = 1ull << 60;
   static bool isBackground(uint64_t seq) { return (seq & (kP2pBit | kBackgroundBit)) == (kP2pBit | kBackgroundBit); }
+  // Background traffic with a process outside the view (a member's
+  // recorded outputs for a standby's sandbox): the standby has no epoch of
+  // the view, so such messages are matched by no epoch and no view change
+  // makes them stale; they end with the receive or the peer.
+  static constexpr uint64_t kOutOfViewBit = 1ull << 59;
+  static bool isOutOfView(uint64_t seq) { return isBackground(seq) && (seq & kOutOfViewBit); }
   static bool survivesRevocation(uint64_t seq) { return (seq & (kP2pBit | kAgreementBit)) == (kP2pBit | kAgreementBit); }
   static bool isCollective(uint64_t seq) { return (seq & kP2pBit) == 0; }
   size_t extensionBytes() const { return (flags & kCallSignature) ? kSignatureBytes : 0; }

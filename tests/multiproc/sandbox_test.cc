@@ -141,5 +141,143 @@ TEST(Sandbox, AStandbyTrainsLocallyThenTheSameHandleBecomesTheRank) {
   }
 }
 
+// The step the ranks run in the replay test, `s` its number: rank r's input
+// element i is (r + 1) * 1000 + s + i % 13.
+float stepInput(int rank, int s, int i) { return float((rank + 1) * 1000 + s + i % 13); }
+
+constexpr int kRecordedCalls = 5;
+
+// The standby's step: the ranks' five calls with two more between them
+// that no rank made, and a receive. Returns the step number the replayed
+// outputs come from, or -1 while they are the sandbox's own answers.
+int replayedStep(ecclComm_t comm) {
+  const int r = kSandboxRank;
+  std::vector<float> in(kCount * kRanks), out(kCount * kRanks);
+  for (int i = 0; i < kCount * kRanks; ++i) in[i] = stepInput(r, 0, i);
+  ecclCommStats_t before{}, after{};
+  before.size = after.size = sizeof(ecclCommStats_t);
+  RANK_OK(ecclCommGetStats(comm, &before), comm);
+  RANK_OK(ecclAllReduce(in.data(), out.data(), kCount, ecclFloat32, ecclSum, comm, nullptr), comm);
+  // Another rank's sum: 6000 + 3s + 3 (i % 13).
+  const int s = int(out[0] - 6000.0f) / 3;
+  std::vector<float> sum(out.begin(), out.begin() + kCount);
+  RANK_OK(ecclBroadcast(in.data(), out.data(), kCount, ecclFloat32, 0, comm, nullptr), comm);
+  std::vector<float> fromRoot(out.begin(), out.begin() + kCount);
+  RANK_OK(ecclAllGather(in.data(), out.data(), kCount, ecclFloat32, comm, nullptr), comm);
+  std::vector<float> gathered(out);
+  RANK_OK(ecclReduceScatter(in.data(), out.data(), kCount, ecclFloat32, ecclSum, comm, nullptr), comm);
+  std::vector<float> scattered(out.begin(), out.begin() + kCount);
+  // Not recorded: the sandbox's own answers, and the replay stays in step.
+  std::vector<float> half(kCount / 2, -1.0f);
+  RANK_OK(ecclAllReduce(in.data(), half.data(), kCount / 2, ecclFloat32, ecclSum, comm, nullptr), comm);
+  RANK_CHECK(std::memcmp(half.data(), in.data(), half.size() * sizeof(float)) == 0,
+             "an allreduce no rank recorded is not the sandbox's own answer");
+  std::fill(out.begin(), out.end(), -1.0f);
+  RANK_OK(ecclAllToAll(in.data(), out.data(), kCount, ecclFloat32, comm, nullptr), comm);
+  RANK_CHECK(out[0] == 0.0f && out[r * kCount + 1] == in[r * kCount + 1], "an unrecorded alltoall");
+  RANK_OK(ecclBarrier(comm), comm);
+  std::vector<float> peer(kCount, 7.0f);
+  RANK_OK(ecclRecv(peer.data(), kCount, ecclFloat32, 2, comm, nullptr), comm);
+  RANK_CHECK(peer[0] == 0.0f, "a receive in the sandbox is not zeros");
+  RANK_OK(ecclCommGetStats(comm, &after), comm);
+  const uint64_t replayed = after.sandboxReplayed - before.sandboxReplayed;
+  if (replayed == 0) {
+    RANK_CHECK(std::memcmp(sum.data(), in.data(), sum.size() * sizeof(float)) == 0, "allreduce: not its own input");
+    return -1;
+  }
+  // A recording came in mid-step: the next step replays it from its start.
+  if (replayed != 4) return -1;
+  RANK_CHECK(s >= 0 && after.sandboxRecordingsReceived >= 1, "replayed, with no recording taken in");
+  for (int i = 0; i < kCount; ++i) {
+    float want = 0;
+    for (int k = 0; k < kRanks; ++k) want += stepInput(k, s, i);
+    RANK_CHECK(sum[i] == want, "replayed allreduce element " + std::to_string(i));
+    RANK_CHECK(fromRoot[i] == stepInput(0, s, i), "replayed broadcast element " + std::to_string(i));
+    for (int b = 0; b < kRanks; ++b)
+      RANK_CHECK(gathered[b * kCount + i] == stepInput(b, s, i), "replayed allgather block " + std::to_string(b));
+    float block = 0;
+    for (int k = 0; k < kRanks; ++k) block += stepInput(k, s, r * kCount + i);
+    RANK_CHECK(scattered[i] == block, "replayed reducescatter element " + std::to_string(i));
+  }
+  return s;
+}
+
+TEST(Sandbox, AnEagerStandbyAnswersWithTheOutputsARankRecordedForIt) {
+  setenv("ECCL_SOCKET_IFNAME", "lo", 1);
+  setenv("ECCL_TIMEOUT_MS", "15000", 1);
+  setenv("ECCL_HEARTBEAT_MS", "100", 1);
+  setenv("ECCL_PREPARE", "eager", 1);
+  ReadyFiles ready;
+  const std::string dir = ready.dir;
+  ProcessGroup group(kRanks + 1, [dir](int index, int, const ecclUniqueId& id) {
+    ecclComm_t comm;
+    const std::string warm = dir + "/" + std::to_string(kRanks);
+    if (index == kRanks) {
+      RANK_OK(ecclCommRegisterStandby(&comm, id, nullptr), nullptr);
+      RANK_CHECK(ecclCommSandboxRecord(comm, 5) == ecclInvalidArgument, "a standby recorded calls");
+      RANK_OK(ecclCommSandbox(comm, kRanks, kSandboxRank), comm);
+      int replayedFrom = -1, steps = 0;
+      const auto giveUp = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+      ecclResult_t promoted = ecclTimeout;
+      while (promoted == ecclTimeout) {
+        int s = replayedStep(comm);
+        steps++;
+        if (s >= 0 && replayedFrom < 0) {
+          replayedFrom = s;
+          const transport::DeviceStats d = comm->impl->device().stats();
+          // Recordings came in; the sandbox sent nothing.
+          RANK_CHECK(d.bytesSent == 0 && d.bytesReceived > 0,
+                     "the sandbox sent " + std::to_string(d.bytesSent) + " bytes");
+          ReadyFiles::mark(dir, kRanks);
+        }
+        RANK_CHECK(std::chrono::steady_clock::now() < giveUp,
+                   replayedFrom < 0 ? "no recording replayed" : "replayed, but never promoted");
+        promoted = ecclCommAwaitPromotion(comm, 1);
+      }
+      RANK_OK(promoted, comm);
+      RANK_CHECK(replayedFrom >= 0, "promoted before any recording was replayed");
+      float v = float(kSandboxRank + 1);
+      RANK_OK(ecclAllReduce(&v, &v, 1, ecclFloat32, ecclSum, comm, nullptr), comm);
+      RANK_CHECK(v == 6.0f, "a real allreduce after the sandbox gave " + std::to_string(v));
+      RANK_OK(ecclCommDestroy(comm), comm);
+      return;
+    }
+    RANK_OK(ecclCommInitRank(&comm, kRanks, id, index), nullptr);
+    RANK_CHECK(ecclCommSandboxRecord(comm, -1) == ecclInvalidArgument, "a negative call count");
+    const auto giveUp = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    int s = 0;
+    for (;; ++s) {
+      RANK_CHECK(std::chrono::steady_clock::now() < giveUp, "the standby never replayed a recording");
+      const bool standbyWarm = std::filesystem::exists(warm);
+      if (index == kSandboxRank && standbyWarm) raise(SIGKILL);
+      // Rank 1 records a step now and then until the standby replays one.
+      if (index == kSandboxRank && s % 20 == 0) RANK_OK(ecclCommSandboxRecord(comm, kRecordedCalls), comm);
+      std::vector<float> in(kCount * kRanks), out(kCount * kRanks);
+      for (int i = 0; i < kCount * kRanks; ++i) in[i] = stepInput(index, s, i);
+      // Rank 1 dies between steps, but a survivor may still be in the last
+      // call of the step before (a barrier's release in flight): any call
+      // may report it.
+      bool ok = ecclAllReduce(in.data(), out.data(), kCount, ecclFloat32, ecclSum, comm, nullptr) == ecclSuccess &&
+                ecclBroadcast(in.data(), out.data(), kCount, ecclFloat32, 0, comm, nullptr) == ecclSuccess &&
+                ecclAllGather(in.data(), out.data(), kCount, ecclFloat32, comm, nullptr) == ecclSuccess &&
+                ecclReduceScatter(in.data(), out.data(), kCount, ecclFloat32, ecclSum, comm, nullptr) == ecclSuccess &&
+                ecclBarrier(comm) == ecclSuccess;
+      if (!ok) break;
+      usleep(1000);
+    }
+    RANK_OK(ecclCommRecover(comm, ecclRecoverReplace), comm);
+    float v = float(index + 1);
+    RANK_OK(ecclAllReduce(&v, &v, 1, ecclFloat32, ecclSum, comm, nullptr), comm);
+    RANK_CHECK(v == 6.0f, "after the replacement: " + std::to_string(v));
+    RANK_OK(ecclCommDestroy(comm), comm);
+  });
+  auto outcomes = group.wait(std::chrono::seconds(90));
+  for (int r = 0; r <= kRanks; ++r) {
+    const auto& o = outcomes[static_cast<size_t>(r)];
+    if (r == kSandboxRank) EXPECT_TRUE(!o.exited && o.signal == SIGKILL) << describe(outcomes);
+    else EXPECT_TRUE(o.exited && o.exitCode == 0) << describe(outcomes);
+  }
+}
+
 }  // namespace
 }  // namespace eccl::test

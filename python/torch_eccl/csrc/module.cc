@@ -118,6 +118,7 @@ PYBIND11_MODULE(_C, m) {
       .def("await_promotion", &ProcessGroupEccl::awaitPromotion, release, py::arg("timeout"))
       .def("stats", &ProcessGroupEccl::stats, release)
       .def("sandbox", &ProcessGroupEccl::sandbox, release, py::arg("nranks"), py::arg("rank"))
+      .def("sandbox_record", &ProcessGroupEccl::sandboxRecord, release, py::arg("calls"))
       .def("try_promotion", &ProcessGroupEccl::tryPromotion, release)
       .def("log_configure", &ProcessGroupEccl::logConfigure, release, py::arg("capacity_bytes"), py::arg("peers"),
            py::arg("when_full"))

@@ -226,7 +226,11 @@ std::map<std::string, double> ProcessGroupEccl::statsLocked() {
           {"queue_pairs_open", static_cast<double>(s.queuePairsOpen)},
           {"queue_pairs_opened", static_cast<double>(s.queuePairsOpened)},
           {"queue_pairs_closed", static_cast<double>(s.queuePairsClosed)},
-          {"queue_pairs_prepared", static_cast<double>(s.queuePairsPrepared)}};
+          {"queue_pairs_prepared", static_cast<double>(s.queuePairsPrepared)},
+          {"sandbox_calls", static_cast<double>(s.sandboxCalls)},
+          {"sandbox_replayed", static_cast<double>(s.sandboxReplayed)},
+          {"sandbox_recordings_received", static_cast<double>(s.sandboxRecordingsReceived)},
+          {"sandbox_recordings_shipped", static_cast<double>(s.sandboxRecordingsShipped)}};
 }
 
 std::map<std::string, double> ProcessGroupEccl::stats() {
@@ -309,6 +313,10 @@ void ProcessGroupEccl::sandbox(int nranks, int rank) {
     sandboxed_ = nranks > 0;
     if (sandboxed_) rank_ = rank, size_ = nranks;
   });
+}
+
+void ProcessGroupEccl::sandboxRecord(int calls) {
+  runNow("sandbox_record", [&] { check(ecclCommSandboxRecord(comm_, calls), "sandbox_record"); });
 }
 
 bool ProcessGroupEccl::tryPromotion() {

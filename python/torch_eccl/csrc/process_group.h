@@ -109,6 +109,9 @@ class ProcessGroupEccl : public c10d::Backend {
   // `nranks` until a promotion; tryPromotion takes a pending one (false:
   // none yet).
   void sandbox(int nranks, int rank);
+  // A rank records its next `calls` collectives for the eager standbys'
+  // sandboxes (ecclCommSandboxRecord).
+  void sandboxRecord(int calls);
   bool tryPromotion();
 
   // Boundary-send logs (snapshots.cc; docs/logs.md): sends to `peers`

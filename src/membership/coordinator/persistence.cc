@@ -23,7 +23,8 @@ constexpr int kStateVersion = 2;
 constexpr size_t kMemberBuckets = 64;  // with the chunks and the head: 81 keys, in one etcd txn (128 at most)
 constexpr size_t kViewChunks = 16;
 
-enum MemberFlag : uint32_t { kLeft = 1, kEager = 2, kRetired = 4, kLeftOut = 8 };
+// Bits of a persisted member's flags.
+constexpr uint32_t kLeft = 1, kEager = 2, kRetired = 4, kLeftOut = 8;
 
 template <typename Map>
 json pairs(const Map& m) {
