@@ -168,17 +168,18 @@ ecclResult_t ecclCommAwaitPromotion(ecclComm_t comm, int64_t timeoutMs);
  * sandbox; a promotion (ecclCommAwaitPromotion, ecclCommReconfigure) ends
  * it and the same handle is a real rank. */
 ecclResult_t ecclCommSandbox(ecclComm_t comm, int nranks, int rank);
-/* A rank records the next `calls` collectives it makes on comm (each call's
- * signature and output; calls past ECCL_SANDBOX_RECORD_BYTES of outputs,
- * and alltoallv, by signature only) and then ships the recording, in the
+/* A rank records the next `calls` collectives, sends and receives it makes
+ * on comm (each call's signature and output; sends, calls past
+ * ECCL_SANDBOX_RECORD_BYTES of outputs, and alltoallv, by signature only)
+ * and, once the last of them completed, ships the recording, in the
  * background and below the collectives' priority, to every eager standby
  * (ECCL_PREPARE=eager) the job has. A standby in its sandbox answers the
  * same calls, in the recorded order, with these outputs where it would
  * otherwise give its own input or zeros: an allreduce's sum, a broadcast
  * from another rank, an allgather's other blocks; outputs that depend on
- * the rank (reducescatter, alltoall, reduce at the root) only in a sandbox
- * of the recording rank. Receives in the sandbox still give zeros. Record
- * one training step. A failed call drops the recording; calls = 0 disarms. */
+ * the rank (reducescatter, alltoall, reduce at the root, a receive) only in
+ * a sandbox of the recording rank. Record one training step. A failed call
+ * drops the recording; calls = 0 disarms. */
 ecclResult_t ecclCommSandboxRecord(ecclComm_t comm, int calls);
 /* Makes the view exactly `members` (member ids, in rank order), as a delta:
  * called by every process it names, with the same list and the same uuid

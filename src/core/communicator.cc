@@ -642,9 +642,12 @@ void Communicator::barrier() {
 }
 
 transport::RequestPtr Communicator::postSend(const void* buf, size_t bytes, int peer, ecclDataType_t type) {
-  if (sandboxed()) return sandboxDone(nullptr, 0);
-  checkUsable();
   auto signature = signatureOf(transport::CallKind::kSend, bytes / coll::typeSize(type), type);
+  // Recorded and replayed with the peer: a sandbox's step is matched call by call.
+  const auto recorded = signatureOf(transport::CallKind::kSend, signature.count, type, -1, peer);
+  if (sandboxed()) return sandboxPointToPoint(recorded, nullptr, 0);
+  checkUsable();
+  recordForSandbox(recorded, nullptr, 0);
   const transport::CallSignature* checked = checkCalls_ ? &signature : nullptr;
   if (!sendLog_.logsTo(peer)) {
     uint64_t seq = transport::FrameHeader::kP2pBit | ++sendSeq_[peer];
@@ -667,22 +670,27 @@ transport::RequestPtr Communicator::postSend(const void* buf, size_t bytes, int 
 }
 
 transport::RequestPtr Communicator::postRecv(void* buf, size_t bytes, int peer, ecclDataType_t type) {
-  if (sandboxed()) return sandboxDone(buf, bytes);
-  checkUsable();
   auto signature = signatureOf(transport::CallKind::kRecv, bytes / coll::typeSize(type), type);
+  const auto recorded = signatureOf(transport::CallKind::kRecv, signature.count, type, -1, peer);
+  if (sandboxed()) return sandboxPointToPoint(recorded, buf, bytes);
+  checkUsable();
   uint64_t seq = transport::FrameHeader::kP2pBit | ++recvSeq_[peer];
-  return device_->irecv(view_.rankToMember[peer], seq, 0, buf, bytes, checkCalls_ ? &signature : nullptr);
+  auto request = device_->irecv(view_.rankToMember[peer], seq, 0, buf, bytes, checkCalls_ ? &signature : nullptr);
+  recordReceivePosted(recorded, request, buf, bytes);
+  return request;
 }
 
 bool Communicator::testP2p(const transport::RequestPtr& r, int peer, bool isSend) {
   try {
     if (!device_->test(r, {})) return false;
   } catch (const Error& e) {
+    dropSandboxRecording("a recorded send or receive failed");
     if (isSend) sendLog_.settle(r.get(), false);
     throw Error(e.code(), fmt::format("{} {} rank {} (rank {}, epoch {}): {}", isSend ? "send" : "recv",
                                       isSend ? "to" : "from", peer, rank_, view_.epoch, e.what()));
   }
   if (isSend) sendLog_.settle(r.get(), true);
+  else recordReceiveDone(r);
   return true;
 }
 
@@ -690,14 +698,17 @@ void Communicator::waitP2p(const transport::RequestPtr& r, int peer, bool isSend
   try {
     device_->wait(r, deadlineAfterMs(timeoutMs_), {});
   } catch (const Error& e) {
+    dropSandboxRecording("a recorded send or receive failed");
     if (isSend) sendLog_.settle(r.get(), false);
     throw Error(e.code(), fmt::format("{} {} rank {} (rank {}, epoch {}): {}", isSend ? "send" : "recv",
                                       isSend ? "to" : "from", peer, rank_, view_.epoch, e.what()));
   } catch (...) {
+    dropSandboxRecording("a recorded send or receive failed");
     if (isSend) sendLog_.settle(r.get(), false);
     throw;
   }
   if (isSend) sendLog_.settle(r.get(), true);
+  else recordReceiveDone(r);
 }
 
 }  // namespace eccl

@@ -204,7 +204,8 @@ class Communicator {
   // one-rank group gives (zeros for others' data); a member's recorded
   // output of the same call replaces it.
   void sandboxCall(const transport::CallSignature& s, void* out, size_t outBytes, const std::function<void()>& local);
-  transport::RequestPtr sandboxDone(void* zeroFill, size_t bytes);
+  // A send (out = nullptr) or receive: answered like a call, done at once.
+  transport::RequestPtr sandboxPointToPoint(const transport::CallSignature& s, void* out, size_t bytes);
   void sandboxCopy(const void* in, void* out, size_t bytes);
   void sandboxZero(void* out, size_t bytes);
   void endSandbox();
@@ -216,9 +217,11 @@ class Communicator {
   // Member: the recording being made (the calling thread's, like collSeq_),
   // and, on the worker thread only, the eager standbys it ships to.
   void recordForSandbox(const transport::CallSignature& s, const void* out, size_t outBytes);
+  void recordReceivePosted(const transport::CallSignature& s, const transport::RequestPtr& r, void* buf, size_t bytes);
+  void recordReceiveDone(const transport::RequestPtr& r);
   void dropSandboxRecording(const char* why);
-  int recordCallsLeft_ = 0;
-  std::shared_ptr<sandbox::Recording> recording_;
+  void shipSandboxRecordingIfComplete();
+  std::unique_ptr<sandbox::RecordingBuilder> recording_;
   std::vector<transport::MemberId> eagerStandbys_;
   std::map<transport::MemberId, uint64_t> recordingsSent_;
   std::atomic<uint64_t> recordingsShipped_{0};

@@ -62,9 +62,8 @@ void Communicator::sandboxZero(void* out, size_t bytes) {
   if (bytes) std::memset(out, 0, bytes);
 }
 
-transport::RequestPtr Communicator::sandboxDone(void* zeroFill, size_t bytes) {
-  sandboxOps_++;
-  sandboxZero(zeroFill, bytes);
+transport::RequestPtr Communicator::sandboxPointToPoint(const transport::CallSignature& s, void* out, size_t bytes) {
+  sandboxCall(s, out, out ? bytes : 0, [&] { if (out) sandboxZero(out, bytes); });
   auto done = std::make_shared<transport::Request>();
   done->bytes = bytes;
   done->state.store(transport::Request::kDone);
@@ -76,34 +75,38 @@ void Communicator::recordSandboxCalls(int calls) {
                  self_);
   ECCL_CHECK_ARG(calls >= 0 && static_cast<uint32_t>(calls) <= sandbox::kMaxRecordedCalls,
                  "ecclCommSandboxRecord: {} calls (0 to {})", calls, sandbox::kMaxRecordedCalls);
-  recordCallsLeft_ = calls;
   recording_.reset();
-  if (!calls) return;
-  recording_ = std::make_shared<sandbox::Recording>();
-  recording_->rank = rank_;
-  recording_->nranks = size();
+  if (calls)
+    recording_ = std::make_unique<sandbox::RecordingBuilder>(
+        rank_, size(), calls, static_cast<size_t>(std::max<int64_t>(0, params::sandboxRecordBytes())));
 }
 
 void Communicator::dropSandboxRecording(const char* why) {
   if (!recording_) return;
   log::info("rank {}: sandbox recording dropped: {}", rank_, why);
-  recordCallsLeft_ = 0;
   recording_.reset();
 }
 
 void Communicator::recordForSandbox(const transport::CallSignature& s, const void* out, size_t outBytes) {
-  if (recordCallsLeft_ <= 0 || !recording_) return;
-  sandbox::Recording& r = *recording_;
-  sandbox::RecordedCall call{s, false, r.outputs.size(), 0};
-  const size_t cap = static_cast<size_t>(std::max<int64_t>(0, params::sandboxRecordBytes()));
-  if (out && outBytes && outBytes <= cap - std::min(cap, r.outputs.size())) {
-    call.hasOutput = true;
-    call.bytes = outBytes;
-    r.outputs.insert(r.outputs.end(), static_cast<const uint8_t*>(out), static_cast<const uint8_t*>(out) + outBytes);
-  }
-  r.calls.push_back(call);
-  if (--recordCallsLeft_ > 0) return;
-  worker_->post([this, done = std::shared_ptr<const sandbox::Recording>(std::move(recording_))] {
+  if (!recording_ || recording_->full()) return;
+  recording_->add(s, out, outBytes);
+  shipSandboxRecordingIfComplete();
+}
+
+void Communicator::recordReceivePosted(const transport::CallSignature& s, const transport::RequestPtr& r, void* buf,
+                                       size_t bytes) {
+  if (recording_ && !recording_->full()) recording_->addPending(s, r.get(), buf, bytes);
+}
+
+void Communicator::recordReceiveDone(const transport::RequestPtr& r) {
+  if (recording_ && recording_->fill(r.get())) shipSandboxRecordingIfComplete();
+}
+
+void Communicator::shipSandboxRecordingIfComplete() {
+  if (!recording_->complete()) return;
+  auto done = std::make_shared<const sandbox::Recording>(recording_->take());
+  recording_.reset();
+  worker_->post([this, done] {
     if (eagerStandbys_.empty()) {
       log::info("rank {}: a sandbox recording of {} calls, and no eager standby to ship it to", done->rank,
                 done->calls.size());

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "membership/wire.h"
@@ -15,7 +16,51 @@ constexpr size_t kCallWireBytes = transport::CallSignature::kWireBytes + 1 + 8;
 
 bool Recording::rankDependent(transport::CallKind kind) {
   using K = transport::CallKind;
-  return kind == K::kReduce || kind == K::kReduceScatter || kind == K::kAllToAll || kind == K::kAllToAllv;
+  return kind == K::kReduce || kind == K::kReduceScatter || kind == K::kAllToAll || kind == K::kAllToAllv ||
+         kind == K::kRecv;
+}
+
+RecordingBuilder::RecordingBuilder(int rank, int nranks, int calls, size_t capBytes)
+    : wanted_(static_cast<size_t>(calls)), capBytes_(capBytes) {
+  meta_.rank = rank;
+  meta_.nranks = nranks;
+}
+
+bool RecordingBuilder::reserve(size_t bytes) {
+  if (bytes == 0 || bytes > capBytes_ - std::min(capBytes_, bytes_)) return false;
+  bytes_ += bytes;
+  return true;
+}
+
+void RecordingBuilder::add(const transport::CallSignature& s, const void* out, size_t bytes) {
+  Slot slot{s, out && reserve(bytes), {}};
+  if (slot.hasOutput) slot.output.assign(static_cast<const uint8_t*>(out), static_cast<const uint8_t*>(out) + bytes);
+  slots_.push_back(std::move(slot));
+}
+
+void RecordingBuilder::addPending(const transport::CallSignature& s, const void* request, const void* out,
+                                  size_t bytes) {
+  bool kept = out && reserve(bytes);
+  slots_.push_back({s, kept, {}});
+  if (kept) pending_[request] = {slots_.size() - 1, out, bytes};
+}
+
+bool RecordingBuilder::fill(const void* request) {
+  auto it = pending_.find(request);
+  if (it == pending_.end()) return false;
+  const auto* out = static_cast<const uint8_t*>(it->second.out);
+  slots_[it->second.slot].output.assign(out, out + it->second.bytes);
+  pending_.erase(it);
+  return true;
+}
+
+Recording RecordingBuilder::take() {
+  Recording r = meta_;
+  for (Slot& s : slots_) {
+    r.calls.push_back({s.signature, s.hasOutput, r.outputs.size(), s.hasOutput ? s.output.size() : 0});
+    r.outputs.insert(r.outputs.end(), s.output.begin(), s.output.end());
+  }
+  return r;
 }
 
 void encodeAnnounce(const Announce& a, uint8_t out[kAnnounceBytes]) {

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -26,12 +27,46 @@ struct Recording {
   std::vector<RecordedCall> calls;
   std::vector<uint8_t> outputs;
   // Whether the output of `call` depends on which rank made it (a
-  // reducescatter's block, an alltoall's row, a reduce's root): such an
-  // output answers only a sandbox of the same rank.
+  // reducescatter's block, an alltoall's row, a reduce's root, a receive):
+  // such an output answers only a sandbox of the same rank.
   static bool rankDependent(transport::CallKind kind);
 };
 
 constexpr uint32_t kMaxRecordedCalls = 1 << 16;
+
+// A rank's recording while it is made: calls in the order they were made,
+// each output copied as the call returns; a receive's slot waits for its
+// request to complete. Outputs past `capBytes` are left out (the call is
+// kept by signature).
+class RecordingBuilder {
+ public:
+  RecordingBuilder(int rank, int nranks, int calls, size_t capBytes);
+  bool full() const { return slots_.size() == wanted_; }
+  bool complete() const { return full() && pending_.empty(); }
+  void add(const transport::CallSignature& s, const void* out, size_t bytes);
+  // A receive posted into `out`: its output is taken by fill(request).
+  void addPending(const transport::CallSignature& s, const void* request, const void* out, size_t bytes);
+  // `request` (a receive added here) completed; false if it is not one.
+  bool fill(const void* request);
+  Recording take();
+
+ private:
+  struct Slot {
+    transport::CallSignature signature;
+    bool hasOutput = false;
+    std::vector<uint8_t> output;
+  };
+  struct Pending {
+    size_t slot;
+    const void* out;
+    size_t bytes;
+  };
+  bool reserve(size_t bytes);
+  Recording meta_;
+  size_t wanted_, capBytes_, bytes_ = 0;
+  std::vector<Slot> slots_;
+  std::map<const void*, Pending> pending_;
+};
 constexpr size_t kAnnounceBytes = 24;
 
 struct Announce {

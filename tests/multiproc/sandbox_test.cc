@@ -145,11 +145,21 @@ TEST(Sandbox, AStandbyTrainsLocallyThenTheSameHandleBecomesTheRank) {
 // element i is (r + 1) * 1000 + s + i % 13.
 float stepInput(int rank, int s, int i) { return float((rank + 1) * 1000 + s + i % 13); }
 
-constexpr int kRecordedCalls = 5;
+constexpr int kRecordedCalls = 7;
 
-// The standby's step: the ranks' five calls with two more between them
-// that no rank made, and a receive. Returns the step number the replayed
-// outputs come from, or -1 while they are the sandbox's own answers.
+// The ring exchange of the step: rank r sends its input to r + 1 and
+// receives from r - 1.
+bool ringExchange(ecclComm_t comm, int rank, const float* send, float* recv) {
+  return ecclGroupStart() == ecclSuccess &&
+         ecclSend(send, kCount, ecclFloat32, (rank + 1) % kRanks, comm, nullptr) == ecclSuccess &&
+         ecclRecv(recv, kCount, ecclFloat32, (rank + kRanks - 1) % kRanks, comm, nullptr) == ecclSuccess &&
+         ecclGroupEnd() == ecclSuccess;
+}
+
+// The standby's step: the ranks' seven calls with two more between them
+// that no rank made, and a receive from another peer. Returns the step
+// number the replayed outputs come from, or -1 while they are the
+// sandbox's own answers.
 int replayedStep(ecclComm_t comm) {
   const int r = kSandboxRank;
   std::vector<float> in(kCount * kRanks), out(kCount * kRanks);
@@ -175,6 +185,8 @@ int replayedStep(ecclComm_t comm) {
   std::fill(out.begin(), out.end(), -1.0f);
   RANK_OK(ecclAllToAll(in.data(), out.data(), kCount, ecclFloat32, comm, nullptr), comm);
   RANK_CHECK(out[0] == 0.0f && out[r * kCount + 1] == in[r * kCount + 1], "an unrecorded alltoall");
+  std::vector<float> fromLeft(kCount, -1.0f);
+  RANK_CHECK(ringExchange(comm, r, in.data(), fromLeft.data()), "the ring exchange in the sandbox");
   RANK_OK(ecclBarrier(comm), comm);
   std::vector<float> peer(kCount, 7.0f);
   RANK_OK(ecclRecv(peer.data(), kCount, ecclFloat32, 2, comm, nullptr), comm);
@@ -183,10 +195,11 @@ int replayedStep(ecclComm_t comm) {
   const uint64_t replayed = after.sandboxReplayed - before.sandboxReplayed;
   if (replayed == 0) {
     RANK_CHECK(std::memcmp(sum.data(), in.data(), sum.size() * sizeof(float)) == 0, "allreduce: not its own input");
+    RANK_CHECK(fromLeft[0] == 0.0f && fromLeft[kCount - 1] == 0.0f, "a receive in the sandbox is not zeros");
     return -1;
   }
   // A recording came in mid-step: the next step replays it from its start.
-  if (replayed != 4) return -1;
+  if (replayed != 5) return -1;
   RANK_CHECK(s >= 0 && after.sandboxRecordingsReceived >= 1, "replayed, with no recording taken in");
   for (int i = 0; i < kCount; ++i) {
     float want = 0;
@@ -198,6 +211,7 @@ int replayedStep(ecclComm_t comm) {
     float block = 0;
     for (int k = 0; k < kRanks; ++k) block += stepInput(k, s, r * kCount + i);
     RANK_CHECK(scattered[i] == block, "replayed reducescatter element " + std::to_string(i));
+    RANK_CHECK(fromLeft[i] == stepInput(0, s, i), "replayed receive from rank 0, element " + std::to_string(i));
   }
   return s;
 }
@@ -261,7 +275,7 @@ TEST(Sandbox, AnEagerStandbyAnswersWithTheOutputsARankRecordedForIt) {
                 ecclBroadcast(in.data(), out.data(), kCount, ecclFloat32, 0, comm, nullptr) == ecclSuccess &&
                 ecclAllGather(in.data(), out.data(), kCount, ecclFloat32, comm, nullptr) == ecclSuccess &&
                 ecclReduceScatter(in.data(), out.data(), kCount, ecclFloat32, ecclSum, comm, nullptr) == ecclSuccess &&
-                ecclBarrier(comm) == ecclSuccess;
+                ringExchange(comm, index, in.data(), out.data()) && ecclBarrier(comm) == ecclSuccess;
       if (!ok) break;
       usleep(1000);
     }

@@ -95,5 +95,37 @@ TEST(SandboxRecording, RefusesTablesThatDoNotTileTheOutputs) {
   EXPECT_FALSE(decodeTable(table, announceOf(r), &back, &why));
 }
 
+TEST(SandboxRecording, TheBuilderKeepsCallOrderFillsReceivesLateAndCapsOutputs) {
+  RecordingBuilder b(1, 3, 4, 12);
+  CallSignature allreduce{CallKind::kAllReduce, ecclFloat32, ecclSum, -1, 2};
+  CallSignature recv{CallKind::kRecv, ecclUint8, -1, 0, 4};
+  CallSignature send{CallKind::kSend, ecclUint8, -1, 2, 4};
+  const float sum[2] = {1.5f, 2.5f};
+  uint8_t received[4] = {0, 0, 0, 0};
+  int request = 0;  // stands for a posted receive's handle
+  b.add(allreduce, sum, sizeof(sum));
+  b.addPending(recv, &request, received, sizeof(received));
+  b.add(send, nullptr, 0);
+  EXPECT_FALSE(b.full());
+  b.add(allreduce, sum, sizeof(sum));  // past the 12-byte cap: signature only
+  EXPECT_TRUE(b.full());
+  EXPECT_FALSE(b.complete());  // the receive is still in flight
+  std::memcpy(received, "abcd", 4);
+  int other = 0;
+  EXPECT_FALSE(b.fill(&other));
+  EXPECT_TRUE(b.fill(&request));
+  EXPECT_TRUE(b.complete());
+  Recording r = b.take();
+  ASSERT_EQ(r.calls.size(), 4u);
+  EXPECT_EQ(r.outputs.size(), 12u);
+  EXPECT_TRUE(r.calls[0].hasOutput);
+  EXPECT_EQ(std::memcmp(r.outputs.data() + r.calls[0].offset, sum, 8), 0);
+  EXPECT_EQ(r.calls[1].signature, recv);
+  EXPECT_EQ(std::memcmp(r.outputs.data() + r.calls[1].offset, "abcd", 4), 0);
+  EXPECT_FALSE(r.calls[2].hasOutput);
+  EXPECT_FALSE(r.calls[3].hasOutput);
+  EXPECT_TRUE(Recording::rankDependent(CallKind::kRecv));
+}
+
 }  // namespace
 }  // namespace eccl::sandbox
