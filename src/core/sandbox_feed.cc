@@ -110,6 +110,7 @@ void Feed::run() {
     for (MemberId m : members) {
       if (incoming.count(m) || gone.count(m) || !device_.hasPeer(m)) continue;
       try {
+        incoming[m].index = nextIndex_[m];
         postAnnounce(m, incoming[m]);
       } catch (const std::exception& e) {  // a closed or aborted device
         log::info("sandbox: no recordings from member {:016x}: {}", m, e.what());
@@ -172,9 +173,11 @@ void Feed::run() {
       it = incoming.erase(it);
     }
   }
-  for (auto& [m, in] : incoming)
+  for (auto& [m, in] : incoming) {
     for (auto& r : in.requests)
       if (r->state.load() == transport::Request::kPending) device_.cancel(r, "the sandbox ended");
+    nextIndex_[m] = in.index + 1;
+  }
 }
 
 }  // namespace eccl::sandbox

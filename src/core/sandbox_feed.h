@@ -51,6 +51,10 @@ class Feed {
   mutable Mutex mu_;
   std::vector<transport::MemberId> members_ ECCL_GUARDED_BY(mu_);
   std::shared_ptr<const Recording> latest_ ECCL_GUARDED_BY(mu_);
+  // Each member's next recording, kept across runs (the thread's own while
+  // it runs): a run's pending receives are withdrawn at its end, so the
+  // next run asks for the recording after them.
+  std::map<transport::MemberId, uint64_t> nextIndex_;
   std::atomic<bool> stopping_{false};
   std::atomic<uint64_t> received_{0};
   std::thread thread_;
