@@ -1,5 +1,6 @@
 #include "core/sandbox_feed.h"
 
+#include <new>
 #include <set>
 
 #include "common/crypto.h"
@@ -126,9 +127,10 @@ void Feed::run() {
       const MemberId m = it->first;
       Incoming& in = it->second;
       std::string why;
+      bool warn = true;  // false: the member or the device went, nothing to warn about
       try {
         bool done = true;
-        for (auto& r : in.requests) done = device_.test(r, "") && done;
+        for (auto& r : in.requests) done = device_.test(r, "receive") && done;
         if (!done) {
           ++it;
           continue;
@@ -163,10 +165,14 @@ void Feed::run() {
           ++it;
           continue;
         }
-      } catch (const std::exception& e) {  // a closed device, or no memory for the outputs
+      } catch (const std::bad_alloc&) {
+        why = fmt::format("no memory for {} bytes of outputs", in.sizes.outputBytes);
+      } catch (const std::exception& e) {  // the member left or failed, or the device closed
         why = e.what();
+        warn = false;
       }
-      log::warn("sandbox: member {:016x}'s recording is not taken: {}", m, why);
+      if (warn) log::warn("sandbox: member {:016x}'s recording is refused: {}", m, why);
+      else log::info("sandbox: no more recordings from member {:016x}: {}", m, why);
       for (auto& r : in.requests)
         if (r->state.load() == transport::Request::kPending) device_.cancel(r, "the standby stopped listening");
       gone.insert(m);

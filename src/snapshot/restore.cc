@@ -29,7 +29,6 @@ int64_t Snapshots::restore() {
     generation = generation_;
   }
   stopEngine();
-  log::trace("restore A-stopped t={}", std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now().time_since_epoch()).count() % 100000);
   const int oldSize = size_;
   std::vector<RankInfo> infos = gatherInfo(comm_, replicas, fresh, committed, generation, hostKey_);
   if (!fresh && oldSize != comm_.size())
@@ -38,7 +37,6 @@ int64_t Snapshots::restore() {
          "that shrank or grew cannot restore them",
          comm_.size(), oldSize);
   adoptView(infos, "ecclSnapshotRestore");
-  log::trace("restore B-gathered t={}", std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now().time_since_epoch()).count() % 100000);
 
   int64_t newest = -1;
   int source = -1;
@@ -105,9 +103,7 @@ int64_t Snapshots::redistribute(std::vector<CatalogDelta> catalog, int64_t newes
   mine.needs = needs.size();
   log::info("snapshot restore (rank {}): {} cop{} to fetch", rank_, needs.size(), needs.size() == 1 ? "y" : "ies");
   std::vector<RankInfo> plan = gatherRecords(comm_, mine);
-  log::trace("restore C-planned t={}", std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now().time_since_epoch()).count() % 100000);
   std::vector<std::string> lost = fetch(needs, plan);
-  log::trace("restore D-fetched t={}", std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now().time_since_epoch()).count() % 100000);
 
   mine.lost = 0;
   for (const std::string& name : lost) mine.lost += name.rfind(fmt::format("{}:", rank_), 0) == 0;
@@ -117,8 +113,7 @@ int64_t Snapshots::redistribute(std::vector<CatalogDelta> catalog, int64_t newes
     fresh_ = false;
   }
   startEngine();
-  std::vector<std::string> losers;  log::trace("restore E-started t={}", std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now().time_since_epoch()).count() % 100000);
-
+  std::vector<std::string> losers;
   for (int r = 0; r < size_; ++r)
     if (outcome[static_cast<size_t>(r)].lost)
       losers.push_back(fmt::format("rank {} lost {} name(s)", r, outcome[static_cast<size_t>(r)].lost));
