@@ -163,7 +163,9 @@ ecclResult_t ecclCommAwaitPromotion(ecclComm_t comm, int64_t timeoutMs);
  * right size: its own input where a one-rank group would return it
  * (allreduce, reduce and broadcast at their root, its own block of
  * allgather, reducescatter and alltoall), zeros where the data would come
- * from other ranks. Nothing touches the network. ecclCommCount and
+ * from other ranks, and, for an eager standby (ECCL_PREPARE=eager), a
+ * rank's recorded outputs of the same calls once one arrived
+ * (ecclCommSandboxRecord). The sandbox's calls send nothing. ecclCommCount and
  * ecclCommUserRank say nranks and rank meanwhile. nranks = 0 leaves the
  * sandbox; a promotion (ecclCommAwaitPromotion, ecclCommReconfigure) ends
  * it and the same handle is a real rank. */
@@ -226,7 +228,7 @@ typedef struct {
   uint64_t sandboxCalls;              /* calls a standby answered in its sandbox */
   uint64_t sandboxReplayed;           /* of those, answered with a member's recorded output */
   uint64_t sandboxRecordingsReceived; /* recordings a standby took in */
-  uint64_t sandboxRecordingsShipped;  /* a rank's recordings that reached a standby whole */
+  uint64_t sandboxRecordingsShipped;  /* a rank's recordings sent whole, one per standby */
 } ecclCommStats_t;
 ecclResult_t ecclCommGetStats(ecclComm_t comm, ecclCommStats_t* stats);
 

@@ -3,8 +3,8 @@
 // ECCL_PREPARE=eager so the standby is kept connected). Rank 1 records
 // --calls allreduces of --allreduce-bytes each (a step's gradients) and
 // ships them to the standby, which runs the same step in its sandbox:
-//   ship       from the last recorded call until the standby has it all
-//              (ms, GB/s)
+//   ship       from the last recorded call until the rank's sends of it
+//              completed: every byte left for the standby (ms, GB/s)
 //   allreduce  busbw of the ranks' allreduces alone, and from the arming
 //              of a recording until it reached the standby (the recorded
 //              calls' copies included); rounds alternate. The ratio is

@@ -114,7 +114,7 @@ void Communicator::shipSandboxRecordingIfComplete() {
     }
     int took = sandbox::shipRecording(*device_, *done, eagerStandbys_, recordingsSent_, timeoutMs_);
     recordingsShipped_ += static_cast<uint64_t>(took);
-    log::info("rank {}: a sandbox recording of {} calls ({} bytes) reached {} of {} eager standbys", done->rank,
+    log::info("rank {}: a sandbox recording of {} calls ({} bytes) went whole to {} of {} eager standbys", done->rank,
               done->calls.size(), done->outputs.size(), took, eagerStandbys_.size());
   });
 }

@@ -22,7 +22,7 @@ uint64_t recordingSeq(uint64_t index, uint32_t part);
 
 // Member side: sends `recording` to each of `standbys` (the index-th for
 // each is in `shipped`, advanced here) and waits, in the background, at most
-// `timeoutMs` for them; returns how many standbys got it whole.
+// `timeoutMs` for the sends; returns to how many standbys all of it went.
 int shipRecording(transport::Device& device, const Recording& recording,
                   const std::vector<transport::MemberId>& standbys,
                   std::map<transport::MemberId, uint64_t>& shipped, int64_t timeoutMs);

@@ -64,8 +64,10 @@ const Copy* Store::find(int owner, const std::string& name, const Entry& entry, 
 namespace {
 template <typename T>
 void putRaw(std::vector<uint8_t>& out, T v) {
-  const auto* p = reinterpret_cast<const uint8_t*>(&v);
-  out.insert(out.end(), p, p + sizeof(T));
+  // resize + memcpy: GCC 12 warns (falsely) about insert into an empty vector.
+  const size_t at = out.size();
+  out.resize(at + sizeof(T));
+  std::memcpy(out.data() + at, &v, sizeof(T));
 }
 struct Reader {
   const uint8_t* data;
