@@ -33,8 +33,8 @@ void check(ecclResult_t r, ecclComm_t comm, const char* what) {
   eccl::perf::checkOrExit("sandbox_record_perf", r, comm, what);
 }
 using eccl::perf::median;
+using eccl::perf::secondsSince;
 
-double seconds(Clock::time_point since) { return std::chrono::duration<double>(Clock::now() - since).count(); }
 
 uint64_t shipped(ecclComm_t comm) {
   ecclCommStats_t s{};
@@ -111,7 +111,7 @@ int main(int argc, char** argv) {
       int64_t go = ops < 2 * calls ? 1 : 0;
       if (record && rank == kRecorder) {
         const bool done = shipped(comm) > before;
-        if (done && *shipSeconds < 0) *shipSeconds = seconds(recorded);
+        if (done && *shipSeconds < 0) *shipSeconds = secondsSince(recorded);
         go = done ? go : 1;
       }
       check(ecclAllReduce(&go, &go, 1, ecclInt64, ecclMax, comm, nullptr), comm, "vote");
@@ -121,7 +121,7 @@ int main(int argc, char** argv) {
         exit(1);
       }
     }
-    double s = seconds(t) / ops;
+    double s = secondsSince(t) / ops;
     check(ecclAllReduce(&s, &s, 1, ecclFloat64, ecclMax, comm, nullptr), comm, "report");
     return 2.0 * double(n - 1) / n * double(bytes) / s / 1e9;
   };

@@ -34,8 +34,8 @@ constexpr int kNames = 8;
 
 void check(ecclResult_t r, ecclComm_t comm, const char* what) { eccl::perf::checkOrExit("snapshot_perf", r, comm, what); }
 using eccl::perf::median;
+using eccl::perf::secondsSince;
 
-double seconds(Clock::time_point since) { return std::chrono::duration<double>(Clock::now() - since).count(); }
 
 // The slowest rank's time.
 double slowest(ecclComm_t comm, double s) {
@@ -56,7 +56,7 @@ double fileRead(const std::string& path, std::vector<uint8_t>& buf) {
     if (n <= 0) break;
     done += static_cast<size_t>(n);
   }
-  double s = seconds(t);
+  double s = secondsSince(t);
   ::close(fd);
   return done == buf.size() ? s : -1;
 }
@@ -124,7 +124,7 @@ int main(int argc, char** argv) {
       check(ecclAllReduce(&go, &go, 1, ecclInt64, ecclMax, comm, nullptr), comm, "vote");
       if (!go) break;
     } while (true);
-    double s = slowest(comm, seconds(t)) / ops;
+    double s = slowest(comm, secondsSince(t)) / ops;
     if (withSnapshot) check(ecclSnapshotWait(comm, version, 0), comm, "wait");
     return 2.0 * double(n - 1) / n * double(allreduceBytes) / s / 1e9;
   };
@@ -155,7 +155,7 @@ int main(int argc, char** argv) {
       auto t = Clock::now();
       putAll(bytes);
       check(ecclSnapshotWait(comm, version, 0), comm, "wait");
-      snap.push_back(slowest(comm, seconds(t)));
+      snap.push_back(slowest(comm, secondsSince(t)));
       alone.push_back(allreduce(false, bytes));
       with.push_back(allreduce(true, bytes));
       // Restore: rank 0's copies come back from its holder's memory.
@@ -164,7 +164,7 @@ int main(int argc, char** argv) {
       t = Clock::now();
       int64_t restored = -1;
       check(ecclSnapshotRestore(comm, &restored), comm, "restore");
-      restore.push_back(slowest(comm, seconds(t)));
+      restore.push_back(slowest(comm, secondsSince(t)));
       double f = rank == 0 ? fileRead(path, readBack) : 0;
       file.push_back(slowest(comm, f));
     }

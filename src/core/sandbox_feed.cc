@@ -95,13 +95,68 @@ std::shared_ptr<const Recording> Feed::latest() const {
   return latest_;
 }
 
+void Feed::postAnnounce(MemberId m, Incoming& in) {
+  in.body = false;
+  in.requests = {device_.irecv(m, recordingSeq(in.index, 0), 0, in.announce, sizeof(in.announce))};
+}
+
+void Feed::withdraw(Incoming& in, const char* why) {
+  for (auto& r : in.requests)
+    if (r->state.load() == transport::Request::kPending) device_.cancel(r, why);
+}
+
+bool Feed::takeAnnounce(MemberId m, Incoming& in, std::string* why) {
+  auto sizes = decodeAnnounce(in.announce, maxOutputBytes_, why);
+  if (!sizes) return false;
+  in.sizes = *sizes;
+  in.body = true;
+  in.table.assign(sizes->tableBytes, 0);
+  in.recording = std::make_shared<Recording>();
+  in.recording->outputs.assign(sizes->outputBytes, 0);
+  in.requests = {device_.irecv(m, recordingSeq(in.index, 1), 0, in.table.data(), in.table.size())};
+  if (sizes->outputBytes)
+    in.requests.push_back(device_.irecv(m, recordingSeq(in.index, 2), 0, in.recording->outputs.data(),
+                                        in.recording->outputs.size()));
+  return true;
+}
+
+bool Feed::takeRecording(MemberId m, Incoming& in, std::string* why) {
+  if (!decodeTable(in.table, in.sizes, in.recording.get(), why)) return false;
+  log::info("sandbox: a recording of {} calls ({} bytes) from member {:016x} as rank {} of {}",
+            in.recording->calls.size(), in.recording->outputs.size(), m, in.recording->rank, in.recording->nranks);
+  {
+    MutexLock lock(mu_);
+    latest_ = std::move(in.recording);
+  }
+  received_++;
+  in.index++;
+  in.table.clear();
+  postAnnounce(m, in);
+  return true;
+}
+
+bool Feed::advance(MemberId m, Incoming& in) {
+  std::string why;
+  bool warn = true;  // false: the member or the device went, nothing to warn about
+  try {
+    for (auto& r : in.requests)
+      if (!device_.test(r, "receive")) return true;
+    if (in.body ? takeRecording(m, in, &why) : takeAnnounce(m, in, &why)) return true;
+  } catch (const std::bad_alloc&) {
+    why = fmt::format("no memory for {} bytes of outputs", in.sizes.outputBytes);
+  } catch (const std::exception& e) {  // the member left or failed, or the device closed
+    why = e.what();
+    warn = false;
+  }
+  if (warn) log::warn("sandbox: member {:016x}'s recording is refused: {}", m, why);
+  else log::info("sandbox: no more recordings from member {:016x}: {}", m, why);
+  withdraw(in, "the standby stopped listening");
+  return false;
+}
+
 void Feed::run() {
   std::map<MemberId, Incoming> incoming;
   std::set<MemberId> gone;  // failed or spoke garbage: not asked again
-  auto postAnnounce = [&](MemberId m, Incoming& in) {
-    in.body = false;
-    in.requests = {device_.irecv(m, recordingSeq(in.index, 0), 0, in.announce, sizeof(in.announce))};
-  };
   while (!stopping_) {
     std::vector<MemberId> members;
     {
@@ -124,64 +179,16 @@ void Feed::run() {
       for (auto& r : in.requests) waiting.push_back(r);
     device_.waitAny(waiting, deadlineAfterMs(200));
     for (auto it = incoming.begin(); it != incoming.end();) {
-      const MemberId m = it->first;
-      Incoming& in = it->second;
-      std::string why;
-      bool warn = true;  // false: the member or the device went, nothing to warn about
-      try {
-        bool done = true;
-        for (auto& r : in.requests) done = device_.test(r, "receive") && done;
-        if (!done) {
-          ++it;
-          continue;
-        }
-        if (!in.body) {
-          auto sizes = decodeAnnounce(in.announce, maxOutputBytes_, &why);
-          if (sizes) {
-            in.sizes = *sizes;
-            in.body = true;
-            in.table.assign(sizes->tableBytes, 0);
-            in.recording = std::make_shared<Recording>();
-            in.recording->outputs.assign(sizes->outputBytes, 0);
-            in.requests = {device_.irecv(m, recordingSeq(in.index, 1), 0, in.table.data(), in.table.size())};
-            if (sizes->outputBytes)
-              in.requests.push_back(device_.irecv(m, recordingSeq(in.index, 2), 0, in.recording->outputs.data(),
-                                                  in.recording->outputs.size()));
-            ++it;
-            continue;
-          }
-        } else if (decodeTable(in.table, in.sizes, in.recording.get(), &why)) {
-          log::info("sandbox: a recording of {} calls ({} bytes) from member {:016x} as rank {} of {}",
-                    in.recording->calls.size(), in.recording->outputs.size(), m, in.recording->rank,
-                    in.recording->nranks);
-          {
-            MutexLock lock(mu_);
-            latest_ = std::move(in.recording);
-          }
-          received_++;
-          in.index++;
-          in.table.clear();
-          postAnnounce(m, in);  // may throw: caught below, the member is dropped
-          ++it;
-          continue;
-        }
-      } catch (const std::bad_alloc&) {
-        why = fmt::format("no memory for {} bytes of outputs", in.sizes.outputBytes);
-      } catch (const std::exception& e) {  // the member left or failed, or the device closed
-        why = e.what();
-        warn = false;
+      if (advance(it->first, it->second)) {
+        ++it;
+        continue;
       }
-      if (warn) log::warn("sandbox: member {:016x}'s recording is refused: {}", m, why);
-      else log::info("sandbox: no more recordings from member {:016x}: {}", m, why);
-      for (auto& r : in.requests)
-        if (r->state.load() == transport::Request::kPending) device_.cancel(r, "the standby stopped listening");
-      gone.insert(m);
+      gone.insert(it->first);
       it = incoming.erase(it);
     }
   }
   for (auto& [m, in] : incoming) {
-    for (auto& r : in.requests)
-      if (r->state.load() == transport::Request::kPending) device_.cancel(r, "the sandbox ended");
+    withdraw(in, "the sandbox ended");
     nextIndex_[m] = in.index + 1;
   }
 }

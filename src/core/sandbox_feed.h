@@ -7,6 +7,7 @@
 #include <atomic>
 #include <map>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -46,6 +47,13 @@ class Feed {
  private:
   struct Incoming;  // one member's recording on its way
   void run();
+  void postAnnounce(transport::MemberId m, Incoming& in);
+  // Moves `in` on once its receives completed; false when the member is
+  // dropped (it left or failed, or what it sent is refused: logged).
+  bool advance(transport::MemberId m, Incoming& in);
+  bool takeAnnounce(transport::MemberId m, Incoming& in, std::string* why);
+  bool takeRecording(transport::MemberId m, Incoming& in, std::string* why);
+  void withdraw(Incoming& in, const char* why);
   transport::Device& device_;
   const size_t maxOutputBytes_;
   mutable Mutex mu_;

@@ -24,6 +24,29 @@ namespace {
 
 constexpr int kRanks = 3, kSandboxRank = 1, kCount = 1000;
 
+void setJobEnvironment() {
+  setenv("ECCL_SOCKET_IFNAME", "lo", 1);
+  setenv("ECCL_TIMEOUT_MS", "15000", 1);
+  setenv("ECCL_HEARTBEAT_MS", "100", 1);
+}
+
+// Once rank 1's place is taken (a survivor after its recovery, the
+// standby after its promotion): every rank adds rank + 1, for real.
+void realAllReduceThenDestroy(ecclComm_t comm, int rank, const std::string& what) {
+  float v = float(rank + 1);
+  RANK_OK(ecclAllReduce(&v, &v, 1, ecclFloat32, ecclSum, comm, nullptr), comm);
+  RANK_CHECK(v == 6.0f, what + std::to_string(v));
+  RANK_OK(ecclCommDestroy(comm), comm);
+}
+
+void expectOnlyTheSandboxRankKilled(const std::vector<RankOutcome>& outcomes) {
+  for (int r = 0; r <= kRanks; ++r) {
+    const auto& o = outcomes[static_cast<size_t>(r)];
+    if (r == kSandboxRank) EXPECT_TRUE(!o.exited && o.signal == SIGKILL) << describe(outcomes);
+    else EXPECT_TRUE(o.exited && o.exitCode == 0) << describe(outcomes);
+  }
+}
+
 // One "training step" in the sandbox; checks every output.
 void sandboxStep(ecclComm_t comm, int step) {
   const int n = kRanks, r = kSandboxRank;
@@ -61,9 +84,7 @@ void sandboxStep(ecclComm_t comm, int step) {
 
 TEST(Sandbox, AStandbyTrainsLocallyThenTheSameHandleBecomesTheRank) {
   setenv("ECCL_CUDA_DRIVER", ECCL_HOST_CUDA, 1);
-  setenv("ECCL_SOCKET_IFNAME", "lo", 1);
-  setenv("ECCL_TIMEOUT_MS", "15000", 1);
-  setenv("ECCL_HEARTBEAT_MS", "100", 1);
+  setJobEnvironment();
   ReadyFiles ready;
   const std::string dir = ready.dir;
   ProcessGroup group(kRanks + 1, [dir](int index, int, const ecclUniqueId& id) {
@@ -109,10 +130,7 @@ TEST(Sandbox, AStandbyTrainsLocallyThenTheSameHandleBecomesTheRank) {
       // promotion the standby had no connection and sent nothing.
       RANK_CHECK(during.bytesSent == 0 && during.bytesReceived == 0 && during.connectionsOpened == 0,
                  "the sandbox moved bytes: sent " + std::to_string(during.bytesSent));
-      float v = float(r + 1);
-      RANK_OK(ecclAllReduce(&v, &v, 1, ecclFloat32, ecclSum, comm, nullptr), comm);
-      RANK_CHECK(v == 6.0f, "a real allreduce after the sandbox gave " + std::to_string(v));
-      RANK_OK(ecclCommDestroy(comm), comm);
+      realAllReduceThenDestroy(comm, r, "a real allreduce after the sandbox gave ");
       return;
     }
     RANK_OK(ecclCommInitRank(&comm, kRanks, id, index), nullptr);
@@ -128,17 +146,9 @@ TEST(Sandbox, AStandbyTrainsLocallyThenTheSameHandleBecomesTheRank) {
       RANK_CHECK(step < 100000, "rank 1 never died");
     }
     RANK_OK(ecclCommRecover(comm, ecclRecoverReplace), comm);
-    v = float(index + 1);
-    RANK_OK(ecclAllReduce(&v, &v, 1, ecclFloat32, ecclSum, comm, nullptr), comm);
-    RANK_CHECK(v == 6.0f, "after the replacement: " + std::to_string(v));
-    RANK_OK(ecclCommDestroy(comm), comm);
+    realAllReduceThenDestroy(comm, index, "after the replacement: ");
   });
-  auto outcomes = group.wait(std::chrono::seconds(90));
-  for (int r = 0; r <= kRanks; ++r) {
-    const auto& o = outcomes[static_cast<size_t>(r)];
-    if (r == kSandboxRank) EXPECT_TRUE(!o.exited && o.signal == SIGKILL) << describe(outcomes);
-    else EXPECT_TRUE(o.exited && o.exitCode == 0) << describe(outcomes);
-  }
+  expectOnlyTheSandboxRankKilled(group.wait(std::chrono::seconds(90)));
 }
 
 // The step the ranks run in the replay test, `s` its number: rank r's input
@@ -217,9 +227,7 @@ int replayedStep(ecclComm_t comm) {
 }
 
 TEST(Sandbox, AnEagerStandbyAnswersWithTheOutputsARankRecordedForIt) {
-  setenv("ECCL_SOCKET_IFNAME", "lo", 1);
-  setenv("ECCL_TIMEOUT_MS", "15000", 1);
-  setenv("ECCL_HEARTBEAT_MS", "100", 1);
+  setJobEnvironment();
   setenv("ECCL_PREPARE", "eager", 1);
   ReadyFiles ready;
   const std::string dir = ready.dir;
@@ -255,10 +263,7 @@ TEST(Sandbox, AnEagerStandbyAnswersWithTheOutputsARankRecordedForIt) {
       }
       RANK_OK(promoted, comm);
       RANK_CHECK(replayedFrom >= 0, "promoted before any recording was replayed");
-      float v = float(kSandboxRank + 1);
-      RANK_OK(ecclAllReduce(&v, &v, 1, ecclFloat32, ecclSum, comm, nullptr), comm);
-      RANK_CHECK(v == 6.0f, "a real allreduce after the sandbox gave " + std::to_string(v));
-      RANK_OK(ecclCommDestroy(comm), comm);
+      realAllReduceThenDestroy(comm, kSandboxRank, "a real allreduce after the sandbox gave ");
       return;
     }
     RANK_OK(ecclCommInitRank(&comm, kRanks, id, index), nullptr);
@@ -285,17 +290,9 @@ TEST(Sandbox, AnEagerStandbyAnswersWithTheOutputsARankRecordedForIt) {
       usleep(1000);
     }
     RANK_OK(ecclCommRecover(comm, ecclRecoverReplace), comm);
-    float v = float(index + 1);
-    RANK_OK(ecclAllReduce(&v, &v, 1, ecclFloat32, ecclSum, comm, nullptr), comm);
-    RANK_CHECK(v == 6.0f, "after the replacement: " + std::to_string(v));
-    RANK_OK(ecclCommDestroy(comm), comm);
+    realAllReduceThenDestroy(comm, index, "after the replacement: ");
   });
-  auto outcomes = group.wait(std::chrono::seconds(90));
-  for (int r = 0; r <= kRanks; ++r) {
-    const auto& o = outcomes[static_cast<size_t>(r)];
-    if (r == kSandboxRank) EXPECT_TRUE(!o.exited && o.signal == SIGKILL) << describe(outcomes);
-    else EXPECT_TRUE(o.exited && o.exitCode == 0) << describe(outcomes);
-  }
+  expectOnlyTheSandboxRankKilled(group.wait(std::chrono::seconds(90)));
 }
 
 }  // namespace
