@@ -276,6 +276,7 @@ void LaneDevice::closeLaneLocked(Lane& lane) {
   lane.awaitingClearance.clear();
   lane.zeroCopyWrites.clear();
   lane.zeroCopyStarted = 0;
+  lane.zeroCopyHeldBack = false;
   lane.rxBegin = lane.rxEnd = 0;
   stats_.connectionsClosed++;
 }

@@ -33,7 +33,7 @@ bool LaneDevice::armLanesLocked() {
     if (!lane->conduit->armWakeup(lane->wantsRoom())) return false;
     // armWakeup looks at the completions once more after arming: a
     // zero-copy write it saw finish raises no event of its own.
-    if (zeroCopyWriteFinishedLocked(*lane)) return false;
+    if (zeroCopyWriteFinishedLocked(*lane) || lane->zeroCopyHeldBack) return false;
   }
   return true;
 }
@@ -56,11 +56,22 @@ void LaneDevice::completeLocked(const RequestPtr& r, ecclResult_t code, std::str
   }
 }
 
-void LaneDevice::flushLocked(Lane& lane) {
-  if (!lane.zeroCopyWrites.empty()) {
-    reapZeroCopyWritesLocked(lane);
-    startZeroCopyWritesLocked(lane);
-  }
+// Frames first (a clear-to-send the peer waits for among them), then one
+// cleared zero-copy write, then its kLanded, which must follow it. While
+// the lane is being read no write starts: readLocked starts one once every
+// frame that came is answered.
+void LaneDevice::flushLocked(Lane& lane) { flushLocked(lane, !lane.reading); }
+
+void LaneDevice::flushLocked(Lane& lane, bool startWrite) {
+  if (!lane.zeroCopyWrites.empty()) reapZeroCopyWritesLocked(lane);
+  if (!writeQueuedLocked(lane)) return;
+  if (startWrite && lane.conduit && startZeroCopyWriteLocked(lane) && !writeQueuedLocked(lane)) return;
+  setWantOutLocked(lane, !lane.sendQueue.empty() || !lane.bulkQueue.empty());
+}
+
+// Writes queued frames while the conduit takes them; false when the lane
+// failed (its peer is failed and the lane closed).
+bool LaneDevice::writeQueuedLocked(Lane& lane) {
   // A few bulk frames per call at most: the rest goes on the lane's later
   // writability events, so a bulk message never holds the device (and the
   // posts of other threads) for its whole length, and the lane is not
@@ -114,7 +125,7 @@ void LaneDevice::flushLocked(Lane& lane) {
                        fmt::format("peer {}: send on lane {} failed: {}", labelLocked(lane.key.remote),
                                    lane.key.lane, why),
                        true);
-      return;
+      return false;
     }
     item.done += static_cast<size_t>(rc);
     stats_.bytesSent += static_cast<size_t>(rc);
@@ -128,7 +139,7 @@ void LaneDevice::flushLocked(Lane& lane) {
     lane.sendQueue.pop_front();
     finishChunkLocked(r);
   }
-  setWantOutLocked(lane, !lane.sendQueue.empty() || !lane.bulkQueue.empty());
+  return true;
 }
 
 RequestPtr LaneDevice::newRequest(MemberId member, uint64_t seq, bool isSend) {
@@ -469,7 +480,11 @@ void LaneDevice::progressLoop() {
 // read means the socket is empty, so no recv() is spent on EAGAIN.
 void LaneDevice::readLocked(Lane& lane) {
   lane.reading = true;
+  const uint64_t token = lane.token;
   readFramesLocked(lane);
+  // Writes cleared by what was read start now, after every frame that came
+  // with them was answered.
+  if (lane.token == token && lane.conduit && lane.zeroCopyHeldBack) flushLocked(lane, /*startWrite=*/true);
   lane.reading = false;
 }
 

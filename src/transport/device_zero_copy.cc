@@ -77,19 +77,32 @@ void LaneDevice::onClearToSendLocked(Lane& lane) {
   }
   item.chunk = cleared;
   lane.zeroCopyWrites.push_back(std::move(item));
-  flushLocked(lane);
+  // Started once the frames read with this one are dealt with (readLocked
+  // flushes the lane after the read): see startZeroCopyWriteLocked.
+  lane.zeroCopyHeldBack = true;
 }
 
-void LaneDevice::startZeroCopyWritesLocked(Lane& lane) {
-  for (SendItem& item : lane.zeroCopyWrites) {
-    if (item.ticket) continue;
-    if (!lane.conduit->writeZeroCopy(item.pinned, item.pinnedFrom, item.length, item.chunk.address, item.chunk.key))
-      return;
-    item.ticket = ++lane.zeroCopyStarted;
-    stats_.bytesSent += item.length;
-    stats_.zeroCopyChunksSent++;
-    queueControlLocked(lane, FrameType::kLanded, encodeChunkRef(item.chunk), /*flush=*/false);
-  }
+// Starts the oldest cleared write not yet started, one per call: a software
+// provider (Soft-RoCE) moves a write's bytes inside the post, so posting
+// every cleared write at once would keep the peer's own rendezvous (its
+// headers waiting for our clear-to-send, behind them on the lane) unanswered
+// for all their time, and the two directions would take turns instead of
+// running together. On an HCA a post is a doorbell, and the next pass posts
+// the next write microseconds later. True when one started.
+bool LaneDevice::startZeroCopyWriteLocked(Lane& lane) {
+  lane.zeroCopyHeldBack = false;
+  auto next = std::find_if(lane.zeroCopyWrites.begin(), lane.zeroCopyWrites.end(),
+                           [](const SendItem& item) { return item.ticket == 0; });
+  if (next == lane.zeroCopyWrites.end()) return false;
+  SendItem& item = *next;
+  if (!lane.conduit->writeZeroCopy(item.pinned, item.pinnedFrom, item.length, item.chunk.address, item.chunk.key))
+    return false;  // no send slot: a completion brings the lane back
+  item.ticket = ++lane.zeroCopyStarted;
+  stats_.bytesSent += item.length;
+  stats_.zeroCopyChunksSent++;
+  queueControlLocked(lane, FrameType::kLanded, encodeChunkRef(item.chunk), /*flush=*/false);
+  lane.zeroCopyHeldBack = std::next(next) != lane.zeroCopyWrites.end();
+  return true;
 }
 
 bool LaneDevice::zeroCopyWriteFinishedLocked(const Lane& lane) const {

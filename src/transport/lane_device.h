@@ -167,6 +167,9 @@ struct Lane {
   std::deque<SendItem> awaitingClearance;
   std::deque<SendItem> zeroCopyWrites;
   uint64_t zeroCopyStarted = 0;
+  // Cleared writes left unstarted by the one-write-per-pass rule
+  // (startZeroCopyWriteLocked): the device must come back to them, not sleep.
+  bool zeroCopyHeldBack = false;
   struct Exposure {
     InboxKey key;
     ChunkRef chunk;
@@ -326,6 +329,8 @@ class LaneDevice final : public Device {
                       Deadline deadline, const std::string& what, const std::function<bool()>& giveUp, Fd* stream);
   void closeLaneLocked(Lane& lane) ECCL_REQUIRES(mu_);
   void flushLocked(Lane& lane) ECCL_REQUIRES(mu_);
+  void flushLocked(Lane& lane, bool startWrite) ECCL_REQUIRES(mu_);
+  bool writeQueuedLocked(Lane& lane) ECCL_REQUIRES(mu_);
   void setWantOutLocked(Lane& lane, bool on) ECCL_REQUIRES(mu_);
   void updateEpollLocked(Lane& lane, int op) ECCL_REQUIRES(mu_);
   void waitSliceLocked(const RequestPtr& r, Deadline until) ECCL_REQUIRES(mu_);
@@ -403,7 +408,7 @@ class LaneDevice final : public Device {
   void clearToSendLocked(Lane& lane) ECCL_REQUIRES(mu_);
   void onClearToSendLocked(Lane& lane) ECCL_REQUIRES(mu_);
   void onLandedLocked(Lane& lane) ECCL_REQUIRES(mu_);
-  void startZeroCopyWritesLocked(Lane& lane) ECCL_REQUIRES(mu_);
+  bool startZeroCopyWriteLocked(Lane& lane) ECCL_REQUIRES(mu_);
   void reapZeroCopyWritesLocked(Lane& lane) ECCL_REQUIRES(mu_);
   bool zeroCopyWriteFinishedLocked(const Lane& lane) const ECCL_REQUIRES(mu_);
   void chunkLandedLocked(const InboxKey& key, size_t bytes, bool arrived, const std::string& peerLabel)

@@ -213,6 +213,55 @@ TEST_P(DeviceOverEachBackEnd, LargeChunksMoveZeroCopyOverRdma) {
   EXPECT_EQ(got, big);
 }
 
+// Many rendezvous both ways at once, as a ring allreduce makes them: each
+// side clears several of the other's chunks while its own are cleared, so
+// writes wait their turn (one started per pass, the other side's
+// clear-to-sends answered between them). One side's caller drives its
+// device; the other only waits (waitAny), so its progress thread alone
+// must come back to the writes it held back. Every message lands whole.
+TEST_P(DeviceOverEachBackEnd, ManyRendezvousBothWaysAllLand) {
+  Pair p(1, GetParam());
+  constexpr int kMessages = 12;
+  constexpr size_t kBytes = 256 << 10;
+  auto pattern = [](int side, int m, size_t i) { return static_cast<uint8_t>(i * 13 + m * 7 + side * 101); };
+  std::vector<std::vector<uint8_t>> out[2], in[2];
+  std::vector<RequestPtr> requests[2];
+  Device* devices[2] = {p.a.get(), p.b.get()};
+  for (int side = 0; side < 2; ++side)
+    for (int m = 0; m < kMessages; ++m) {
+      out[side].emplace_back(kBytes);
+      in[side].emplace_back(kBytes, 0);
+      for (size_t i = 0; i < kBytes; ++i) out[side][m][i] = pattern(side, m, i);
+    }
+  // Half the receives before the sends, half after (staged, then cleared).
+  for (int side = 0; side < 2; ++side)
+    for (int m = 0; m < kMessages / 2; ++m)
+      requests[side].push_back(devices[side]->irecv(1 - side, 100 + m, 0, in[side][m].data(), kBytes));
+  for (int m = 0; m < kMessages; ++m)
+    for (int side = 0; side < 2; ++side)
+      requests[side].push_back(devices[side]->isend(1 - side, 100 + m, 0, out[side][m].data(), kBytes));
+  for (int side = 0; side < 2; ++side)
+    for (int m = kMessages / 2; m < kMessages; ++m)
+      requests[side].push_back(devices[side]->irecv(1 - side, 100 + m, 0, in[side][m].data(), kBytes));
+  std::thread waiter([&] {
+    const Deadline until = deadlineAfterMs(30000);
+    for (const RequestPtr& r : requests[1])
+      while (r->state.load() == Request::kPending && Clock::now() < until) p.b->waitAny({r}, until);
+  });
+  for (const RequestPtr& r : requests[0]) p.a->wait(r, deadlineAfterMs(30000), "transfer");
+  waiter.join();
+  for (const RequestPtr& r : requests[1]) EXPECT_EQ(r->state.load(), Request::kDone) << r->error;
+  for (int side = 0; side < 2; ++side)
+    for (int m = 0; m < kMessages; ++m) {
+      bool whole = true;
+      for (size_t i = 0; i < kBytes && whole; ++i) whole = in[side][m][i] == pattern(1 - side, m, i);
+      EXPECT_TRUE(whole) << "message " << m << " to side " << side;
+    }
+  const uint64_t zeroCopy = GetParam() == "ib" ? kMessages : 0;
+  EXPECT_EQ(p.a->stats().zeroCopyChunksSent, zeroCopy);
+  EXPECT_EQ(p.b->stats().zeroCopyChunksSent, zeroCopy);
+}
+
 // ECCL_IB_REGISTRATION_CACHE_BYTES keeps zero-copy registrations: a buffer
 // sent from (and one received into) again is found registered.
 TEST_P(DeviceOverEachBackEnd, KeptRegistrationsAreReusedWhenAsked) {
