@@ -364,9 +364,12 @@ void LaneDevice::connectNow(MemberId member, Deadline deadline) {
   MutexLock lock(mu_);
   for (;;) {
     Peer& p = peerLocked(member);
-    if (p.state == Peer::State::kUp) return;
-    if (p.state == Peer::State::kFailed || p.state == Peer::State::kLeft)
-      fail(p.failCode, "connecting to peer {}: {}", p.label, p.failReason);
+    // A peer that connected, said goodbye and went (a fast rank that did
+    // its part and destroyed its communicator before this one got here) is
+    // not a failure to connect: what it sent stays receivable, and an op
+    // that needs more of it fails then (leftPeerNeededLocked).
+    if (p.state == Peer::State::kUp || p.state == Peer::State::kLeft) return;
+    if (p.state == Peer::State::kFailed) fail(p.failCode, "connecting to peer {}: {}", p.label, p.failReason);
     if (!cv_.waitUntil(mu_, deadline) && Clock::now() >= deadline) {
       // Every live member dials whatever it must (connectPeers goes on past
       // failures), so a view member still silent here is stopped or cut

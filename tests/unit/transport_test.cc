@@ -522,6 +522,33 @@ TEST(TcpDevice, ALeaverNeededByALaterCollectiveSparesTheEarlierOne) {
   }
 }
 
+// A fast member sends its part and destroys its communicator before a slow
+// one gets to connecting the view (a 2-rank job under load did this): the
+// slow one's connect succeeds, the data is received, and only an op that
+// needs more of the leaver fails.
+TEST(TcpDevice, APeerThatLeftInOrderBeforeTheConnectIsNoFailureOfTheView) {
+  auto d = connectedTrio([](MemberId) { return [](MemberId, ecclResult_t, const std::string&, uint64_t) {}; });
+  int32_t x = 41, got = 0, late = 0;
+  d[2]->wait(d[2]->isend(0, 1, 0, &x, 4), deadlineAfterMs(5000), "send");
+  d[2]->close(deadlineAfterMs(200));
+  d[2].reset();
+  const Deadline until = deadlineAfterMs(5000);
+  while (!d[0]->stats().connectionsClosed && Clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // its goodbye is in
+  ASSERT_NE(d[0]->stats().connectionsClosed, 0u);
+  EXPECT_NO_THROW(connectAll(*d[0], {1, 2}, deadlineAfterMs(5000)));
+  auto r = d[0]->irecv(2, 1, 0, &got, 4);
+  d[0]->wait(r, deadlineAfterMs(5000), "recv");
+  EXPECT_EQ(got, 41);
+  auto more = d[0]->irecv(2, 2, 0, &late, 4);
+  try {
+    d[0]->wait(more, deadlineAfterMs(5000), "recv");
+    FAIL() << "a receive from a member that had left completed";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("has left"), std::string::npos) << e.what();
+  }
+}
+
 // The coordinator (or a peer) says a member that left in order was needed
 // from collective 2 on, before the leaver's data for collective 1 reached
 // this slower member: its receive of that data still completes, and only
