@@ -161,9 +161,9 @@ struct Lane {
   std::vector<uint8_t> control;
   // Zero-copy chunks (Conduit::zeroCopyMinBytes), each queue in the order
   // the other side answers: ours whose header went out, until cleared;
-  // cleared ones, until their writes finish (ticket 0: waiting for room to
-  // start); and, receiving, chunks exposed to the peer until it says they
-  // landed.
+  // cleared ones, until their writes finish (ticket 0: not started, held
+  // back one pass or waiting for a send slot); and, receiving, chunks
+  // exposed to the peer until it says they landed.
   std::deque<SendItem> awaitingClearance;
   std::deque<SendItem> zeroCopyWrites;
   uint64_t zeroCopyStarted = 0;
