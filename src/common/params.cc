@@ -17,7 +17,9 @@ const std::vector<Param>& all() {
       {"ECCL_SOCKET_IFNAME", "string", "",
        "Network interface to use (prefix match; ^name excludes). Default: first non-loopback "
        "interface that is up, else loopback."},
-      {"ECCL_DEBUG", "string", "WARN", "Log level: NONE, WARN, INFO or TRACE."},
+      {"ECCL_DEBUG", "string", "WARN",
+       "Log level: NONE, WARN, INFO or TRACE (TRACE lines carry CLOCK_MONOTONIC seconds, so the traces of a host's "
+       "processes merge by sorting; the RDMA rendezvous steps are traced)."},
       {"ECCL_STRIPE_MIN_BYTES", "int", "262144",
        "Messages at least this large are split across all lanes of a peer."},
       {"ECCL_ALLREDUCE_SMALL_BYTES", "int", "262144",

@@ -9,6 +9,18 @@
 #include "transport/lane_device.h"
 
 namespace eccl::transport::lanes {
+namespace {
+
+const char* answerName(uint32_t answer) {
+  switch (answer) {
+    case ChunkRef::kWriteHere: return "write here";
+    case ChunkRef::kSendOnLane: return "send it on the lane";
+    case ChunkRef::kDropped: return "dropped";
+    default: return "malformed";
+  }
+}
+
+}  // namespace
 
 // Receiver: a rendezvous header has been placed (or dropped).
 void LaneDevice::clearToSendLocked(Lane& lane) {
@@ -37,6 +49,8 @@ void LaneDevice::clearToSendLocked(Lane& lane) {
     }
   }
   lane.discarding = true;
+  log::trace("rendezvous: {} offers op {:#x} tag {} offset {} ({} B) on lane {}: {}", labelLocked(lane.key.remote),
+             h.seq, h.tag, h.offset, h.length, lane.key.lane, answerName(chunk.answer));
   queueControlLocked(lane, FrameType::kClearToSend, encodeChunkRef(chunk));
 }
 
@@ -55,6 +69,8 @@ void LaneDevice::onClearToSendLocked(Lane& lane) {
                    true);
     return;
   }
+  log::trace("rendezvous: {} answered op {:#x} tag {} offset {} on lane {}: {}", labelLocked(lane.key.remote),
+             cleared.seq, cleared.tag, cleared.offset, lane.key.lane, answerName(cleared.answer));
   SendItem item = std::move(lane.awaitingClearance.front());
   lane.awaitingClearance.pop_front();
   if (cleared.answer != ChunkRef::kWriteHere) {
@@ -95,8 +111,14 @@ bool LaneDevice::startZeroCopyWriteLocked(Lane& lane) {
                            [](const SendItem& item) { return item.ticket == 0; });
   if (next == lane.zeroCopyWrites.end()) return false;
   SendItem& item = *next;
+  const bool tracing = log::threshold() >= log::Level::kTrace;
+  const auto posting = tracing ? Clock::now() : Clock::time_point{};
   if (!lane.conduit->writeZeroCopy(item.pinned, item.pinnedFrom, item.length, item.chunk.address, item.chunk.key))
     return false;  // no send slot: a completion brings the lane back
+  if (tracing)
+    log::trace("rendezvous: wrote op {:#x} tag {} offset {} ({} B) to {} on lane {} (the post took {} us)",
+               item.chunk.seq, item.chunk.tag, item.chunk.offset, item.length, labelLocked(lane.key.remote),
+               lane.key.lane, std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - posting).count());
   item.ticket = ++lane.zeroCopyStarted;
   stats_.bytesSent += item.length;
   stats_.zeroCopyChunksSent++;
@@ -113,6 +135,8 @@ bool LaneDevice::zeroCopyWriteFinishedLocked(const Lane& lane) const {
 void LaneDevice::reapZeroCopyWritesLocked(Lane& lane) {
   while (zeroCopyWriteFinishedLocked(lane)) {
     SendItem& item = lane.zeroCopyWrites.front();
+    log::trace("rendezvous: the write of op {:#x} tag {} offset {} to {} completed", item.chunk.seq, item.chunk.tag,
+               item.chunk.offset, labelLocked(lane.key.remote));
     lane.conduit->release(item.pinned);
     RequestPtr r = std::move(item.request);
     lane.zeroCopyWrites.pop_front();
@@ -132,6 +156,8 @@ void LaneDevice::onLandedLocked(Lane& lane) {
                    true);
     return;
   }
+  log::trace("rendezvous: op {:#x} tag {} offset {} ({} B) from {} landed", landed.seq, landed.tag, landed.offset,
+             landed.length, labelLocked(lane.key.remote));
   Lane::Exposure exposure = lane.exposures.front();
   lane.exposures.pop_front();
   lane.conduit->release(exposure.handle);
