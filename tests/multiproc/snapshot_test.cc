@@ -13,7 +13,9 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -315,7 +317,18 @@ TEST_F(Snapshot, PersistAndLoadAcrossAWholeJobRestartAndAPersistKilledMidway) {
         float sync = 0;
         RANK_OK(ecclAllReduce(&sync, &sync, 1, ecclFloat32, ecclSum, comm, nullptr), comm);
         if (v == 4 || v == 5) RANK_OK(ecclSnapshotPersist(comm, dir.c_str()), comm);
-        if (v == 5 && rank == 1) raise(SIGKILL);  // killed while its persist writes
+        if (v == 5 && rank != 1) std::ofstream(dir + ".allreduce-done-" + std::to_string(rank)).put('1');
+        if (v == 5 && rank == 1) {
+          // Its allreduce returning says its part is handed over, not that
+          // the last bytes left this process: it dies once the others have
+          // theirs (or after 30 s), while its persist writes.
+          const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+          while ((!std::filesystem::exists(dir + ".allreduce-done-0") ||
+                  !std::filesystem::exists(dir + ".allreduce-done-2")) &&
+                 std::chrono::steady_clock::now() < until)
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          raise(SIGKILL);
+        }
         int64_t onDisk = -1;
         if (v == 4) RANK_OK(ecclSnapshotPersistWait(comm, 30000, &onDisk), comm);
         RANK_CHECK(v != 4 || onDisk == 4, "persisted " + std::to_string(onDisk));
@@ -350,6 +363,7 @@ TEST_F(Snapshot, PersistAndLoadAcrossAWholeJobRestartAndAPersistKilledMidway) {
   auto outcomes = restart.wait(std::chrono::seconds(90));
   EXPECT_TRUE(allSucceeded(outcomes)) << describe(outcomes);
   std::filesystem::remove_all(dir);
+  for (int rank : {0, 2}) std::filesystem::remove(dir + ".allreduce-done-" + std::to_string(rank));
 }
 
 }  // namespace
