@@ -88,6 +88,11 @@ const std::vector<Param>& all() {
        "microseconds, while an RDMA transfer of its own is in flight (a rendezvous asked, a write posted, its buffer "
        "exposed to the peer), as NCCL's proxy thread and MPI libraries do, before it sleeps on completion events; "
        "polling costs a core meanwhile. 0: sleep after ECCL_SPIN_US like any wait."},
+      {"ECCL_IB_ANNOUNCE_RECEIVES", "int", "1",
+       "ibverbs back end: a collective's receive posted before its data comes tells the sender where it is, and "
+       "the sender writes its large chunks there without asking (a receiver-driven rendezvous, as NCCL's IB "
+       "transport keeps a FIFO of posted buffers at the sender). 0: the sender asks for every chunk (header, "
+       "clear-to-send, write)."},
       {"ECCL_IB_REGISTRATION_CACHE_BYTES", "int", "0",
        "ibverbs back end: keep the registrations of zero-copy buffers for reuse, up to this many bytes (idle ones "
        "dropped oldest first); 0: register each transfer's buffers for that transfer only. Only for applications "
@@ -182,6 +187,7 @@ int64_t maxUnauthenticated() { return getInt("ECCL_MAX_UNAUTHENTICATED"); }
 int64_t spinUs() { return getInt("ECCL_SPIN_US"); }
 int64_t coordFailoverMs() { return getInt("ECCL_COORD_FAILOVER_MS"); }
 int64_t ibPollUs() { return getInt("ECCL_IB_POLL_US"); }
+int64_t ibAnnounceReceives() { return getInt("ECCL_IB_ANNOUNCE_RECEIVES"); }
 int64_t netPoolIdleMs() { return getInt("ECCL_NET_POOL_IDLE_MS"); }
 int64_t netLogBytes() { return getInt("ECCL_NET_LOG_BYTES"); }
 int64_t snapshotReplicas() { return getInt("ECCL_SNAPSHOT_REPLICAS"); }

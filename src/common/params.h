@@ -39,6 +39,7 @@ int pinProgressThread();
 int64_t spinUs();
 int64_t coordFailoverMs();
 int64_t ibPollUs();
+int64_t ibAnnounceReceives();
 int64_t netPoolIdleMs();
 int64_t netEagerBytes();
 std::string ibHca();

@@ -106,6 +106,7 @@ void Communicator::join(const ecclUniqueId& id, membership::Role role, int rank,
   t.pinProgressThread = params::pinProgressThread() != 0;
   t.spinUs = std::max<int64_t>(0, params::spinUs());
   t.rdmaPollUs = std::max<int64_t>(0, params::ibPollUs());
+  t.announceReceives = params::ibAnnounceReceives() != 0;
   if (std::string choice = params::transport(); choice != "auto") t.backends = transport::parseBackendList(choice);
   t.ringBytes = static_cast<size_t>(params::shmRingBytes());
   device_ = transport::createDevice(t);

@@ -265,12 +265,20 @@ void LaneDevice::closeLaneLocked(Lane& lane) {
   // Nothing lands in an exposed chunk once the connection is gone.
   std::deque<Lane::Exposure> exposures = std::move(lane.exposures);
   lane.exposures.clear();
+  std::deque<Lane::Exposure> windows = std::move(lane.receiveWindows);
+  lane.receiveWindows.clear();
+  for (const Lane::Exposure& window : windows) lane.conduit->release(window.handle);
+  std::vector<ChunkRef> prewrites;  // ours, whose completions will not come
+  for (const SendItem& item : lane.zeroCopyWrites)
+    if (item.prewritten) prewrites.push_back(item.chunk);
   for (const Lane::Exposure& e : exposures) lane.conduit->release(e.handle);
   for (auto* queue : {&lane.awaitingClearance, &lane.zeroCopyWrites})
     for (const SendItem& item : *queue) lane.conduit->release(item.pinned);
   lane.conduit.reset();
   const std::string peerLabel = labelLocked(lane.key.remote);
   for (const Lane::Exposure& e : exposures) chunkLandedLocked(e.key, e.chunk.length, /*arrived=*/false, peerLabel);
+  for (const Lane::Exposure& window : windows) receiveWindowGoneLocked(window.key);
+  for (const ChunkRef& chunk : prewrites) prewriteFinishedLocked(lane, chunk);
   lane.sendQueue.clear();
   lane.bulkQueue.clear();
   lane.awaitingClearance.clear();

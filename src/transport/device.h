@@ -71,6 +71,9 @@ struct DeviceOptions {
   // Off for a consumer that cancels requests in flight (a cancelled receive
   // being written into has its connection closed).
   bool zeroCopy = true;
+  // A collective's posted receive is announced to its sender, which writes
+  // large chunks into it without asking (device_receive_ready.cc).
+  bool announceReceives = true;
 };
 
 std::unique_ptr<Device> createDevice(const DeviceOptions& options);

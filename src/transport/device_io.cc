@@ -87,6 +87,14 @@ bool LaneDevice::writeQueuedLocked(Lane& lane) {
     SendItem& item = lane.sendQueue.front();
     if (item.done == 0 && item.request && opt_.zeroCopy && !item.rendezvous) {
       const size_t least = lane.conduit->zeroCopyMinBytes();
+      if (least > 0 && item.length >= least && takeReceiveReadyLocked(lane, item)) {
+        // The receiver announced where: written like a cleared chunk, its
+        // header after it (startZeroCopyWriteLocked).
+        lane.zeroCopyWrites.push_back(std::move(item));
+        lane.sendQueue.pop_front();
+        lane.zeroCopyHeldBack = true;
+        continue;
+      }
       if (least > 0 && item.length >= least && (item.pinned = lane.conduit->pin(item.data, item.length))) {
         item.rendezvous = true;
         item.pinnedFrom = item.data;
@@ -211,6 +219,7 @@ RequestPtr LaneDevice::postSend(MemberId member, uint64_t seq, uint32_t tag, con
     encodeFrame(h, item.header);
     item.data = data + offset;
     item.length = n;
+    item.messageBytes = len;
     item.request = r;
     r->pendingChunks++;
     (bulk ? lane.bulkQueue : lane.sendQueue).push_back(std::move(item));
@@ -283,6 +292,7 @@ RequestPtr LaneDevice::postRecv(MemberId member, uint64_t seq, uint32_t tag, voi
   box.capacity = len;
   r->bytes = len;
   if (p2pChecked) box.expected = *signature;
+  announceReceiveLocked(p, key, box);
   return r;
 }
 
@@ -572,7 +582,7 @@ bool LaneDevice::advanceLocked(Lane& lane, size_t got) {
   } else {
     lane.payloadGot += got;
   }
-  if (lane.frame.type == FrameType::kData && (lane.frame.flags & FrameHeader::kRendezvous)) {
+  if (lane.frame.type == FrameType::kData && (lane.frame.flags & (FrameHeader::kRendezvous | FrameHeader::kPrewritten))) {
     lane.rx = Lane::Rx::kHeader;  // its bytes come by a zero-copy write, not on the lane
     return lane.token == token;
   }
@@ -636,6 +646,7 @@ bool LaneDevice::onSignatureLocked(Lane& lane) {
 // Finds where a data frame's payload goes, once its header (and call
 // signature) are in; a zero-copy chunk's sender is told where to write it.
 bool LaneDevice::onDataFrameLocked(Lane& lane, const CallSignature* signature) {
+  if (lane.frame.flags & FrameHeader::kPrewritten) return onPrewrittenLocked(lane, signature);
   const uint64_t token = lane.token;
   if (!placeDataFrameLocked(lane, signature)) return false;
   if (lane.token == token && (lane.frame.flags & FrameHeader::kRendezvous)) clearToSendLocked(lane);
@@ -693,11 +704,9 @@ bool LaneDevice::placeDataFrameLocked(Lane& lane, const CallSignature* signature
   if (!fitsLocked(box, h->total)) {
     // The sender's message size disagrees with the posted receive: fail the
     // receive, discard this message, keep the connection.
-    if (box.request)
-      completeLocked(box.request, ecclInvalidUsage,
-                     fmt::format("peer {} sent {} bytes where {}{} were expected (mismatched counts or types)",
-                                 labelLocked(remote), h->total, box.upTo ? "at most " : "", box.total));
-    inbox_.erase(it);
+    dropBoxLocked(it, ecclInvalidUsage,
+                  fmt::format("peer {} sent {} bytes where {}{} were expected (mismatched counts or types)",
+                              labelLocked(remote), h->total, box.upTo ? "at most " : "", box.total));
     return true;
   }
   if (box.upTo && box.total != h->total) {  // the first frame of a message shorter than the receive
@@ -760,6 +769,7 @@ void LaneDevice::onPayloadDoneLocked(Lane& lane) {
 // Completes the receive once every byte of its message is in.
 void LaneDevice::messageArrivedLocked(std::map<InboxKey, Inbox>::iterator it, const std::string& peerLabel) {
   Inbox& box = it->second;
+  if (box.received >= box.total) closeReceiveWindowLocked(it->first, box, /*withdrawn=*/false);
   if (box.received < box.total || !box.request || box.exposed > 0) return;
   if (!checksumHoldsLocked(box, peerLabel)) {
     inbox_.erase(it);

@@ -194,6 +194,7 @@ void LaneDevice::failPeerLocked(MemberId member, ecclResult_t code, const std::s
     failLaneSendsLocked(*lane, code, reason);
     closeLaneLocked(*lane);
   }
+  p.receiveReady.clear();
   for (auto box = inbox_.begin(); box != inbox_.end();) {
     // A whole message that came before the failure, not yet asked for, is
     // kept: the op it belongs to may be one the failure does not revoke.
@@ -321,6 +322,18 @@ void LaneDevice::onControlLocked(Lane& lane) {
   }
   if (lane.frame.type == FrameType::kLanded) {
     onLandedLocked(lane);
+    return;
+  }
+  if (lane.frame.type == FrameType::kReceiveReady) {
+    onReceiveReadyLocked(lane);
+    return;
+  }
+  if (lane.frame.type == FrameType::kReceiveDone) {
+    onReceiveDoneLocked(lane);
+    return;
+  }
+  if (lane.frame.type == FrameType::kReceiveReleased) {
+    onReceiveReleasedLocked(lane);
     return;
   }
   if (lane.frame.type == FrameType::kPong) {

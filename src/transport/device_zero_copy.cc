@@ -122,7 +122,15 @@ bool LaneDevice::startZeroCopyWriteLocked(Lane& lane) {
   item.ticket = ++lane.zeroCopyStarted;
   stats_.bytesSent += item.length;
   stats_.zeroCopyChunksSent++;
-  queueControlLocked(lane, FrameType::kLanded, encodeChunkRef(item.chunk), /*flush=*/false);
+  if (item.prewritten) {  // its header follows the write on the lane: there is nobody to ask
+    SendItem header;
+    std::memcpy(header.header, item.header, item.headerBytes);
+    header.headerBytes = item.headerBytes;
+    lane.sendQueue.push_back(std::move(header));
+    stats_.zeroCopyChunksPrewritten++;
+  } else {
+    queueControlLocked(lane, FrameType::kLanded, encodeChunkRef(item.chunk), /*flush=*/false);
+  }
   lane.zeroCopyHeldBack = std::next(next) != lane.zeroCopyWrites.end();
   return true;
 }
@@ -139,7 +147,10 @@ void LaneDevice::reapZeroCopyWritesLocked(Lane& lane) {
                item.chunk.offset, labelLocked(lane.key.remote));
     lane.conduit->release(item.pinned);
     RequestPtr r = std::move(item.request);
+    const ChunkRef chunk = item.chunk;
+    const bool prewritten = item.prewritten;
     lane.zeroCopyWrites.pop_front();
+    if (prewritten) prewriteFinishedLocked(lane, chunk);
     finishChunkLocked(r);
   }
 }
@@ -189,6 +200,7 @@ void LaneDevice::chunkLandedLocked(const InboxKey& key, size_t bytes, bool arriv
 std::map<InboxKey, Inbox>::iterator LaneDevice::dropBoxLocked(std::map<InboxKey, Inbox>::iterator it,
                                                               ecclResult_t code, const std::string& reason) {
   Inbox& box = it->second;
+  closeReceiveWindowLocked(it->first, box, /*withdrawn=*/true);
   if (box.exposed == 0) {
     if (box.request) completeLocked(box.request, code, reason);
     return inbox_.erase(it);

@@ -56,7 +56,8 @@ std::optional<FrameHeader> decodeFrame(const uint8_t in[FrameHeader::kSize], std
     return reject(fmt::format("unsupported frame version {}", get<uint16_t>(in + 4)));
   uint32_t crc = get<uint32_t>(in + 60);
   if (crc != crc32c(in, 60)) return reject("header checksum mismatch");
-  constexpr uint8_t known = FrameHeader::kPayloadChecksum | FrameHeader::kCallSignature | FrameHeader::kRendezvous;
+  constexpr uint8_t known = FrameHeader::kPayloadChecksum | FrameHeader::kCallSignature | FrameHeader::kRendezvous |
+                          FrameHeader::kPrewritten;
   if (in[7] & ~known) return reject(fmt::format("unknown frame flags 0x{:02x}", in[7]));
   if (!(in[7] & FrameHeader::kPayloadChecksum) && get<uint32_t>(in + 52) != 0)
     return reject("a payload checksum without its flag");
@@ -64,7 +65,7 @@ std::optional<FrameHeader> decodeFrame(const uint8_t in[FrameHeader::kSize], std
     return reject("a call signature checksum without its flag");
   FrameHeader h;
   uint8_t type = get<uint8_t>(in + 6);
-  if (type < 1 || type > 8) return reject(fmt::format("unknown frame type {}", type));
+  if (type < 1 || type > 11) return reject(fmt::format("unknown frame type {}", type));
   h.type = static_cast<FrameType>(type);
   h.flags = get<uint8_t>(in + 7);
   h.epoch = get<uint32_t>(in + 8);
@@ -88,8 +89,11 @@ std::optional<FrameHeader> decodeFrame(const uint8_t in[FrameHeader::kSize], std
     return reject(fmt::format("control payload length {} exceeds the limit {}", h.length,
                               FrameHeader::kMaxControlPayload));
   }
-  if ((h.flags & FrameHeader::kRendezvous) && h.length == 0) return reject("an empty rendezvous chunk");
-  if ((h.type == FrameType::kClearToSend || h.type == FrameType::kLanded) && h.length != ChunkRef::kBytes)
+  if ((h.flags & (FrameHeader::kRendezvous | FrameHeader::kPrewritten)) && h.length == 0)
+    return reject("an empty rendezvous chunk");
+  if ((h.flags & FrameHeader::kRendezvous) && (h.flags & FrameHeader::kPrewritten))
+    return reject("a chunk both offered and already written");
+  if (h.type >= FrameType::kClearToSend && h.length != ChunkRef::kBytes)  // the rendezvous frames
     return reject(fmt::format("a chunk reference of {} bytes (not {})", h.length, ChunkRef::kBytes));
   if (h.type == FrameType::kNotice && h.length < 16)
     return reject("failure notice shorter than its member id and op");
@@ -98,8 +102,8 @@ std::optional<FrameHeader> decodeFrame(const uint8_t in[FrameHeader::kSize], std
   return h;
 }
 
-void markRendezvous(uint8_t frame[FrameHeader::kSize], bool on) {
-  frame[7] = static_cast<uint8_t>(on ? frame[7] | FrameHeader::kRendezvous : frame[7] & ~FrameHeader::kRendezvous);
+void markRendezvous(uint8_t frame[FrameHeader::kSize], bool on, uint8_t flag) {
+  frame[7] = static_cast<uint8_t>(on ? frame[7] | flag : frame[7] & ~flag);
   put<uint32_t>(frame + 60, crc32c(frame, 60));
 }
 

@@ -23,6 +23,16 @@ enum class FrameType : uint8_t {
   kRevoke = 6,   // payload: u64 first revoked op, u32 result code, then a UTF-8 reason
   kClearToSend = 7,  // payload: ChunkRef, where the receiver wants a zero-copy chunk written
   kLanded = 8,       // payload: ChunkRef, the sender wrote that chunk (behind it on the lane)
+  // A collective's posted receive, announced before its message comes (a
+  // receiver-driven rendezvous): payload ChunkRef of the whole receive
+  // (offset 0, length its size, where to write it). The sender writes its
+  // large chunks there without asking (kPrewritten).
+  kReceiveReady = 9,
+  // Receiver: forget that receive's window. answer kDropped: its message
+  // arrived; kWriteHere: it was withdrawn (revoked, superseded), answer
+  // with kReceiveReleased once no write into it is under way.
+  kReceiveDone = 10,
+  kReceiveReleased = 11,  // payload: the ChunkRef of the withdrawn receive
 };
 
 // Names one chunk of a message (the data frame's epoch, op, tag, offset and
@@ -66,6 +76,10 @@ struct FrameHeader {
   // receiver answers with a kClearToSend and the sender writes them into
   // the memory it names (Conduit::writeZeroCopy), then sends kLanded.
   static constexpr uint8_t kRendezvous = 4;
+  // kPrewritten: the `length` payload bytes were already written into the
+  // window the receiver announced (kReceiveReady), ahead of this header on
+  // the same connection; nothing follows on the lane.
+  static constexpr uint8_t kPrewritten = 8;
   FrameType type = FrameType::kData;
   uint8_t flags = 0;
   uint32_t payloadCrc = 0;
@@ -104,8 +118,9 @@ struct FrameHeader {
 };
 
 void encodeFrame(const FrameHeader& h, uint8_t out[FrameHeader::kSize]);
-// Sets or clears kRendezvous on an encoded data frame (its CRC follows).
-void markRendezvous(uint8_t frame[FrameHeader::kSize], bool on);
+// Sets or clears kRendezvous (or another flag) on an encoded data frame
+// (its CRC follows).
+void markRendezvous(uint8_t frame[FrameHeader::kSize], bool on, uint8_t flag = FrameHeader::kRendezvous);
 
 std::vector<uint8_t> encodeChunkRef(const ChunkRef& c);
 ChunkRef decodeChunkRef(const uint8_t in[ChunkRef::kBytes]);

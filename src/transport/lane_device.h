@@ -22,6 +22,7 @@
 #include <optional>
 #include <set>
 #include <thread>
+#include <tuple>
 #include <vector>
 #include "membership/handshake.h"
 #include "membership/handshake_gate.h"
@@ -92,6 +93,10 @@ struct SendItem {
   uint64_t pinned = 0;                  // Conduit::pin's handle
   const uint8_t* pinnedFrom = nullptr;  // the chunk's first byte in the pinned buffer
   ChunkRef chunk;      // which chunk it is; where to write it, once cleared
+  // Written into the window the receiver announced (kReceiveReady): no
+  // clearance is asked; the header follows the write as kPrewritten.
+  bool prewritten = false;
+  uint64_t messageBytes = 0;  // the whole message's length (an announced receive must match it)
   uint64_t ticket = 0; // its write's number on the lane (0: not started)
   // Keeps the bytes after the request failed or was cancelled (the frame
   // must still be whole on the wire, or its chunk still sent; a pinned
@@ -121,7 +126,10 @@ struct Inbox {
   bool upTo = false;    // irecvUpTo: any message of at most `capacity` bytes
   bool cancelled = false;  // its receive was withdrawn: the message is read and dropped
   size_t capacity = 0;
-  int exposed = 0;  // zero-copy chunks cleared to the peer and not landed yet
+  int exposed = 0;  // zero-copy chunks cleared to the peer and not landed yet, and its window
+  // The lane whose connection announced the whole receive to the peer
+  // (kReceiveReady), while that window is open; -1: none.
+  int readyLane = -1;
   uint8_t* base() { return unexpected ? staged.get() : userBuffer; }
 };
 
@@ -176,6 +184,9 @@ struct Lane {
     uint64_t handle;
   };
   std::deque<Exposure> exposures;
+  // Whole posted receives announced to the peer on this lane (kReceiveReady),
+  // until their message arrived or the peer released a withdrawn one.
+  std::deque<Exposure> receiveWindows;
   bool hasSends() const { return !sendQueue.empty() || !bulkQueue.empty() || !zeroCopyWrites.empty(); }
   // Whether a send waits for room on the conduit (ring space or a send
   // slot); a zero-copy write under way waits for its completion instead,
@@ -202,6 +213,16 @@ struct Peer {
   Clock::time_point pingSent{};  // checkAlive's ping, until a pong answers it
   bool leftReported = false;     // left in order, then an op needed it
   uint64_t incarnation = 0;      // Device::peerIncarnation
+  // Receives the peer announced (kReceiveReady), by epoch, op and tag.
+  struct ReceiveReady {
+    uint64_t address = 0;
+    uint32_t key = 0;
+    uint32_t length = 0;
+    int writes = 0;       // our writes into it not completed yet
+    bool closed = false;  // kReceiveDone came: forget it once writes is 0
+    bool answer = false;  // and then answer kReceiveReleased (it was withdrawn)
+  };
+  std::map<std::tuple<uint32_t, uint64_t, uint32_t>, ReceiveReady> receiveReady;
 };
 
 class LaneDevice final : public Device {
@@ -406,6 +427,16 @@ class LaneDevice final : public Device {
   void onControlLocked(Lane& lane) ECCL_REQUIRES(mu_);
   // Zero-copy rendezvous (device_zero_copy.cc).
   void clearToSendLocked(Lane& lane) ECCL_REQUIRES(mu_);
+  // Receiver-driven rendezvous (device_receive_ready.cc).
+  void announceReceiveLocked(Peer& peer, const InboxKey& key, Inbox& box) ECCL_REQUIRES(mu_);
+  void closeReceiveWindowLocked(const InboxKey& key, Inbox& box, bool withdrawn) ECCL_REQUIRES(mu_);
+  bool onPrewrittenLocked(Lane& lane, const CallSignature* signature) ECCL_REQUIRES(mu_);
+  bool takeReceiveReadyLocked(Lane& lane, SendItem& item) ECCL_REQUIRES(mu_);
+  void onReceiveReadyLocked(Lane& lane) ECCL_REQUIRES(mu_);
+  void onReceiveDoneLocked(Lane& lane) ECCL_REQUIRES(mu_);
+  void onReceiveReleasedLocked(Lane& lane) ECCL_REQUIRES(mu_);
+  void prewriteFinishedLocked(Lane& lane, const ChunkRef& chunk) ECCL_REQUIRES(mu_);
+  void receiveWindowGoneLocked(const InboxKey& key) ECCL_REQUIRES(mu_);
   void onClearToSendLocked(Lane& lane) ECCL_REQUIRES(mu_);
   void onLandedLocked(Lane& lane) ECCL_REQUIRES(mu_);
   bool startZeroCopyWriteLocked(Lane& lane) ECCL_REQUIRES(mu_);

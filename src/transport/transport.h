@@ -73,6 +73,13 @@ struct DeviceStats {
   // Chunks moved by rendezvous straight between the users' buffers.
   uint64_t zeroCopyChunksSent = 0;
   uint64_t zeroCopyChunksReceived = 0;
+  // Of those sent, the ones written into a receive the peer announced
+  // before the data came (no clear-to-send asked).
+  uint64_t zeroCopyChunksPrewritten = 0;
+  // Posted receives announced to their senders (kReceiveReady), and such
+  // announcements heard from peers.
+  uint64_t receivesAnnounced = 0;
+  uint64_t announcementsHeard = 0;
   std::map<std::string, uint64_t> openByBackEnd;  // the same, by back-end name
 };
 

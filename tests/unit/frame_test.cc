@@ -77,6 +77,10 @@ TEST(Frame, RendezvousFlagAndChunkReferencesRoundTrip) {
   d = decodeFrame(buf, nullptr);
   ASSERT_TRUE(d);
   EXPECT_EQ(d->flags, h.flags);
+  markRendezvous(buf, true, FrameHeader::kPrewritten);
+  d = decodeFrame(buf, nullptr);
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->flags, h.flags | FrameHeader::kPrewritten);
   ChunkRef c{3, 9, 0x8000000000000011ull, 4096, 0x7f0012345000ull, 0xabcd, 65536, ChunkRef::kWriteHere};
   auto bytes = encodeChunkRef(c);
   ASSERT_EQ(bytes.size(), ChunkRef::kBytes);
@@ -129,6 +133,31 @@ TEST(Frame, RejectsWithSpecificReasons) {
   encodeFrame(h, buf);
   EXPECT_FALSE(decodeFrame(buf, &why));
   EXPECT_NE(why.find("rendezvous"), std::string::npos) << why;
+
+  h = sample();
+  h.flags = FrameHeader::kRendezvous | FrameHeader::kPrewritten;  // offered and already written
+  encodeFrame(h, buf);
+  EXPECT_FALSE(decodeFrame(buf, &why));
+  EXPECT_NE(why.find("both offered and already written"), std::string::npos) << why;
+
+  for (FrameType type : {FrameType::kReceiveReady, FrameType::kReceiveDone, FrameType::kReceiveReleased}) {
+    h = sample();
+    h.type = type;
+    h.flags = 0;
+    h.length = ChunkRef::kBytes;
+    encodeFrame(h, buf);
+    EXPECT_TRUE(decodeFrame(buf, &why)) << why;
+    h.length = ChunkRef::kBytes + 1;
+    encodeFrame(h, buf);
+    EXPECT_FALSE(decodeFrame(buf, &why));
+    EXPECT_NE(why.find("chunk reference"), std::string::npos) << why;
+  }
+  h = sample();
+  h.flags = 0;
+  h.type = static_cast<FrameType>(12);
+  encodeFrame(h, buf);
+  EXPECT_FALSE(decodeFrame(buf, &why));
+  EXPECT_NE(why.find("unknown frame type"), std::string::npos) << why;
 
   h = sample();
   encodeFrame(h, buf);

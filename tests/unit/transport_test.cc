@@ -296,6 +296,73 @@ TEST_P(DeviceOverEachBackEnd, ManyRendezvousBothWaysAllLand) {
   EXPECT_EQ(p.b->stats().zeroCopyChunksSent, zeroCopy);
 }
 
+// A collective's receive posted before its message is announced to the
+// sender over RDMA, which then writes its large chunks there without
+// asking (no clear-to-send). An announced receive of the wrong size gets
+// none of the message; one withdrawn (a new view) fails only once the
+// sender has let it go, and the link stays. Over the other back ends
+// nothing is announced and the same transfers go on the lanes.
+TEST_P(DeviceOverEachBackEnd, AnnouncedReceivesAreWrittenWithoutAsking) {
+  Pair p(2, GetParam());
+  const bool rdma = GetParam() == "ib";
+  auto heard = [&](uint64_t count) {
+    const auto until = Clock::now() + std::chrono::seconds(10);
+    while (rdma && p.a->stats().announcementsHeard < count && Clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    EXPECT_EQ(p.a->stats().announcementsHeard, rdma ? count : 0u);
+  };
+  uint64_t hello = 1, helloBack = 0;  // connects the lanes: only a receive from a connected peer is announced
+  auto r = p.b->irecv(0, 9, 0, &helloBack, sizeof(helloBack));
+  p.a->wait(p.a->isend(1, 9, 0, &hello, sizeof(hello)), deadlineAfterMs(20000), "send");
+  p.b->wait(r, deadlineAfterMs(20000), "recv");
+  std::vector<uint8_t> big(3 << 20), got(big.size());
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<uint8_t>(i * 53 + 11);
+  const uint32_t crc = crc32c(big.data(), big.size());
+  r = p.b->irecv(0, 1, 0, got.data(), got.size());
+  heard(1);
+  p.a->wait(p.a->isend(1, 1, 0, big.data(), big.size(), &crc), deadlineAfterMs(20000), "send");
+  p.b->wait(r, deadlineAfterMs(20000), "recv");
+  EXPECT_EQ(got, big);
+  EXPECT_EQ(p.a->stats().zeroCopyChunksPrewritten, rdma ? 2u : 0u);  // both stripes
+  EXPECT_EQ(p.b->stats().zeroCopyChunksReceived, rdma ? 2u : 0u);
+  EXPECT_EQ(p.b->stats().receivesAnnounced, rdma ? 1u : 0u);
+
+  // The wrong size: the sender offers instead, the receive refuses.
+  std::vector<uint8_t> half(big.size() / 2, 0xEE);
+  r = p.b->irecv(0, 2, 0, half.data(), half.size());
+  heard(2);
+  p.a->wait(p.a->isend(1, 2, 0, big.data(), big.size()), deadlineAfterMs(20000), "send");
+  try {
+    p.b->wait(r, deadlineAfterMs(20000), "recv");
+    ADD_FAILURE() << "a message of the wrong size was received";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ecclInvalidUsage) << e.what();
+  }
+  EXPECT_TRUE(std::all_of(half.begin(), half.end(), [](uint8_t b) { return b == 0xEE; }));
+  EXPECT_EQ(p.a->stats().zeroCopyChunksPrewritten, rdma ? 2u : 0u);
+
+  // Withdrawn by a new view before anything was sent: it fails, and not
+  // before the sender released it (a deadline would say it hung).
+  r = p.b->irecv(0, 3, 0, got.data(), got.size());
+  heard(3);
+  p.b->beginEpoch(2);
+  try {
+    p.b->wait(r, deadlineAfterMs(20000), "recv");
+    ADD_FAILURE() << "a receive of a superseded view completed";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("superseded"), std::string::npos) << e.what();
+  }
+  p.a->beginEpoch(2);
+  std::fill(got.begin(), got.end(), 0);
+  r = p.b->irecv(0, 4, 0, got.data(), got.size());
+  heard(4);
+  p.a->wait(p.a->isend(1, 4, 0, big.data(), big.size(), &crc), deadlineAfterMs(20000), "send");
+  p.b->wait(r, deadlineAfterMs(20000), "recv");
+  EXPECT_EQ(got, big);
+  EXPECT_EQ(p.a->stats().zeroCopyChunksPrewritten, rdma ? 4u : 0u);
+  EXPECT_TRUE(p.failure.empty()) << p.failure;
+}
+
 // ECCL_IB_REGISTRATION_CACHE_BYTES keeps zero-copy registrations: a buffer
 // sent from (and one received into) again is found registered.
 TEST_P(DeviceOverEachBackEnd, KeptRegistrationsAreReusedWhenAsked) {
@@ -312,7 +379,10 @@ TEST_P(DeviceOverEachBackEnd, KeptRegistrationsAreReusedWhenAsked) {
   }
   const bool rdma = GetParam() == "ib";
   EXPECT_EQ(p.a->stats().registrationsReused, rdma ? 2u : 0u);  // the source, in rounds 2 and 3
-  EXPECT_EQ(p.b->stats().registrationsReused, rdma ? 2u : 0u);  // the destination
+  // The destination, in rounds 2 and 3; a chunk offered before the
+  // receive's announcement reached the sender is exposed again (a hit too).
+  if (rdma) EXPECT_GE(p.b->stats().registrationsReused, 2u);
+  if (!rdma) EXPECT_EQ(p.b->stats().registrationsReused, 0u);
 }
 
 TEST_P(DeviceOverEachBackEnd, ChecksummedMessagesAreVerifiedByTheReceiver) {
