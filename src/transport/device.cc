@@ -270,7 +270,7 @@ void LaneDevice::closeLaneLocked(Lane& lane) {
   for (const Lane::Exposure& window : windows) lane.conduit->release(window.handle);
   std::vector<ChunkRef> prewrites;  // ours, whose completions will not come
   for (const SendItem& item : lane.zeroCopyWrites)
-    if (item.prewritten) prewrites.push_back(item.chunk);
+    if (item.intoAnnounced) prewrites.push_back(item.chunk);
   for (const Lane::Exposure& e : exposures) lane.conduit->release(e.handle);
   for (auto* queue : {&lane.awaitingClearance, &lane.zeroCopyWrites})
     for (const SendItem& item : *queue) lane.conduit->release(item.pinned);

@@ -110,7 +110,7 @@ bool LaneDevice::takeReceiveReadyLocked(Lane& lane, SendItem& item) {
       item.chunk.offset + item.length > ready->second.length)
     return false;
   if (!(item.pinned = lane.conduit->pin(item.data, item.length))) return false;
-  item.rendezvous = item.prewritten = true;
+  item.rendezvous = item.prewritten = item.intoAnnounced = true;
   item.pinnedFrom = item.data;
   item.chunk.address = ready->second.address + item.chunk.offset;
   item.chunk.key = ready->second.key;

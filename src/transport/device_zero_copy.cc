@@ -36,7 +36,21 @@ void LaneDevice::clearToSendLocked(Lane& lane) {
     return;
   }
   auto it = lane.discarding ? inbox_.end() : inbox_.find(lane.inboxKey);
-  if (it != inbox_.end()) {
+  // A receive announced on this lane is registered already: the chunk is
+  // cleared into that window (the sender, which heard of it first on this
+  // lane, counts the write against it before it lets a withdrawn one go).
+  auto announced = it == inbox_.end() || it->second.unexpected
+                       ? lane.receiveWindows.end()
+                       : std::find_if(lane.receiveWindows.begin(), lane.receiveWindows.end(),
+                                      [&](const Lane::Exposure& e) { return e.key == lane.inboxKey; });
+  if (announced != lane.receiveWindows.end()) {
+    chunk.address = announced->chunk.address + h.offset;
+    chunk.key = announced->chunk.key;
+    chunk.answer = ChunkRef::kWriteHere;
+    lane.exposures.push_back({lane.inboxKey, chunk, /*handle: the window's*/ 0});
+    it->second.exposed++;
+    stats_.zeroCopyChunksReceived++;
+  } else if (it != inbox_.end()) {
     if (auto window = lane.conduit->expose(lane.target, h.length)) {
       chunk.address = window->address;
       chunk.key = window->key;
@@ -92,6 +106,12 @@ void LaneDevice::onClearToSendLocked(Lane& lane) {
     return;
   }
   item.chunk = cleared;
+  Peer& p = peers_[lane.key.remote];
+  if (auto ready = p.receiveReady.find({cleared.epoch, cleared.seq, cleared.tag});
+      ready != p.receiveReady.end() && ready->second.key == cleared.key) {
+    item.intoAnnounced = true;
+    ready->second.writes++;
+  }
   lane.zeroCopyWrites.push_back(std::move(item));
   // Started once the frames read with this one are dealt with (readLocked
   // flushes the lane after the read): see startZeroCopyWriteLocked.
@@ -148,9 +168,9 @@ void LaneDevice::reapZeroCopyWritesLocked(Lane& lane) {
     lane.conduit->release(item.pinned);
     RequestPtr r = std::move(item.request);
     const ChunkRef chunk = item.chunk;
-    const bool prewritten = item.prewritten;
+    const bool intoAnnounced = item.intoAnnounced;
     lane.zeroCopyWrites.pop_front();
-    if (prewritten) prewriteFinishedLocked(lane, chunk);
+    if (intoAnnounced) prewriteFinishedLocked(lane, chunk);
     finishChunkLocked(r);
   }
 }

@@ -96,6 +96,9 @@ struct SendItem {
   // Written into the window the receiver announced (kReceiveReady): no
   // clearance is asked; the header follows the write as kPrewritten.
   bool prewritten = false;
+  // Written into an announced receive's window, unasked or cleared into it:
+  // the sender releases a withdrawn window only once such writes are done.
+  bool intoAnnounced = false;
   uint64_t messageBytes = 0;  // the whole message's length (an announced receive must match it)
   uint64_t ticket = 0; // its write's number on the lane (0: not started)
   // Keeps the bytes after the request failed or was cancelled (the frame
