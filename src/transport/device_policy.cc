@@ -312,29 +312,14 @@ void LaneDevice::onControlLocked(Lane& lane) {
     markLeftLocked(p);
     return;
   }
-  if (lane.frame.type == FrameType::kPing) {
-    answerPingLocked(lane);
-    return;
-  }
-  if (lane.frame.type == FrameType::kClearToSend) {
-    onClearToSendLocked(lane);
-    return;
-  }
-  if (lane.frame.type == FrameType::kLanded) {
-    onLandedLocked(lane);
-    return;
-  }
-  if (lane.frame.type == FrameType::kReceiveReady) {
-    onReceiveReadyLocked(lane);
-    return;
-  }
-  if (lane.frame.type == FrameType::kReceiveDone) {
-    onReceiveDoneLocked(lane);
-    return;
-  }
-  if (lane.frame.type == FrameType::kReceiveReleased) {
-    onReceiveReleasedLocked(lane);
-    return;
+  switch (lane.frame.type) {
+    case FrameType::kPing: return answerPingLocked(lane);
+    case FrameType::kClearToSend: return onClearToSendLocked(lane);
+    case FrameType::kLanded: return onLandedLocked(lane);
+    case FrameType::kReceiveReady: return onReceiveReadyLocked(lane);
+    case FrameType::kReceiveDone: return onReceiveDoneLocked(lane);
+    case FrameType::kReceiveReleased: return onReceiveReleasedLocked(lane);
+    default: break;
   }
   if (lane.frame.type == FrameType::kPong) {
     p.lastPong = Clock::now();

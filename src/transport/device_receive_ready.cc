@@ -57,8 +57,7 @@ void LaneDevice::closeReceiveWindowLocked(const InboxKey& key, Inbox& box, bool 
   auto peer = peers_.find(key.peer);
   if (peer == peers_.end() || index >= peer->second.lanes.size()) return;
   Lane& lane = *peer->second.lanes[index];
-  auto window = std::find_if(lane.receiveWindows.begin(), lane.receiveWindows.end(),
-                             [&](const Lane::Exposure& e) { return e.key == key; });
+  auto window = lane.receiveWindow(key);
   if (window == lane.receiveWindows.end() || !lane.conduit) return;  // its lane closed and released it
   ChunkRef done = window->chunk;
   done.answer = withdrawn ? ChunkRef::kWriteHere : ChunkRef::kDropped;
@@ -117,6 +116,16 @@ bool LaneDevice::takeReceiveReadyLocked(Lane& lane, SendItem& item) {
   ready->second.writes++;
   markRendezvous(item.header, true, FrameHeader::kPrewritten);
   return true;
+}
+
+// Sender: a chunk the receiver cleared into an announced window (it was
+// offered before the announcement came) counts against that window too.
+void LaneDevice::countClearedWriteLocked(Lane& lane, SendItem& item) {
+  Peer& p = peers_[lane.key.remote];
+  auto ready = p.receiveReady.find(readyKey(item.chunk));
+  if (ready == p.receiveReady.end() || ready->second.key != item.chunk.key) return;
+  item.intoAnnounced = true;
+  ready->second.writes++;
 }
 
 void LaneDevice::onReceiveReadyLocked(Lane& lane) {
@@ -200,8 +209,7 @@ void LaneDevice::onReceiveReleasedLocked(Lane& lane) {
     return;
   }
   for (auto& other : peers_[remote].lanes) {
-    auto window = std::find_if(other->receiveWindows.begin(), other->receiveWindows.end(),
-                               [&](const Lane::Exposure& e) { return e.key == key; });
+    auto window = other->receiveWindow(key);
     if (window == other->receiveWindows.end()) continue;
     if (other->conduit) other->conduit->release(window->handle);
     other->receiveWindows.erase(window);

@@ -39,10 +39,8 @@ void LaneDevice::clearToSendLocked(Lane& lane) {
   // A receive announced on this lane is registered already: the chunk is
   // cleared into that window (the sender, which heard of it first on this
   // lane, counts the write against it before it lets a withdrawn one go).
-  auto announced = it == inbox_.end() || it->second.unexpected
-                       ? lane.receiveWindows.end()
-                       : std::find_if(lane.receiveWindows.begin(), lane.receiveWindows.end(),
-                                      [&](const Lane::Exposure& e) { return e.key == lane.inboxKey; });
+  auto announced =
+      it == inbox_.end() || it->second.unexpected ? lane.receiveWindows.end() : lane.receiveWindow(lane.inboxKey);
   if (announced != lane.receiveWindows.end()) {
     chunk.address = announced->chunk.address + h.offset;
     chunk.key = announced->chunk.key;
@@ -106,12 +104,7 @@ void LaneDevice::onClearToSendLocked(Lane& lane) {
     return;
   }
   item.chunk = cleared;
-  Peer& p = peers_[lane.key.remote];
-  if (auto ready = p.receiveReady.find({cleared.epoch, cleared.seq, cleared.tag});
-      ready != p.receiveReady.end() && ready->second.key == cleared.key) {
-    item.intoAnnounced = true;
-    ready->second.writes++;
-  }
+  countClearedWriteLocked(lane, item);
   lane.zeroCopyWrites.push_back(std::move(item));
   // Started once the frames read with this one are dealt with (readLocked
   // flushes the lane after the read): see startZeroCopyWriteLocked.

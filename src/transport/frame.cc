@@ -65,7 +65,7 @@ std::optional<FrameHeader> decodeFrame(const uint8_t in[FrameHeader::kSize], std
     return reject("a call signature checksum without its flag");
   FrameHeader h;
   uint8_t type = get<uint8_t>(in + 6);
-  if (type < 1 || type > 11) return reject(fmt::format("unknown frame type {}", type));
+  if (type < 1 || type > static_cast<uint8_t>(FrameType::kReceiveReleased)) return reject(fmt::format("unknown frame type {}", type));
   h.type = static_cast<FrameType>(type);
   h.flags = get<uint8_t>(in + 7);
   h.epoch = get<uint32_t>(in + 8);

@@ -190,6 +190,9 @@ struct Lane {
   // Whole posted receives announced to the peer on this lane (kReceiveReady),
   // until their message arrived or the peer released a withdrawn one.
   std::deque<Exposure> receiveWindows;
+  std::deque<Exposure>::iterator receiveWindow(const InboxKey& key) {
+    return std::find_if(receiveWindows.begin(), receiveWindows.end(), [&](const Exposure& e) { return e.key == key; });
+  }
   bool hasSends() const { return !sendQueue.empty() || !bulkQueue.empty() || !zeroCopyWrites.empty(); }
   // Whether a send waits for room on the conduit (ring space or a send
   // slot); a zero-copy write under way waits for its completion instead,
@@ -435,6 +438,7 @@ class LaneDevice final : public Device {
   void closeReceiveWindowLocked(const InboxKey& key, Inbox& box, bool withdrawn) ECCL_REQUIRES(mu_);
   bool onPrewrittenLocked(Lane& lane, const CallSignature* signature) ECCL_REQUIRES(mu_);
   bool takeReceiveReadyLocked(Lane& lane, SendItem& item) ECCL_REQUIRES(mu_);
+  void countClearedWriteLocked(Lane& lane, SendItem& item) ECCL_REQUIRES(mu_);
   void onReceiveReadyLocked(Lane& lane) ECCL_REQUIRES(mu_);
   void onReceiveDoneLocked(Lane& lane) ECCL_REQUIRES(mu_);
   void onReceiveReleasedLocked(Lane& lane) ECCL_REQUIRES(mu_);
