@@ -180,8 +180,9 @@ ecclResult_t ecclCommSandbox(ecclComm_t comm, int nranks, int rank);
  * otherwise give its own input or zeros: an allreduce's sum, a broadcast
  * from another rank, an allgather's other blocks; outputs that depend on
  * the rank (reducescatter, alltoall, reduce at the root, a receive) only in
- * a sandbox of the recording rank. Record one training step. A failed call
- * drops the recording; calls = 0 disarms. */
+ * a sandbox of the recording rank (a standby prefers its sandbox rank's
+ * newest recording to other ranks' newer ones). Record one training step.
+ * A failed call drops the recording; calls = 0 disarms. */
 ecclResult_t ecclCommSandboxRecord(ecclComm_t comm, int calls);
 /* Makes the view exactly `members` (member ids, in rank order), as a delta:
  * called by every process it names, with the same list and the same uuid

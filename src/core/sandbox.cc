@@ -23,7 +23,7 @@ void Communicator::setSandbox(int nranks, int rank) {
                  nranks);
   sandboxRanks_ = nranks;
   rank_ = rank;
-  if (feed_) feed_->start();
+  if (feed_) feed_->start(rank);
   log::info("standby {:016x} runs in the sandbox as rank {} of {}{}", self_, rank, nranks,
             feed_ ? ", taking in members' recordings" : "");
 }
@@ -38,9 +38,15 @@ void Communicator::sandboxCall(const transport::CallSignature& s, void* out, siz
                                const std::function<void()>& local) {
   sandboxOps_++;
   local();
-  auto recording = feed_ ? feed_->latest() : nullptr;
-  if (!recording) return;
-  if (recording != replaying_) replaying_ = recording, replayCursor_ = 0;
+  auto preferred = feed_ ? feed_->preferred() : nullptr;
+  // Another recording takes over between steps only: a step answered half
+  // by one recording and half by another would match neither rank's.
+  if (preferred && preferred != replaying_ &&
+      (!replaying_ || replayCursor_ == 0 ||
+       (preferred->calls[0].signature == s && !(replaying_->calls[replayCursor_].signature == s))))
+    replaying_ = preferred, replayCursor_ = 0;
+  if (!replaying_) return;
+  const sandbox::Recording* recording = replaying_.get();
   // The step replays in order; a call that is not the next recorded one
   // but is the first starts the step again; any other keeps its local answer.
   const auto& calls = recording->calls;

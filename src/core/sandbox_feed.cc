@@ -77,7 +77,12 @@ void Feed::setMembers(const std::vector<MemberId>& members) {
   members_ = members;
 }
 
-void Feed::start() {
+void Feed::start(int rank) {
+  {
+    MutexLock lock(mu_);
+    if (rank != rank_) own_ = latest_ && latest_->rank == rank ? latest_ : nullptr;
+    rank_ = rank;
+  }
   if (thread_.joinable()) return;
   stopping_ = false;
   thread_ = std::thread([this] { run(); });
@@ -90,9 +95,9 @@ void Feed::stop() {
   thread_.join();
 }
 
-std::shared_ptr<const Recording> Feed::latest() const {
+std::shared_ptr<const Recording> Feed::preferred() const {
   MutexLock lock(mu_);
-  return latest_;
+  return own_ ? own_ : latest_;
 }
 
 void Feed::postAnnounce(MemberId m, Incoming& in) {
@@ -127,6 +132,7 @@ bool Feed::takeRecording(MemberId m, Incoming& in, std::string* why) {
   {
     MutexLock lock(mu_);
     latest_ = std::move(in.recording);
+    if (latest_->rank == rank_) own_ = latest_;
   }
   received_++;
   in.index++;

@@ -28,7 +28,10 @@ int shipRecording(transport::Device& device, const Recording& recording,
                   const std::vector<transport::MemberId>& standbys,
                   std::map<transport::MemberId, uint64_t>& shipped, int64_t timeoutMs);
 
-// Standby side.
+// Standby side. It keeps two recordings: the newest from any member, and
+// the newest the sandbox's own rank made (which alone answers the
+// rank-dependent calls), so ranks that all record do not take turns
+// replacing each other's.
 class Feed {
  public:
   Feed(transport::Device& device, size_t maxOutputBytes);
@@ -37,11 +40,13 @@ class Feed {
   Feed& operator=(const Feed&) = delete;
   // The view's members, from the coordinator's news (any thread).
   void setMembers(const std::vector<transport::MemberId>& members);
-  // Runs until stop(): posts a receive for each member's next recording.
-  void start();
+  // Runs until stop(): posts a receive for each member's next recording;
+  // `rank` is the sandbox's, whose recordings are preferred.
+  void start(int rank);
   // Joins the thread and withdraws its receives (their buffers die here).
   void stop();
-  std::shared_ptr<const Recording> latest() const;
+  // The sandbox rank's newest recording, else the newest of any rank.
+  std::shared_ptr<const Recording> preferred() const;
   uint64_t received() const { return received_.load(); }
 
  private:
@@ -59,6 +64,8 @@ class Feed {
   mutable Mutex mu_;
   std::vector<transport::MemberId> members_ ECCL_GUARDED_BY(mu_);
   std::shared_ptr<const Recording> latest_ ECCL_GUARDED_BY(mu_);
+  std::shared_ptr<const Recording> own_ ECCL_GUARDED_BY(mu_);  // made by rank_
+  int rank_ ECCL_GUARDED_BY(mu_) = -1;
   // Each member's next recording, kept across runs (the thread's own while
   // it runs): a run's pending receives are withdrawn at its end, so the
   // next run asks for the recording after them.

@@ -166,12 +166,24 @@ bool ringExchange(ecclComm_t comm, int rank, const float* send, float* recv) {
          ecclGroupEnd() == ecclSuccess;
 }
 
-// The standby's step: the ranks' seven calls with two more between them
-// that no rank made, and a receive from another peer. Returns the step
-// number the replayed outputs come from, or -1 while they are the
-// sandbox's own answers.
-int replayedStep(ecclComm_t comm) {
-  const int r = kSandboxRank;
+constexpr int kNothingReplayed = -1, kPartlyReplayed = -2;
+
+uint64_t recordingsReceived(ecclComm_t comm) {
+  ecclCommStats_t stats{};
+  stats.size = sizeof(stats);
+  RANK_OK(ecclCommGetStats(comm, &stats), comm);
+  return stats.sandboxRecordingsReceived;
+}
+
+// The standby's step as rank r (0 or 1): the ranks' seven calls with two
+// more between them that no rank made, and a receive from another peer.
+// Returns the step number the replayed outputs come from when rank r's
+// recording answered all five of its outputs; kNothingReplayed while they are the sandbox's
+// own answers; kPartlyReplayed when fewer were replayed (another rank's
+// recording answers only the outputs that do not depend on the rank, or a
+// recording came in mid-step).
+int replayedStep(ecclComm_t comm, int r) {
+  const int left = (r + kRanks - 1) % kRanks, other = (r + 1) % kRanks;
   std::vector<float> in(kCount * kRanks), out(kCount * kRanks);
   for (int i = 0; i < kCount * kRanks; ++i) in[i] = stepInput(r, 0, i);
   ecclCommStats_t before{}, after{};
@@ -194,7 +206,7 @@ int replayedStep(ecclComm_t comm) {
              "an allreduce no rank recorded is not the sandbox's own answer");
   std::fill(out.begin(), out.end(), -1.0f);
   RANK_OK(ecclAllToAll(in.data(), out.data(), kCount, ecclFloat32, comm, nullptr), comm);
-  RANK_CHECK(out[0] == 0.0f && out[r * kCount + 1] == in[r * kCount + 1], "an unrecorded alltoall");
+  RANK_CHECK(out[other * kCount] == 0.0f && out[r * kCount + 1] == in[r * kCount + 1], "an unrecorded alltoall");
   std::vector<float> fromLeft(kCount, -1.0f);
   RANK_CHECK(ringExchange(comm, r, in.data(), fromLeft.data()), "the ring exchange in the sandbox");
   RANK_OK(ecclBarrier(comm), comm);
@@ -206,10 +218,9 @@ int replayedStep(ecclComm_t comm) {
   if (replayed == 0) {
     RANK_CHECK(std::memcmp(sum.data(), in.data(), sum.size() * sizeof(float)) == 0, "allreduce: not its own input");
     RANK_CHECK(fromLeft[0] == 0.0f && fromLeft[kCount - 1] == 0.0f, "a receive in the sandbox is not zeros");
-    return -1;
+    return kNothingReplayed;
   }
-  // A recording came in mid-step: the next step replays it from its start.
-  if (replayed != 5) return -1;
+  if (replayed != 5) return kPartlyReplayed;
   RANK_CHECK(s >= 0 && after.sandboxRecordingsReceived >= 1, "replayed, with no recording taken in");
   for (int i = 0; i < kCount; ++i) {
     float want = 0;
@@ -221,7 +232,8 @@ int replayedStep(ecclComm_t comm) {
     float block = 0;
     for (int k = 0; k < kRanks; ++k) block += stepInput(k, s, r * kCount + i);
     RANK_CHECK(scattered[i] == block, "replayed reducescatter element " + std::to_string(i));
-    RANK_CHECK(fromLeft[i] == stepInput(0, s, i), "replayed receive from rank 0, element " + std::to_string(i));
+    RANK_CHECK(fromLeft[i] == stepInput(left, s, i),
+               "replayed receive from rank " + std::to_string(left) + ", element " + std::to_string(i));
   }
   return s;
 }
@@ -238,19 +250,37 @@ TEST(Sandbox, AnEagerStandbyAnswersWithTheOutputsARankRecordedForIt) {
       RANK_OK(ecclCommRegisterStandby(&comm, id, nullptr), nullptr);
       RANK_CHECK(ecclCommSandboxRecord(comm, 5) == ecclInvalidArgument, "a standby recorded calls");
       RANK_OK(ecclCommSandbox(comm, kRanks, kSandboxRank), comm);
-      int replayedFrom = -1, firstReplay = -1;
+      // As rank 1 until a step replays rank 1's recording; then as rank 0
+      // until one replays rank 0's (ranks 0 and 1 both record); then as
+      // rank 1 again until a recording newer than the first is replayed
+      // (leaving the sandbox withdraws the feed's receives; the
+      // recordings after them still arrive).
+      int phase = 0, firstReplay = -1, replayedFrom = -1;
+      uint64_t receivedThen = 0;
+      bool replayedInPhase = false, warm = false;
       const auto giveUp = std::chrono::steady_clock::now() + std::chrono::seconds(60);
       ecclResult_t promoted = ecclTimeout;
       while (promoted == ecclTimeout) {
-        int s = replayedStep(comm);
-        if (s >= 0 && firstReplay < 0) {
-          // Leaving the sandbox and coming back withdraws the feed's
-          // receives; the recordings after them still arrive.
-          firstReplay = s;
+        const int asRank = phase == 1 ? 0 : kSandboxRank;
+        int s = replayedStep(comm, asRank);
+        // Rank 0 records more often than rank 1: once the sandbox rank's
+        // own recording came, every step is answered by its newest.
+        RANK_CHECK(!replayedInPhase || s >= 0,
+                   "as rank " + std::to_string(asRank) + ", after a replay of its own recording a step was answered " +
+                       (s == kNothingReplayed ? "locally" : "by another rank's recording"));
+        replayedInPhase |= s >= 0;
+        if (s >= 0 && phase < 2) {
+          if (phase == 0) firstReplay = s;
+          phase++;
+          replayedInPhase = false;
           RANK_OK(ecclCommSandbox(comm, 0, 0), comm);
-          RANK_OK(ecclCommSandbox(comm, kRanks, kSandboxRank), comm);
-        } else if (s > firstReplay && firstReplay >= 0 && replayedFrom < 0) {
+          RANK_OK(ecclCommSandbox(comm, kRanks, phase == 1 ? 0 : kSandboxRank), comm);
+        } else if (phase == 2 && s > firstReplay && replayedFrom < 0) {
           replayedFrom = s;
+          receivedThen = recordingsReceived(comm);
+        } else if (phase == 2 && replayedFrom >= 0 && !warm && recordingsReceived(comm) >= receivedThen + 2) {
+          // Rank 0's later recordings came in and rank 1's still answered.
+          warm = true;
           const transport::DeviceStats d = comm->impl->device().stats();
           // Recordings came in; the sandbox sent nothing.
           RANK_CHECK(d.bytesSent == 0 && d.bytesReceived > 0,
@@ -258,7 +288,9 @@ TEST(Sandbox, AnEagerStandbyAnswersWithTheOutputsARankRecordedForIt) {
           ReadyFiles::mark(dir, kRanks);
         }
         RANK_CHECK(std::chrono::steady_clock::now() < giveUp,
-                   replayedFrom < 0 ? "no recording replayed" : "replayed, but never promoted");
+                   replayedFrom < 0 ? "no recording replayed in phase " + std::to_string(phase)
+                   : warm           ? std::string("replayed, but never promoted")
+                                    : std::string("no later recordings came in"));
         promoted = ecclCommAwaitPromotion(comm, 1);
       }
       RANK_OK(promoted, comm);
@@ -274,8 +306,11 @@ TEST(Sandbox, AnEagerStandbyAnswersWithTheOutputsARankRecordedForIt) {
       RANK_CHECK(std::chrono::steady_clock::now() < giveUp, "the standby never replayed a recording");
       const bool standbyWarm = std::filesystem::exists(warm);
       if (index == kSandboxRank && standbyWarm) raise(SIGKILL);
-      // Rank 1 records a step now and then until the standby replays one.
-      if (index == kSandboxRank && s % 20 == 0) RANK_OK(ecclCommSandboxRecord(comm, kRecordedCalls), comm);
+      // Rank 1 records a step now and then until the standby replays one;
+      // rank 0 records more often, and its recordings do not displace
+      // rank 1's in the standby sandboxed as rank 1.
+      if ((index == kSandboxRank && s % 20 == 0) || (index == 0 && s % 3 == 1))
+        RANK_OK(ecclCommSandboxRecord(comm, kRecordedCalls), comm);
       std::vector<float> in(kCount * kRanks), out(kCount * kRanks);
       for (int i = 0; i < kCount * kRanks; ++i) in[i] = stepInput(index, s, i);
       // Rank 1 dies between steps, but a survivor may still be in the last
