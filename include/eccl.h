@@ -293,6 +293,16 @@ ecclResult_t ecclTest(ecclRequest_t request, int* done);
 ecclResult_t ecclWait(ecclRequest_t request);
 /* Frees a completed request (a pending one: ecclInvalidUsage). */
 ecclResult_t ecclRequestFree(ecclRequest_t request);
+/* Whether the message the next receive from rank *peer (ecclRecv or
+ * ecclIrecv) would take has begun to arrive, without taking it (MPI's
+ * Iprobe): *arrived = 1 and *bytes its size, else *arrived = 0. With
+ * *peer = ECCL_ANY_SOURCE, any other rank's: the message that arrived
+ * first, and *peer is set to its sender. Never blocks. A receive from any
+ * source is a probe, then a receive from the rank it named; a receive from
+ * that rank posted in between takes that message first. Not inside a group
+ * nor in the sandbox. */
+#define ECCL_ANY_SOURCE (-1)
+ecclResult_t ecclIprobe(int* peer, int* arrived, size_t* bytes, ecclComm_t comm);
 
 /* Boundary-send logs: sends to chosen peers are teed into a host-memory log
  * (one arena allocated at configure time), tagged by iteration and

@@ -1,5 +1,5 @@
 """Async work and futures, issue order, errors: a killed rank raises naming
-it within ECCL_TIMEOUT_MS, a stopped one at the timeout, bad arguments raise
+it within ECCL_TIMEOUT_MS (also under a receive from any source), a stopped one at the timeout, bad arguments raise
 at the call, abort and shutdown end pending work."""
 
 import os
@@ -68,12 +68,58 @@ def killed_rank(rank, n, port):
     return str(e.value), time.monotonic() - start
 
 
-def test_a_killed_rank_makes_the_pending_wait_raise_naming_it():
-    outcomes = world.run(3, killed_rank, env={"ECCL_TIMEOUT_MS": "5000"})
+def expect_rank_2_killed_and_named(fn):
+    """Runs fn at 3 ranks, rank 2 SIGKILLs itself; the others must raise
+    naming it within ECCL_TIMEOUT_MS (fn returns the message and the time)."""
+    outcomes = world.run(3, fn, env={"ECCL_TIMEOUT_MS": "5000"})
     assert outcomes[2].status == "died" and outcomes[2].exitcode == -signal.SIGKILL
     for message, seconds in world.values(outcomes[:2]):
         assert "rank 2" in message, message
         assert seconds < 5, f"took {seconds:.1f} s"
+
+
+def test_a_killed_rank_makes_the_pending_wait_raise_naming_it():
+    expect_rank_2_killed_and_named(killed_rank)
+
+
+def any_source(rank, n, port):
+    world.init(rank, n, port)
+    # Ranks 1 and 2 each send twice to rank 0, which receives from any source.
+    if rank > 0:
+        for k in range(2):
+            dist.send(torch.full((5,), float(10 * rank + k)), dst=0)
+    else:
+        got = []
+        for k in range(4):
+            t = torch.empty(5)
+            if k % 2:
+                w = dist.irecv(t)
+                w.wait()
+                sender = w._source_rank()
+            else:
+                sender = dist.recv(t)
+            got.append((sender, t[0].item()))
+            assert t.eq(t[0]).all(), t
+        # Each sender's two messages come in its order.
+        for r in (1, 2):
+            assert [v for s, v in got if s == r] == [10.0 * r, 10.0 * r + 1], got
+    dist.barrier()
+    # A receive from any source that nothing will answer ends with the
+    # failure of a rank, named, not at the timeout.
+    if rank == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    start = time.monotonic()
+    with pytest.raises(RuntimeError) as e:
+        if rank == 0:
+            dist.recv(torch.empty(5))
+        else:
+            for _ in range(1000):
+                dist.all_reduce(torch.ones(2))
+    return str(e.value), time.monotonic() - start
+
+
+def test_a_receive_from_any_source_takes_each_senders_messages_in_order_and_a_killed_rank_ends_it():
+    expect_rank_2_killed_and_named(any_source)
 
 
 def stopped_rank(rank, n, port):
@@ -113,7 +159,6 @@ def bad_arguments(rank, n, port):
         (TypeError, "dtype", lambda: dist.all_gather_into_tensor(torch.empty(6), torch.ones(3, dtype=torch.int64))),
         (ValueError, "outside", lambda: dist.broadcast(torch.ones(2), src=7)),
         (ValueError, "split sizes", lambda: dist.all_to_all_single(torch.empty(4), torch.empty(4), [1], [1])),
-        (RuntimeError, "any source", lambda: dist.recv(torch.empty(2))),
     ]
     seen = []
     for kind, words, call in checks:

@@ -84,6 +84,34 @@ ecclResult_t ecclWait(ecclRequest_t request) {
   });
 }
 
+ecclResult_t ecclIprobe(int* peer, int* arrived, size_t* bytes, ecclComm_t comm) {
+  return guarded(comm, "ecclIprobe", [&] {
+    Communicator& c = impl(comm, "ecclIprobe");
+    if (!peer || !arrived || !bytes) fail(ecclInvalidArgument, "ecclIprobe: peer, arrived and bytes must not be NULL");
+    *arrived = 0;
+    *bytes = 0;
+    if (c.sandboxed()) fail(ecclInvalidUsage, "ecclIprobe: nothing arrives in the sandbox (a standby has no rank yet)");
+    if (eccl::group::active()) fail(ecclInvalidUsage, "ecclIprobe: not inside ecclGroupStart/ecclGroupEnd");
+    if (*peer != ECCL_ANY_SOURCE) {
+      c.checkRank(*peer, "ecclIprobe");
+      if (*peer == c.rank()) fail(ecclInvalidUsage, "ecclIprobe: rank {} cannot receive from itself", *peer);
+    }
+    int first = -1;
+    size_t firstBytes = 0;
+    uint64_t firstOrder = 0;
+    for (int r = 0; r < c.size(); ++r) {
+      if (r == c.rank() || (*peer != ECCL_ANY_SOURCE && r != *peer)) continue;
+      size_t n;
+      uint64_t order;
+      if (c.probe(r, &n, &order) && (first < 0 || order < firstOrder)) first = r, firstBytes = n, firstOrder = order;
+    }
+    if (first < 0) return;
+    *peer = first;
+    *bytes = firstBytes;
+    *arrived = 1;
+  });
+}
+
 ecclResult_t ecclRequestFree(ecclRequest_t request) {
   return guarded(request ? request->comm : nullptr, "ecclRequestFree", [&] {
     if (!request) return;

@@ -681,6 +681,13 @@ transport::RequestPtr Communicator::postRecv(void* buf, size_t bytes, int peer, 
   return request;
 }
 
+bool Communicator::probe(int peer, size_t* bytes, uint64_t* order) {
+  checkUsable();
+  device_->progress();
+  const uint64_t seq = transport::FrameHeader::kP2pBit | (recvSeq_[peer] + 1);
+  return device_->arrived(view_.rankToMember[peer], seq, 0, bytes, order);
+}
+
 bool Communicator::testP2p(const transport::RequestPtr& r, int peer, bool isSend) {
   try {
     if (!device_->test(r, {})) return false;

@@ -77,6 +77,9 @@ class Communicator {
   void waitP2p(const transport::RequestPtr& request, int peer, bool isSend);
   // Non-blocking completion test of a posted send or receive; throws its failure.
   bool testP2p(const transport::RequestPtr& request, int peer, bool isSend);
+  // Whether the message the next postRecv from `peer` would take has begun
+  // to arrive: its size and arrival order (transport::Device::arrived).
+  bool probe(int peer, size_t* bytes, uint64_t* order);
 
   // Throws the stored failure if the communicator is revoked.
   void checkUsable() const;

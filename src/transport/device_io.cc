@@ -296,6 +296,15 @@ RequestPtr LaneDevice::postRecv(MemberId member, uint64_t seq, uint32_t tag, voi
   return r;
 }
 
+bool LaneDevice::arrived(MemberId peer, uint64_t seq, uint32_t tag, size_t* bytes, uint64_t* order) {
+  MutexLock lock(mu_);
+  auto it = inbox_.find({FrameHeader::isOutOfView(seq) ? 0 : epoch_, peer, seq, tag});
+  if (it == inbox_.end() || it->second.request || it->second.cancelled || !it->second.unexpected) return false;
+  *bytes = it->second.total;
+  *order = it->second.arrival;
+  return true;
+}
+
 void LaneDevice::cancel(const RequestPtr& r, const std::string& reason) {
   MutexLock lock(mu_);
   if (r->state.load() != Request::kPending) return;
@@ -674,6 +683,7 @@ bool LaneDevice::placeDataFrameLocked(Lane& lane, const CallSignature* signature
     Inbox& box = inbox_[key];
     box.unexpected = true;
     box.total = h->total;
+    box.arrival = ++arrivals_;
     try {
       takeStagingLocked(box, h->total);
     } catch (const std::bad_alloc&) {

@@ -128,6 +128,7 @@ struct Inbox {
   std::optional<CallSignature> expected, sent;
   bool upTo = false;    // irecvUpTo: any message of at most `capacity` bytes
   bool cancelled = false;  // its receive was withdrawn: the message is read and dropped
+  uint64_t arrival = 0;    // unexpected: LaneDevice::arrivals_ when its first frame came
   size_t capacity = 0;
   int exposed = 0;  // zero-copy chunks cleared to the peer and not landed yet, and its window
   // The lane whose connection announced the whole receive to the peer
@@ -312,6 +313,7 @@ class LaneDevice final : public Device {
   }
   bool checkAlive(MemberId member, int64_t silentMs) override;
   void cancel(const RequestPtr& request, const std::string& reason) override;
+  bool arrived(MemberId peer, uint64_t seq, uint32_t tag, size_t* bytes, uint64_t* order) override;
   void abort(const std::string& reason) override;
   void close(Deadline deadline) override;
   void removePeer(MemberId member) override;
@@ -528,6 +530,7 @@ class LaneDevice final : public Device {
   std::vector<Lane*> memoryLanes_ ECCL_GUARDED_BY(mu_);  // lanes that pollsMemory()
   uint64_t nextToken_ ECCL_GUARDED_BY(mu_) = 1;
   std::map<InboxKey, Inbox> inbox_ ECCL_GUARDED_BY(mu_);
+  uint64_t arrivals_ ECCL_GUARDED_BY(mu_) = 0;  // unexpected messages so far (Inbox::arrival)
   struct Draining {  // dropBoxLocked's, until the peer's writes into it are done
     RequestPtr request;
     ecclResult_t code;

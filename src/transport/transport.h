@@ -141,6 +141,10 @@ class Device {
   // net plugins: a receive may be larger than its send); request->bytes
   // says how many came. A larger message fails it like a size mismatch.
   virtual RequestPtr irecvUpTo(MemberId peer, uint64_t seq, uint32_t tag, void* buf, size_t capacity) = 0;
+  // Whether message (seq, tag) from `peer` has begun to arrive with no
+  // receive posted for it yet (MPI's probe): then its size in bytes and its
+  // place in the order messages arrived here (smaller came first).
+  virtual bool arrived(MemberId peer, uint64_t seq, uint32_t tag, size_t* bytes, uint64_t* order) = 0;
   // This member starts collective `seq` with `signature`, before posting
   // anything (an op may post nothing here, e.g. a count of 0): a peer's
   // frames for it are checked against it whenever they arrive.

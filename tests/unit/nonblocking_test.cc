@@ -1,7 +1,8 @@
 // Level 1: non-blocking point-to-point (ecclIsend/ecclIrecv/ecclTest/
 // ecclWait). A receive kept pending does not block a collective issued
 // after it; requests complete in any order; a failed one reports its error
-// once settled; misuse is refused.
+// once settled; misuse is refused. A probe sees what arrived without
+// taking it, and names the sender that came first (receive from any source).
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -87,6 +88,84 @@ TEST_F(Nonblocking, MisuseIsRefusedAndAPendingRequestCannotBeFreed) {
       RANK_CHECK(v == 1, "value");
       RANK_OK(ecclRequestFree(request), comm);
     }
+  });
+}
+
+// Polls ecclIprobe until rank `from` (or any rank) has a message here.
+void probeUntilArrived(ecclComm_t comm, int* peer, size_t* bytes) {
+  const int asked = *peer;
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  for (int arrived = 0; !arrived;) {
+    *peer = asked;
+    RANK_OK(ecclIprobe(peer, &arrived, bytes, comm), comm);
+    RANK_CHECK(std::chrono::steady_clock::now() < until, "nothing arrived from " + std::to_string(asked));
+  }
+}
+
+TEST_F(Nonblocking, AProbeNamesTheFirstArrivalAndAReceiveFromItTakesIt) {
+  runThreads(3, [](int rank, ecclComm_t comm) {
+    float x = 0;
+    std::vector<int32_t> mine(rank == 2 ? 100 : 50, rank);
+    if (rank == 0) {
+      int peer = ECCL_ANY_SOURCE, arrived = 1;
+      size_t bytes = 1;
+      RANK_OK(ecclIprobe(&peer, &arrived, &bytes, comm), comm);
+      RANK_CHECK(arrived == 0 && bytes == 0 && peer == ECCL_ANY_SOURCE, "a message arrived before any was sent");
+    }
+    RANK_OK(ecclAllReduce(&x, &x, 1, ecclFloat32, ecclSum, comm, nullptr), comm);
+    // Rank 2 sends first; rank 1 once rank 0 has seen rank 2's arrive.
+    if (rank == 2) RANK_OK(ecclSend(mine.data(), mine.size(), ecclInt32, 0, comm, nullptr), comm);
+    if (rank == 0) {
+      int peer = 2;
+      size_t bytes = 0;
+      probeUntilArrived(comm, &peer, &bytes);
+      RANK_CHECK(peer == 2 && bytes == 400, "probe of rank 2: " + std::to_string(bytes) + " bytes");
+    }
+    RANK_OK(ecclAllReduce(&x, &x, 1, ecclFloat32, ecclSum, comm, nullptr), comm);
+    if (rank == 1) RANK_OK(ecclSend(mine.data(), mine.size(), ecclInt32, 0, comm, nullptr), comm);
+    if (rank != 0) return;
+    int peer = 1;
+    size_t bytes = 0;
+    probeUntilArrived(comm, &peer, &bytes);
+    // Both are here: any source names the first, and probing takes nothing.
+    auto firstArrival = [&](int expect, size_t expectBytes) {
+      peer = ECCL_ANY_SOURCE;
+      probeUntilArrived(comm, &peer, &bytes);
+      RANK_CHECK(peer == expect && bytes == expectBytes,
+                 "any source named rank " + std::to_string(peer) + " with " + std::to_string(bytes) + " bytes");
+    };
+    auto receive = [&] {
+      std::vector<int32_t> got(bytes / sizeof(int32_t), -1);
+      RANK_OK(ecclRecv(got.data(), got.size(), ecclInt32, peer, comm, nullptr), comm);
+      for (int32_t v : got) RANK_CHECK(v == peer, "a value from rank " + std::to_string(peer));
+    };
+    firstArrival(2, 400);
+    firstArrival(2, 400);
+    receive();
+    firstArrival(1, 200);
+    receive();
+    int arrived = 1;
+    peer = ECCL_ANY_SOURCE;
+    RANK_OK(ecclIprobe(&peer, &arrived, &bytes, comm), comm);
+    RANK_CHECK(arrived == 0, "a message still there after both were received");
+  });
+}
+
+TEST_F(Nonblocking, AProbeRefusesMisuse) {
+  runThreads(2, [](int rank, ecclComm_t comm) {
+    int peer = 1 - rank, arrived = 0;
+    size_t bytes = 0;
+    RANK_CHECK(ecclIprobe(nullptr, &arrived, &bytes, comm) == ecclInvalidArgument, "null peer");
+    RANK_CHECK(ecclIprobe(&peer, nullptr, &bytes, comm) == ecclInvalidArgument, "null arrived");
+    RANK_CHECK(ecclIprobe(&peer, &arrived, nullptr, comm) == ecclInvalidArgument, "null bytes");
+    peer = rank;
+    RANK_CHECK(ecclIprobe(&peer, &arrived, &bytes, comm) == ecclInvalidUsage, "probe of itself");
+    peer = 5;
+    RANK_CHECK(ecclIprobe(&peer, &arrived, &bytes, comm) == ecclInvalidArgument, "peer out of range");
+    peer = ECCL_ANY_SOURCE;
+    RANK_OK(ecclGroupStart(), comm);
+    RANK_CHECK(ecclIprobe(&peer, &arrived, &bytes, comm) == ecclInvalidUsage, "inside a group");
+    RANK_OK(ecclGroupEnd(), comm);
   });
 }
 

@@ -483,6 +483,7 @@ intrusive_ptr<c10d::Work> ProcessGroupEccl::enqueueP2p(OpType type, const char* 
   auto work = c10::make_intrusive<EcclWork>(rank_, type, name, isSend ? std::vector<at::Tensor>{}
                                                                       : std::vector<at::Tensor>{t},
                                             std::vector<at::Tensor>{t});
+  if (!isSend) work->setSourceRank(peer);
   driver_->postPolled(work, [this, t, peer, isSend, name]() -> Poller {
     auto flat = std::make_shared<Flat>(t, isSend);
     ecclRequest_t request = nullptr;
@@ -510,8 +511,49 @@ intrusive_ptr<c10d::Work> ProcessGroupEccl::enqueueP2p(OpType type, const char* 
   return work;
 }
 
-intrusive_ptr<c10d::Work> ProcessGroupEccl::recvAnysource(std::vector<at::Tensor>&, int) {
-  TORCH_CHECK(false, "eccl: receiving from any source is not supported (name the source rank)");
+// A probe until some rank's next message has arrived, then a receive from
+// that rank (ecclIprobe): the message that came first is taken.
+intrusive_ptr<c10d::Work> ProcessGroupEccl::recvAnysource(std::vector<at::Tensor>& tensors, int) {
+  checkSingle(tensors, "recvAnysource");
+  requireRank("recvAnysource");
+  const at::Tensor t = tensors[0];
+  TORCH_CHECK_VALUE(!t.is_cuda(), "eccl recv from any source takes host tensors (name the source for a CUDA tensor)");
+  seq_++;
+  auto work = c10::make_intrusive<EcclWork>(rank_, OpType::RECVANYSOURCE, "recvAnySource", std::vector<at::Tensor>{t},
+                                            std::vector<at::Tensor>{t});
+  driver_->postPolled(work, [this, t, work]() -> Poller {
+    auto flat = std::make_shared<Flat>(t, false);
+    auto request = std::make_shared<ecclRequest_t>(nullptr);
+    auto deadline = std::chrono::steady_clock::now() + timeout_;
+    return [this, flat, request, deadline, work]() {
+      if (!*request) {
+        int peer = ECCL_ANY_SOURCE, arrived = 0;
+        size_t bytes = 0;
+        check(ecclIprobe(&peer, &arrived, &bytes, comm_), "recv from any source");
+        if (!arrived) {
+          TORCH_CHECK_WITH(DistBackendError, std::chrono::steady_clock::now() < deadline,
+                           "eccl recv from any source: Timed out waiting ", timeout_.count(),
+                           "ms for a message from any rank");
+          return false;
+        }
+        check(ecclIrecv(flat->data(), flat->bytes(), ecclUint8, peer, comm_, request.get()), "recv from any source");
+        work->setSourceRank(peer);
+      }
+      int done = 0;
+      ecclResult_t r = ecclTest(*request, &done);
+      if (r == ecclSuccess && !done && std::chrono::steady_clock::now() >= deadline) r = ecclWait(*request), done = 1;
+      if (r != ecclSuccess) {
+        std::string why = ecclGetLastError(comm_);
+        ecclRequestFree(*request);
+        TORCH_CHECK_WITH(DistBackendError, false, "eccl recv from any source (", ecclGetErrorString(r), "): ", why);
+      }
+      if (!done) return false;
+      ecclRequestFree(*request);
+      flat->writeBack();
+      return true;
+    };
+  });
+  return work;
 }
 
 intrusive_ptr<c10d::Work> ProcessGroupEccl::barrier(const c10d::BarrierOptions& opts) {

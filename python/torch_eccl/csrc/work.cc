@@ -22,6 +22,12 @@ std::exception_ptr EcclWork::exception() const {
 
 std::vector<at::Tensor> EcclWork::result() { return outputs_; }
 
+int EcclWork::sourceRank() const {
+  int rank = sourceRank_.load();
+  TORCH_CHECK(rank >= 0, "eccl ", label_, ": no source rank (only a receive has one, once its message came)");
+  return rank;
+}
+
 bool EcclWork::wait(std::chrono::milliseconds timeout) {
   if (timeout == kNoTimeout) {
     future_->wait();

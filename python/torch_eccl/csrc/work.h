@@ -8,6 +8,7 @@
 #include <ATen/core/ivalue.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -34,6 +35,10 @@ class EcclWork : public c10d::Work {
   void synchronize() override {}
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
   const std::string& label() const { return label_; }
+  // A receive's sender (work._source_rank()); a receive from any source
+  // knows it once a message came.
+  int sourceRank() const override;
+  void setSourceRank(int rank) { sourceRank_.store(rank); }
 
   // Driver thread only.
   void succeed();
@@ -41,6 +46,7 @@ class EcclWork : public c10d::Work {
 
  private:
   const std::string label_;
+  std::atomic<int> sourceRank_{-1};
   std::vector<at::Tensor> outputs_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
