@@ -178,10 +178,10 @@ uint64_t recordingsReceived(ecclComm_t comm) {
 // The standby's step as rank r (0 or 1): the ranks' seven calls with two
 // more between them that no rank made, and a receive from another peer.
 // Returns the step number the replayed outputs come from when rank r's
-// recording answered all five of its outputs; kNothingReplayed while they are the sandbox's
-// own answers; kPartlyReplayed when fewer were replayed (another rank's
-// recording answers only the outputs that do not depend on the rank, or a
-// recording came in mid-step).
+// recording answered all five of its outputs; kNothingReplayed while they
+// are the sandbox's own answers; kPartlyReplayed when fewer were replayed
+// (another rank's recording answers only the outputs that do not depend on
+// the rank, or the first recording came in mid-step).
 int replayedStep(ecclComm_t comm, int r) {
   const int left = (r + kRanks - 1) % kRanks, other = (r + 1) % kRanks;
   std::vector<float> in(kCount * kRanks), out(kCount * kRanks);
