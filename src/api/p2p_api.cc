@@ -96,18 +96,11 @@ ecclResult_t ecclIprobe(int* peer, int* arrived, size_t* bytes, ecclComm_t comm)
       c.checkRank(*peer, "ecclIprobe");
       if (*peer == c.rank()) fail(ecclInvalidUsage, "ecclIprobe: rank {} cannot receive from itself", *peer);
     }
-    int first = -1;
-    size_t firstBytes = 0;
-    uint64_t firstOrder = 0;
-    for (int r = 0; r < c.size(); ++r) {
-      if (r == c.rank() || (*peer != ECCL_ANY_SOURCE && r != *peer)) continue;
-      size_t n;
-      uint64_t order;
-      if (c.probe(r, &n, &order) && (first < 0 || order < firstOrder)) first = r, firstBytes = n, firstOrder = order;
-    }
-    if (first < 0) return;
-    *peer = first;
-    *bytes = firstBytes;
+    size_t n = 0;
+    const int from = c.probe(*peer, &n);
+    if (from < 0) return;
+    *peer = from;
+    *bytes = n;
     *arrived = 1;
   });
 }

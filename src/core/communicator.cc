@@ -681,11 +681,20 @@ transport::RequestPtr Communicator::postRecv(void* buf, size_t bytes, int peer, 
   return request;
 }
 
-bool Communicator::probe(int peer, size_t* bytes, uint64_t* order) {
+int Communicator::probe(int peer, size_t* bytes) {
   checkUsable();
   device_->progress();
-  const uint64_t seq = transport::FrameHeader::kP2pBit | (recvSeq_[peer] + 1);
-  return device_->arrived(view_.rankToMember[peer], seq, 0, bytes, order);
+  int first = -1;
+  uint64_t firstOrder = 0;
+  for (int r = 0; r < size(); ++r) {
+    if (r == rank_ || (peer >= 0 && r != peer)) continue;
+    const uint64_t seq = transport::FrameHeader::kP2pBit | (recvSeq_[r] + 1);
+    size_t n;
+    uint64_t order;
+    if (device_->arrived(view_.rankToMember[r], seq, 0, &n, &order) && (first < 0 || order < firstOrder))
+      first = r, *bytes = n, firstOrder = order;
+  }
+  return first;
 }
 
 bool Communicator::testP2p(const transport::RequestPtr& r, int peer, bool isSend) {

@@ -77,9 +77,10 @@ class Communicator {
   void waitP2p(const transport::RequestPtr& request, int peer, bool isSend);
   // Non-blocking completion test of a posted send or receive; throws its failure.
   bool testP2p(const transport::RequestPtr& request, int peer, bool isSend);
-  // Whether the message the next postRecv from `peer` would take has begun
-  // to arrive: its size and arrival order (transport::Device::arrived).
-  bool probe(int peer, size_t* bytes, uint64_t* order);
+  // The rank whose message, the one the next postRecv from it would take,
+  // has begun to arrive (`peer`, or with peer < 0 any other rank's, the
+  // first to arrive), and its size; -1 when none has.
+  int probe(int peer, size_t* bytes);
 
   // Throws the stored failure if the communicator is revoked.
   void checkUsable() const;

@@ -464,6 +464,25 @@ intrusive_ptr<c10d::Work> ProcessGroupEccl::recv(std::vector<at::Tensor>& tensor
   return enqueueP2p(OpType::RECV, "recv", tensors[0], peer, false);
 }
 
+// A posted send or receive the driver polls: false while pending; true
+// once it completed (freed). Past `deadline` the blocking wait judges the
+// peer (a liveness probe; a silent peer is declared failed). A failure is
+// raised (the request freed first).
+static bool settlePolled(ecclComm_t comm, ecclRequest_t request, std::chrono::steady_clock::time_point deadline,
+                         const char* name) {
+  int done = 0;
+  ecclResult_t r = ecclTest(request, &done);
+  if (r == ecclSuccess && !done && std::chrono::steady_clock::now() >= deadline) r = ecclWait(request), done = 1;
+  if (r != ecclSuccess) {
+    std::string why = ecclGetLastError(comm);
+    ecclRequestFree(request);
+    TORCH_CHECK_WITH(DistBackendError, false, "eccl ", name, " (", ecclGetErrorString(r), "): ", why);
+  }
+  if (!done) return false;
+  ecclRequestFree(request);
+  return true;
+}
+
 intrusive_ptr<c10d::Work> ProcessGroupEccl::enqueueP2p(OpType type, const char* name, const at::Tensor& t, int peer,
                                                        bool isSend) {
   requireRank(name);
@@ -492,18 +511,7 @@ intrusive_ptr<c10d::Work> ProcessGroupEccl::enqueueP2p(OpType type, const char* 
           name);
     auto deadline = std::chrono::steady_clock::now() + timeout_;
     return [this, flat, request, deadline, isSend, name]() {
-      int done = 0;
-      ecclResult_t r = ecclTest(request, &done);
-      // Past the deadline the blocking wait judges the peer (a liveness
-      // probe; a silent peer is declared failed).
-      if (r == ecclSuccess && !done && std::chrono::steady_clock::now() >= deadline) r = ecclWait(request), done = 1;
-      if (r != ecclSuccess) {
-        std::string why = ecclGetLastError(comm_);
-        ecclRequestFree(request);
-        TORCH_CHECK_WITH(DistBackendError, false, "eccl ", name, " (", ecclGetErrorString(r), "): ", why);
-      }
-      if (!done) return false;
-      ecclRequestFree(request);
+      if (!settlePolled(comm_, request, deadline, name)) return false;
       if (!isSend) flat->writeBack();
       return true;
     };
@@ -539,16 +547,7 @@ intrusive_ptr<c10d::Work> ProcessGroupEccl::recvAnysource(std::vector<at::Tensor
         check(ecclIrecv(flat->data(), flat->bytes(), ecclUint8, peer, comm_, request.get()), "recv from any source");
         work->setSourceRank(peer);
       }
-      int done = 0;
-      ecclResult_t r = ecclTest(*request, &done);
-      if (r == ecclSuccess && !done && std::chrono::steady_clock::now() >= deadline) r = ecclWait(*request), done = 1;
-      if (r != ecclSuccess) {
-        std::string why = ecclGetLastError(comm_);
-        ecclRequestFree(*request);
-        TORCH_CHECK_WITH(DistBackendError, false, "eccl recv from any source (", ecclGetErrorString(r), "): ", why);
-      }
-      if (!done) return false;
-      ecclRequestFree(*request);
+      if (!settlePolled(comm_, *request, deadline, "recv from any source")) return false;
       flat->writeBack();
       return true;
     };
