@@ -6,8 +6,10 @@ include(CMakePackageConfigHelpers)
 install(TARGETS eccl EXPORT ecclTargets LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
 install(TARGETS eccl-run ecclcoord RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(TARGETS all_reduce_perf all_gather_perf reduce_scatter_perf broadcast_perf reduce_perf alltoall_perf
-                sendrecv_perf reconfig_perf dispatch_perf log_perf elastic_train
+                sendrecv_perf reconfig_perf elastic_train
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+# A sanitized build leaves these out (perf/CMakeLists.txt).
+install(TARGETS dispatch_perf log_perf RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} OPTIONAL)
 install(FILES include/eccl.h include/eccl_net.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(EXPORT ecclTargets NAMESPACE eccl:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/eccl)
 file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/ecclConfig.cmake.in

@@ -4,6 +4,7 @@ namespace eccl::transport::lanes {
 
 // Reads and writes whatever the lanes are ready for, without blocking.
 void LaneDevice::serviceLanesLocked(bool sockets) {
+  foregroundCompleted_ = false;
   epoll_event events[64];
   int n = sockets ? epoll_wait(laneEpoll_.get(), events, 64, 0) : 0;
   for (int i = 0; i < n; ++i) {
@@ -49,6 +50,7 @@ void LaneDevice::completeLocked(const RequestPtr& r, ecclResult_t code, std::str
   r->code = code;
   r->error = std::move(error);
   r->state.store(code == ecclSuccess ? Request::kDone : Request::kFailed);
+  if (!FrameHeader::isBackground(r->seq)) foregroundCompleted_ = true;
   cv_.notifyAll();
   if (r->driverWakeFd >= 0 && r->driverWakeFd != threadWakeFd()) {
     uint64_t one = 1;
@@ -507,10 +509,15 @@ void LaneDevice::readLocked(Lane& lane) {
   lane.reading = false;
 }
 
+// A lane gets up to kReadBudgetPerEvent per pass; once a foreground request
+// completed in the pass it gets one read, so a caller woken by that
+// completion does not wait for megabytes of another transfer (epoll is
+// level-triggered and a lane in memory is looked at every pass: what is
+// left is read next pass).
 void LaneDevice::readFramesLocked(Lane& lane) {
   const uint64_t token = lane.token;
   size_t budget = kReadBudgetPerEvent;
-  bool drained = false;
+  bool drained = false, readOnce = false;
   for (;;) {
     while (lane.rxBegin < lane.rxEnd) {
       size_t want;
@@ -521,7 +528,8 @@ void LaneDevice::readFramesLocked(Lane& lane) {
       if (!advanceLocked(lane, n)) return;
     }
     lane.rxBegin = lane.rxEnd = 0;
-    if (drained || budget == 0) return;
+    if (drained || budget == 0 || (readOnce && foregroundCompleted_)) return;
+    readOnce = true;
     size_t want;
     uint8_t* dst = rxDestinationLocked(lane, &want);
     const bool direct = lane.rx == Lane::Rx::kPayload && dst && want >= kDirectReadBytes;

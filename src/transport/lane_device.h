@@ -540,6 +540,10 @@ class LaneDevice final : public Device {
   };
   std::map<InboxKey, Draining> draining_ ECCL_GUARDED_BY(mu_);
   bool callerOwned_ ECCL_GUARDED_BY(mu_) = false;
+  // A request outside the background class completed since this pass over
+  // the lanes began: its waiter needs the lock, so every lane still to be
+  // read in the pass gets one read, not a whole budget (readFramesLocked).
+  bool foregroundCompleted_ ECCL_GUARDED_BY(mu_) = false;
   int drivers_ ECCL_GUARDED_BY(mu_) = 0;
   Clock::time_point leaseUntil_ ECCL_GUARDED_BY(mu_){};
   std::vector<std::pair<std::unique_ptr<uint8_t[]>, size_t>> stagingPool_ ECCL_GUARDED_BY(mu_);
