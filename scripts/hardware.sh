@@ -15,6 +15,10 @@
 #   nccl      real NCCL over eccl's net plugin against NCCL's own sockets
 #             (2 ranks on the GPU, one NCCL_HOSTID each, alternating runs),
 #             pooled re-creation, and the preload shim with a rank killed
+#   snapshots snapshot_perf with cores to spare (issue 26's >= 0.9x: a
+#             4 MiB and a 64 KiB allreduce while 64 MiB-1 GiB replicate) and
+#             sandbox_record_perf with an eager standby (the GPU snapshot
+#             test is in `device`)
 # No stage: all of them. Everything measured goes under $OUT (or
 # hardware-out/), with a dated report, report-<UTC time>.md, whose figures
 # go to docs/hardware.md.
@@ -26,7 +30,7 @@ build=${ECCL_HW_BUILD:-build-hw}
 report="$out/report-$(date -u +%Y%m%dT%H%M%SZ).md"
 export ECCL_SOCKET_IFNAME=${ECCL_SOCKET_IFNAME:-lo}
 stages=("$@")
-[ ${#stages[@]} -gt 0 ] || stages=(build cuda dispatch reconfig logs device nccl)
+[ ${#stages[@]} -gt 0 ] || stages=(build cuda dispatch reconfig logs device nccl snapshots)
 
 note() { echo "$*" | tee -a "$report"; }
 section() { note ""; note "## $1 ($(date -u +%T) UTC)"; }
@@ -63,7 +67,8 @@ for stage in "${stages[@]}"; do
   case $stage in
     build)
       section build
-      targets=(eccl eccl-run ecclcoord dispatch_perf reconfig_perf sendrecv_perf log_perf all_reduce_perf)
+      targets=(eccl eccl-run ecclcoord dispatch_perf reconfig_perf sendrecv_perf log_perf all_reduce_perf snapshot_perf
+        sandbox_record_perf)
       record configure cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DECCL_WITH_FUZZ=OFF
       grep -E '^-- eccl' "$out/configure.txt" | tee -a "$report" || true
       if grep -q 'kernels for sm' "$out/configure.txt"; then
@@ -82,6 +87,16 @@ for stage in "${stages[@]}"; do
           note "$t: not built (no CUDA compiler at configure time)"
         fi
       done
+      ;;
+    snapshots)
+      section "snapshot_perf (target: allreduce busbw while a snapshot replicates >= 0.9x alone, with cores to spare)"
+      run=("$build/bootstrap/eccl-run" --bind-cores -np 2 --timeout 500)
+      record snapshot_perf_4m "${run[@]}" "$build/perf/snapshot_perf" --sizes 67108864,268435456,1073741824 --rounds 3
+      record snapshot_perf_64k "${run[@]}" "$build/perf/snapshot_perf" --sizes 67108864,268435456 \
+        --allreduce-bytes 65536 --rounds 3
+      section "sandbox_record_perf (an eager standby's recording: cost to the job's step)"
+      record sandbox_record_perf env ECCL_PREPARE=eager "$build/bootstrap/eccl-run" -np 3 --standby 1 --timeout 300 \
+        "$build/perf/sandbox_record_perf"
       ;;
     dispatch)
       section "dispatch_perf (target: CUDA permute/combine >= 0.7x of a device-to-device copy)"
@@ -155,7 +170,7 @@ for stage in "${stages[@]}"; do
       fi
       ;;
     *)
-      echo "hardware.sh: unknown stage '$stage' (build cuda dispatch reconfig logs device nccl)" >&2
+      echo "hardware.sh: unknown stage '$stage' (build cuda dispatch reconfig logs device nccl snapshots)" >&2
       exit 2
       ;;
   esac

@@ -56,6 +56,15 @@ class Conduit {
     return true;
   }
 
+  // Low-priority frames (Device::isendBulk) join the stream only while it
+  // holds little the peer has not read yet, so a foreground frame posted
+  // next waits behind a frame or two, not behind a stream full of bulk.
+  // A back end that cannot see its peer's reads says yes.
+  virtual bool roomForBulk() const { return true; }
+  // Like armWakeup, for a device that holds bulk frames back: lets the
+  // peer's next read wake pollFd(); false when roomForBulk() already holds.
+  virtual bool armBulkWakeup() { return !roomForBulk(); }
+
   // Zero-copy (RDMA): a back end that can write straight into the peer's
   // memory moves chunks of at least zeroCopyMinBytes() that way (0: never).
   // The device does the rendezvous (docs/transport.md): the sender pins its

@@ -32,6 +32,7 @@ void LaneDevice::serviceLanesLocked(bool sockets) {
 bool LaneDevice::armLanesLocked() {
   for (Lane* lane : memoryLanes_) {
     if (!lane->conduit->armWakeup(lane->wantsRoom())) return false;
+    if (lane->bulkHeldBack && !lane->conduit->armBulkWakeup()) return false;
     // armWakeup looks at the completions once more after arming: a
     // zero-copy write it saw finish raises no event of its own.
     if (zeroCopyWriteFinishedLocked(*lane) || lane->zeroCopyHeldBack) return false;
@@ -68,7 +69,7 @@ void LaneDevice::flushLocked(Lane& lane, bool startWrite) {
   if (!lane.zeroCopyWrites.empty()) reapZeroCopyWritesLocked(lane);
   if (!writeQueuedLocked(lane)) return;
   if (startWrite && lane.conduit && startZeroCopyWriteLocked(lane) && !writeQueuedLocked(lane)) return;
-  setWantOutLocked(lane, !lane.sendQueue.empty() || !lane.bulkQueue.empty());
+  setWantOutLocked(lane, lane.streamWantsRoom());
 }
 
 // Writes queued frames while the conduit takes them; false when the lane
@@ -79,9 +80,14 @@ bool LaneDevice::writeQueuedLocked(Lane& lane) {
   // posts of other threads) for its whole length, and the lane is not
   // woken once per frame either.
   size_t bulkFrames = 0;
+  lane.bulkHeldBack = false;
   while (lane.conduit) {
     if (lane.sendQueue.empty()) {
       if (lane.bulkQueue.empty() || bulkFrames == kBulkFramesPerFlush) break;
+      if (!lane.conduit->roomForBulk() && Clock::now() - lane.foregroundPostedAt < kBulkQuietAfter) {
+        lane.bulkHeldBack = true;
+        break;
+      }
       bulkFrames++;
       lane.sendQueue.push_back(std::move(lane.bulkQueue.front()));
       lane.bulkQueue.pop_front();
@@ -193,6 +199,7 @@ RequestPtr LaneDevice::postSend(MemberId member, uint64_t seq, uint32_t tag, con
     chunk = ((len + lanes - 1) / lanes + 4095) & ~size_t(4095);
   chunk = std::min<size_t>(std::max<size_t>(chunk, 1), bulk ? kBulkFrameBytes : FrameHeader::kMaxPayload);
   const auto* data = static_cast<const uint8_t*>(buf);
+  const auto postedAt = bulk ? Clock::time_point{} : Clock::now();
   uint64_t touched = 0;  // lane indexes (at most 64 lanes)
   size_t offset = 0;
   do {
@@ -225,6 +232,7 @@ RequestPtr LaneDevice::postSend(MemberId member, uint64_t seq, uint32_t tag, con
     item.request = r;
     r->pendingChunks++;
     (bulk ? lane.bulkQueue : lane.sendQueue).push_back(std::move(item));
+    if (!bulk) lane.foregroundPostedAt = postedAt;
     touched |= uint64_t{1} << index;
     offset += n;
   } while (offset < len);
@@ -232,7 +240,7 @@ RequestPtr LaneDevice::postSend(MemberId member, uint64_t seq, uint32_t tag, con
   for (size_t i = 0; i < lanes; ++i)
     if (touched & (uint64_t{1} << i)) {
       flushLocked(*p.lanes[i]);
-      waitsForRoom |= p.lanes[i]->conduit && p.lanes[i]->wantsRoom();
+      waitsForRoom |= p.lanes[i]->conduit && (p.lanes[i]->wantsRoom() || p.lanes[i]->bulkHeldBack);
     }
   // What did not fit goes when the lane has room. A poster that will not
   // drive the lanes (a background thread, a consumer that tests) leaves

@@ -75,8 +75,11 @@ constexpr uint64_t kLanesToken = 1;  // in the progress thread's epoll only
 // op's data does not wake the progress thread; it bounds how late an idle
 // member answers a ping or notices a hang-up.
 constexpr int64_t kLeaseMs = 2;
-// Bulk frames (Device::isendBulk) one flush of a lane may start: 2 MiB.
+// Bulk frames (Device::isendBulk) one flush of a lane may start: 512 KiB.
 constexpr size_t kBulkFramesPerFlush = 8;
+// A lane with no foreground send posted for this long may fill up with
+// bulk frames: only the first message of the next burst waits behind them.
+constexpr auto kBulkQuietAfter = std::chrono::milliseconds(2);
 
 struct SendItem {
   uint8_t header[FrameHeader::kSize + FrameHeader::kSignatureBytes];
@@ -155,8 +158,14 @@ struct Lane {
   bool reading = false;      // readLocked is parsing this lane (it must not be re-entered)
   std::deque<SendItem> sendQueue;
   // Device::isendBulk's frames, none started: one moves to sendQueue when
-  // that is empty.
+  // that is empty and the conduit has room for bulk (roomForBulk).
   std::deque<SendItem> bulkQueue;
+  // The last flush stopped because the conduit held too much unread for a
+  // bulk frame: the device then sleeps on armBulkWakeup, not on room.
+  bool bulkHeldBack = false;
+  // When a foreground send was last posted here: a lane quiet for
+  // kBulkQuietAfter lets bulk fill its conduit, a busy one keeps it shallow.
+  Clock::time_point foregroundPostedAt{};
   // Receive state machine, touched only by the progress thread.
   enum class Rx { kHeader, kSignature, kPayload } rx = Rx::kHeader;
   uint8_t header[FrameHeader::kSize];
@@ -199,8 +208,9 @@ struct Lane {
   // slot); a zero-copy write under way waits for its completion instead,
   // which the armed conduit announces, so it must not keep anyone spinning.
   bool wantsRoom() const {
-    return !sendQueue.empty() || !bulkQueue.empty() || (!zeroCopyWrites.empty() && zeroCopyWrites.back().ticket == 0);
+    return streamWantsRoom() || (!zeroCopyWrites.empty() && zeroCopyWrites.back().ticket == 0);
   }
+  bool streamWantsRoom() const { return !sendQueue.empty() || (!bulkQueue.empty() && !bulkHeldBack); }
 };
 
 struct Peer {

@@ -130,9 +130,11 @@ class Device {
                            const uint32_t* payloadCrc = nullptr, const CallSignature* signature = nullptr) = 0;
   // A send in the background class (snapshot replication): its frames,
   // at most kBulkFrameBytes each, go out on a lane only while nothing else
-  // waits there, so a collective posted after it waits for one frame at
-  // most, never for the whole message. Received like any message.
-  static constexpr size_t kBulkFrameBytes = 256 << 10;
+  // waits there and the lane holds little its peer has not read
+  // (Conduit::roomForBulk), so a collective posted after it waits behind a
+  // frame or two, never behind the whole message or a full ring. Received
+  // like any message.
+  static constexpr size_t kBulkFrameBytes = 64 << 10;
   virtual RequestPtr isendBulk(MemberId peer, uint64_t seq, uint32_t tag, const void* buf, size_t len,
                                const uint32_t* payloadCrc = nullptr) = 0;
   virtual RequestPtr irecv(MemberId peer, uint64_t seq, uint32_t tag, void* buf, size_t len,

@@ -2,7 +2,8 @@
 // the GPUs present: every result is compared with the same collective on
 // host buffers (the CPU reference), and the stream semantics are checked
 // (the call returns before the work is done; later work on the stream sees
-// the result). Skips with the reason where there is no GPU.
+// the result); snapshots of GPU memory come back intact. Skips with the
+// reason where there is no GPU.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -46,7 +47,7 @@ ecclComm_t openOnGpu(int rank, int n, const ecclUniqueId& id) {
   return comm;
 }
 
-class DeviceCollectives : public ::testing::TestWithParam<int> {
+class OnGpu : public ::testing::Test {
  protected:
   void SetUp() override {
     std::string why;
@@ -54,6 +55,8 @@ class DeviceCollectives : public ::testing::TestWithParam<int> {
     setenv("ECCL_SOCKET_IFNAME", "lo", 1);
   }
 };
+
+class DeviceCollectives : public OnGpu, public ::testing::WithParamInterface<int> {};
 
 // Sizes straddle ECCL_GPU_CHUNK_BYTES (64 KiB here) so ops run in several
 // chunks with a short last one.
@@ -264,6 +267,49 @@ TEST_P(DeviceCollectives, MoeDispatchAndCombineMatchTheHostPath) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, DeviceCollectives, ::testing::Values(2, 3, 4));
+
+// Peer-memory snapshots of GPU memory (docs/snapshots.md): each rank puts
+// a state that lives on the GPU (odd size, several names), the version
+// commits everywhere, and what ecclSnapshotGet writes back into a second
+// GPU buffer equals the state byte for byte.
+using DeviceSnapshots = OnGpu;
+
+TEST_F(DeviceSnapshots, AStateOnTheGpuIsPutCommittedAndGotBackByteForByte) {
+  ProcessGroup group(2, [](int rank, int n, const ecclUniqueId& id) {
+    ecclComm_t comm = openOnGpu(rank, n, id);
+    ecclSnapshotConfig_t cfg{};
+    cfg.size = sizeof(cfg);
+    cfg.replicas = 1;
+    cfg.replicasSet = 1;
+    RANK_OK(ecclSnapshotConfigure(comm, &cfg), comm);
+    const size_t bytes = (3 << 20) + 123;
+    std::vector<uint8_t> state(bytes), got(bytes);
+    for (size_t i = 0; i < bytes; ++i) state[i] = static_cast<uint8_t>(i * 29 + 7 * rank);
+    uint8_t *dState, *dBack;
+    CUDA_OK(cudaMalloc(&dState, bytes));
+    CUDA_OK(cudaMalloc(&dBack, bytes));
+    CUDA_OK(cudaMemcpy(dState, state.data(), bytes, cudaMemcpyHostToDevice));
+    const char* names[] = {"layer0", "layer1", "optimizer"};
+    const size_t part = bytes / 3;
+    for (int k = 0; k < 3; ++k)
+      RANK_OK(ecclSnapshotPut(comm, 1, names[k], dState + part * k, k == 2 ? bytes - 2 * part : part), comm);
+    RANK_OK(ecclSnapshotCommit(comm, 1), comm);
+    RANK_OK(ecclSnapshotWait(comm, 1, 30000), comm);
+    CUDA_OK(cudaMemset(dState, 0, bytes));
+    for (int k = 0; k < 3; ++k) {
+      int64_t version = -1;
+      RANK_OK(ecclSnapshotGet(comm, names[k], dBack + part * k, k == 2 ? bytes - 2 * part : part, &version), comm);
+      RANK_CHECK(version == 1, std::string(names[k]) + " came from version " + std::to_string(version));
+    }
+    CUDA_OK(cudaMemcpy(got.data(), dBack, bytes, cudaMemcpyDeviceToHost));
+    RANK_CHECK(got == state, "the state got back from the snapshot differs from what was put");
+    CUDA_OK(cudaFree(dState));
+    CUDA_OK(cudaFree(dBack));
+    RANK_OK(ecclCommDestroy(comm), comm);
+  });
+  auto outcomes = group.wait(std::chrono::seconds(120));
+  EXPECT_TRUE(allSucceeded(outcomes)) << describe(outcomes);
+}
 
 }  // namespace
 }  // namespace eccl::test

@@ -326,4 +326,11 @@ bool RingLane::armWakeup(bool wantSpace) {
   return arrived_ == consumed_ && broken_.empty() && !(wantSpace && sent_ - peerConsumed() < peerRingBytes_);
 }
 
+// Called after armWakeup armed the completion queue: a credit arriving
+// from now on raises an event.
+bool RingLane::armBulkWakeup() {
+  drainCompletions();
+  return !roomForBulk() && arrived_ == consumed_ && broken_.empty();
+}
+
 }  // namespace eccl::transport::ibverbs

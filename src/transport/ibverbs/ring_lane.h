@@ -74,6 +74,12 @@ class RingLane final : public Conduit, private SharedCompletions::Sink {
   ssize_t write(const iovec* iov, int count) override;
   ssize_t read(void* into, size_t n) override;
   bool armWakeup(bool wantSpace) override;
+  // The peer reports its reads a quarter of its ring at a time, so what it
+  // has not read looks up to a quarter larger than it is: half a ring
+  // unread as seen here means at least a quarter the peer will read and
+  // report, which wakes us (a credit write carries an immediate).
+  bool roomForBulk() const override { return sent_ - peerConsumed() < peerRingBytes_ / 2; }
+  bool armBulkWakeup() override;
   size_t zeroCopyMinBytes() const override { return zeroCopyBytes_; }
   std::optional<Window> expose(void* buffer, size_t bytes) override;
   uint64_t pin(const void* buffer, size_t bytes) override;

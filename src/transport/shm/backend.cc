@@ -92,7 +92,15 @@ class ShmConduit final : public Conduit {
     return sleep;
   }
 
+  // Bulk waits while 64 KiB (a quarter of a smaller ring) is unread: a
+  // foreground frame behind it waits for that much to be copied out; the
+  // peer rings the doorbell as it reads (takeWriterArm).
+  bool roomForBulk() const override { return tx_->readable() < bulkFillBytes(); }
+  bool armBulkWakeup() override { return tx_->armWriterBelow(bulkFillBytes()); }
+
  private:
+  size_t bulkFillBytes() const { return std::min<size_t>(tx_->capacity(), 256 << 10) / 4; }
+
   // A full socket buffer already holds a doorbell the peer has not taken.
   void ring() {
     char one = 1;

@@ -156,10 +156,12 @@ bool Ring::armReader() {
   return readable() == 0 && !closed();
 }
 
-bool Ring::armWriter() {
+bool Ring::armWriter() { return armWriterBelow(capacity_); }  // full: readable() == capacity_
+
+bool Ring::armWriterBelow(size_t fill) {
   writerArmed_.store(1, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  return writable() == 0 && !closed();
+  return readable() >= fill && !closed();
 }
 
 bool Ring::takeArm(std::atomic<uint32_t>& arm) {

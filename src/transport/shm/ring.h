@@ -37,6 +37,7 @@ class Ring {
   // Both sides may look at the fill level; each side's own count is exact.
   size_t readable() const;
   size_t writable() const;
+  size_t capacity() const { return capacity_; }
 
   // Sleeps until the ring has room (data), `until` passes or someone calls
   // wakeAll; spins briefly first. Returns at once if it already has.
@@ -54,6 +55,9 @@ class Ring {
   // armWriter likewise when there is room.
   bool armReader();
   bool armWriter();
+  // A writer that waits for the fill to drop below `fill`, not for room:
+  // false when it already has.
+  bool armWriterBelow(size_t fill);
   // After a write (a read): true once per arm, when the other side must be rung.
   bool takeReaderArm() { return takeArm(readerArmed_); }
   bool takeWriterArm() { return takeArm(writerArmed_); }
