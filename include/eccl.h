@@ -206,7 +206,8 @@ ecclResult_t ecclCommRevoke(ecclComm_t comm);
 typedef struct {
   size_t size;                   /* set to sizeof(ecclCommStats_t) */
   uint32_t epoch;                /* the current view */
-  uint32_t joinedEpoch;          /* the view this member joined in (1: original rank) */
+  uint32_t joinedEpoch;          /* the view this member joined in (1: original rank); the joiner
+                                    of a migration being prepared holds epoch + 1 until it switches */
   int rank, nranks;
   uint64_t reconfigurations;     /* view changes this member went through */
   uint64_t openConnections;      /* lanes open now */

@@ -179,18 +179,19 @@ int main(int argc, char** argv) {
   s.size = sizeof(s);
   ecclCommGetStats(comm, &s);
   Model model = initialModel(size);
-  ecclPrepareState_t prepState;
-  int leaving = -1;
-  ecclCommPrepareStatus(comm, &prepState, &leaving);
-  if (prepState == ecclPreparePreparing || prepState == ecclPrepareReady) {
-    // A joiner: the leaver streams the model at the boundary, then we switch.
-    printf("standby chosen to take rank %d; waiting for its state\n", leaving);
+  if (s.joinedEpoch > s.epoch) {
+    // The joiner of a migration: it holds the next view's epoch until its
+    // switchover. (Every member sees the preparation in its status, one
+    // that starts while a migration is announced right after init, so the
+    // status cannot tell the joiner.) The leaver streams the model at the
+    // boundary, then we switch.
+    printf("standby chosen to take rank %d; waiting for its state\n", s.rank);
     auto t = Clock::now();
     if ((r = ecclMigrationRecv(&model.step, 1, ecclInt64, comm, nullptr)) != ecclSuccess ||
         (r = ecclMigrationRecv(model.params.data(), model.params.size(), ecclFloat32, comm, nullptr)) != ecclSuccess)
       die("receiving the model from the leaver", r, comm);
     if ((r = ecclCommSwitchover(comm)) != ecclSuccess) die("ecclCommSwitchover", r, comm);
-    printf("joined as rank %d at step %" PRId64 " (%.1f ms after the preparation was announced)\n", leaving,
+    printf("joined as rank %d at step %" PRId64 " (%.1f ms after the preparation was announced)\n", s.rank,
            model.step, msSince(t));
   } else if (s.joinedEpoch > 1) {
     printf("standby promoted to rank %d at epoch %u after %.1f ms on standby\n", s.rank, s.epoch, msSince(t0));
