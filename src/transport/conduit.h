@@ -59,7 +59,11 @@ class Conduit {
   // Low-priority frames (Device::isendBulk) join the stream only while it
   // holds little the peer has not read yet, so a foreground frame posted
   // next waits behind a frame or two, not behind a stream full of bulk.
-  // A back end that cannot see its peer's reads says yes.
+  // A back end that sees its peer's reads (a ring in shared or registered
+  // memory) says so here; for one that does not (a socket: the kernel
+  // buffers on both ends hide it) roomForBulk says yes and the device
+  // counts instead, from the peer's reports (FrameType::kBulkRead).
+  virtual bool seesPeerReads() const { return false; }
   virtual bool roomForBulk() const { return true; }
   // Like armWakeup, for a device that holds bulk frames back: lets the
   // peer's next read wake pollFd(); false when roomForBulk() already holds.

@@ -74,6 +74,10 @@ struct DeviceOptions {
   // A collective's posted receive is announced to its sender, which writes
   // large chunks into it without asking (device_receive_ready.cc).
   bool announceReceives = true;
+  // A lane with no foreground send posted for this long lets bulk frames
+  // (Device::isendBulk) fill its conduit: only the first message of the
+  // next burst waits behind them. A busy lane takes bulk a little at a time.
+  int64_t bulkQuietAfterMs = 2;
 };
 
 std::unique_ptr<Device> createDevice(const DeviceOptions& options);

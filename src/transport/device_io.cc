@@ -84,13 +84,15 @@ bool LaneDevice::writeQueuedLocked(Lane& lane) {
   while (lane.conduit) {
     if (lane.sendQueue.empty()) {
       if (lane.bulkQueue.empty() || bulkFrames == kBulkFramesPerFlush) break;
-      if (!lane.conduit->roomForBulk() && Clock::now() - lane.foregroundPostedAt < kBulkQuietAfter) {
+      if (!bulkRoomLocked(lane, Clock::now() - lane.foregroundPostedAt >=
+                                    std::chrono::milliseconds(opt_.bulkQuietAfterMs))) {
         lane.bulkHeldBack = true;
         break;
       }
       bulkFrames++;
       lane.sendQueue.push_back(std::move(lane.bulkQueue.front()));
       lane.bulkQueue.pop_front();
+      if (!lane.conduit->seesPeerReads()) markRendezvous(lane.sendQueue.back().header, true, FrameHeader::kBulkCredit);
     }
     SendItem& item = lane.sendQueue.front();
     if (item.done == 0 && item.request && opt_.zeroCopy && !item.rendezvous) {
@@ -151,11 +153,47 @@ bool LaneDevice::writeQueuedLocked(Lane& lane) {
       lane.sendQueue.pop_front();
       continue;
     }
+    if (item.header[7] & FrameHeader::kBulkCredit) lane.bulkCreditedSent += item.length;
     RequestPtr r = std::move(item.request);
     lane.sendQueue.pop_front();
     finishChunkLocked(r);
   }
   return true;
+}
+
+// A quiet lane (no foreground send for bulkQuietAfterMs) may fill: a ring
+// up to its size, a socket up to kBulkQuietUnreadBytes, not its kernel
+// buffers' megabytes, which the next burst's first message would wait behind.
+bool LaneDevice::bulkRoomLocked(const Lane& lane, bool quiet) const {
+  if (lane.conduit->seesPeerReads()) return quiet || lane.conduit->roomForBulk();
+  return lane.bulkCreditedSent - lane.bulkReadByPeer < (quiet ? kBulkQuietUnreadBytes : kBulkUnreadBytes);
+}
+
+// A bulk frame the sender counts was read (its payload kept or dropped):
+// count it, and report the count every kBulkReportBytes.
+void LaneDevice::bulkFrameReadLocked(Lane& lane) {
+  lane.bulkCreditedRead += lane.frame.length;
+  if (lane.bulkCreditedRead - lane.bulkReadReported < kBulkReportBytes) return;
+  lane.bulkReadReported = lane.bulkCreditedRead;
+  std::vector<uint8_t> payload(8);
+  std::memcpy(payload.data(), &lane.bulkCreditedRead, 8);
+  queueControlLocked(lane, FrameType::kBulkRead, std::move(payload));
+}
+
+void LaneDevice::onBulkReadLocked(Lane& lane) {
+  uint64_t read;
+  std::memcpy(&read, lane.control.data(), 8);  // the frame decoder checked the 8 bytes are there
+  if (read > lane.bulkCreditedSent) {
+    stats_.framesRejected++;
+    failPeerLocked(lane.key.remote, ecclRemoteError,
+                   fmt::format("peer {} said it read {} bytes of bulk frames on lane {}, of {} sent; connection "
+                               "dropped",
+                               labelLocked(lane.key.remote), read, lane.key.lane, lane.bulkCreditedSent),
+                   true);
+    return;
+  }
+  lane.bulkReadByPeer = std::max(lane.bulkReadByPeer, read);
+  if (!lane.bulkQueue.empty()) flushLocked(lane);
 }
 
 RequestPtr LaneDevice::newRequest(MemberId member, uint64_t seq, bool isSend) {
@@ -609,10 +647,12 @@ bool LaneDevice::advanceLocked(Lane& lane, size_t got) {
   }
   if (lane.frame.type == FrameType::kData && (lane.frame.flags & (FrameHeader::kRendezvous | FrameHeader::kPrewritten))) {
     lane.rx = Lane::Rx::kHeader;  // its bytes come by a zero-copy write, not on the lane
+    if (lane.token == token && (lane.frame.flags & FrameHeader::kBulkCredit)) bulkFrameReadLocked(lane);
     return lane.token == token;
   }
   if (lane.payloadGot < lane.frame.length) return true;
   lane.rx = Lane::Rx::kHeader;
+  if (lane.frame.flags & FrameHeader::kBulkCredit) bulkFrameReadLocked(lane);
   if (lane.frame.type == FrameType::kData)
     onPayloadDoneLocked(lane);
   else

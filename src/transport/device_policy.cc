@@ -319,6 +319,7 @@ void LaneDevice::onControlLocked(Lane& lane) {
     case FrameType::kReceiveReady: return onReceiveReadyLocked(lane);
     case FrameType::kReceiveDone: return onReceiveDoneLocked(lane);
     case FrameType::kReceiveReleased: return onReceiveReleasedLocked(lane);
+    case FrameType::kBulkRead: return onBulkReadLocked(lane);
     default: break;
   }
   if (lane.frame.type == FrameType::kPong) {

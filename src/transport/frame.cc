@@ -57,7 +57,7 @@ std::optional<FrameHeader> decodeFrame(const uint8_t in[FrameHeader::kSize], std
   uint32_t crc = get<uint32_t>(in + 60);
   if (crc != crc32c(in, 60)) return reject("header checksum mismatch");
   constexpr uint8_t known = FrameHeader::kPayloadChecksum | FrameHeader::kCallSignature | FrameHeader::kRendezvous |
-                          FrameHeader::kPrewritten;
+                          FrameHeader::kPrewritten | FrameHeader::kBulkCredit;
   if (in[7] & ~known) return reject(fmt::format("unknown frame flags 0x{:02x}", in[7]));
   if (!(in[7] & FrameHeader::kPayloadChecksum) && get<uint32_t>(in + 52) != 0)
     return reject("a payload checksum without its flag");
@@ -65,7 +65,7 @@ std::optional<FrameHeader> decodeFrame(const uint8_t in[FrameHeader::kSize], std
     return reject("a call signature checksum without its flag");
   FrameHeader h;
   uint8_t type = get<uint8_t>(in + 6);
-  if (type < 1 || type > static_cast<uint8_t>(FrameType::kReceiveReleased)) return reject(fmt::format("unknown frame type {}", type));
+  if (type < 1 || type > static_cast<uint8_t>(FrameType::kBulkRead)) return reject(fmt::format("unknown frame type {}", type));
   h.type = static_cast<FrameType>(type);
   h.flags = get<uint8_t>(in + 7);
   h.epoch = get<uint32_t>(in + 8);
@@ -93,8 +93,11 @@ std::optional<FrameHeader> decodeFrame(const uint8_t in[FrameHeader::kSize], std
     return reject("an empty rendezvous chunk");
   if ((h.flags & FrameHeader::kRendezvous) && (h.flags & FrameHeader::kPrewritten))
     return reject("a chunk both offered and already written");
-  if (h.type >= FrameType::kClearToSend && h.length != ChunkRef::kBytes)  // the rendezvous frames
+  if (h.type >= FrameType::kClearToSend && h.type <= FrameType::kReceiveReleased &&
+      h.length != ChunkRef::kBytes)  // the rendezvous frames
     return reject(fmt::format("a chunk reference of {} bytes (not {})", h.length, ChunkRef::kBytes));
+  if (h.type == FrameType::kBulkRead && h.length != 8)
+    return reject(fmt::format("a bulk read report of {} bytes (not 8)", h.length));
   if (h.type == FrameType::kNotice && h.length < 16)
     return reject("failure notice shorter than its member id and op");
   if (h.type == FrameType::kRevoke && h.length < 12)

@@ -33,6 +33,10 @@ enum class FrameType : uint8_t {
   // with kReceiveReleased once no write into it is under way.
   kReceiveDone = 10,
   kReceiveReleased = 11,  // payload: the ChunkRef of the withdrawn receive
+  // Receiver: payload u64, the payload bytes of kBulkCredit frames read on
+  // this lane so far; the sender's bulk admission on a back end that cannot
+  // see its peer's reads (LaneDevice::bulkRoomLocked).
+  kBulkRead = 12,
 };
 
 // Names one chunk of a message (the data frame's epoch, op, tag, offset and
@@ -80,6 +84,10 @@ struct FrameHeader {
   // window the receiver announced (kReceiveReady), ahead of this header on
   // the same connection; nothing follows on the lane.
   static constexpr uint8_t kPrewritten = 8;
+  // kBulkCredit: a bulk frame (Device::isendBulk) on a lane whose back end
+  // cannot see what its peer has read (TCP); the receiver counts its
+  // payload and reports the count (kBulkRead).
+  static constexpr uint8_t kBulkCredit = 16;
   FrameType type = FrameType::kData;
   uint8_t flags = 0;
   uint32_t payloadCrc = 0;

@@ -77,9 +77,12 @@ constexpr uint64_t kLanesToken = 1;  // in the progress thread's epoll only
 constexpr int64_t kLeaseMs = 2;
 // Bulk frames (Device::isendBulk) one flush of a lane may start: 512 KiB.
 constexpr size_t kBulkFramesPerFlush = 8;
-// A lane with no foreground send posted for this long may fill up with
-// bulk frames: only the first message of the next burst waits behind them.
-constexpr auto kBulkQuietAfter = std::chrono::milliseconds(2);
+// Over a back end that cannot see its peer's reads (Conduit::seesPeerReads),
+// bulk payload the peer has not reported reading (kBulkRead) stays under
+// this, and the peer reports each time it has read this much more.
+constexpr uint64_t kBulkUnreadBytes = 128 << 10;
+constexpr uint64_t kBulkQuietUnreadBytes = 1 << 20;  // on a quiet lane (DeviceOptions::bulkQuietAfterMs)
+constexpr uint64_t kBulkReportBytes = 64 << 10;
 
 struct SendItem {
   uint8_t header[FrameHeader::kSize + FrameHeader::kSignatureBytes];
@@ -164,8 +167,15 @@ struct Lane {
   // bulk frame: the device then sleeps on armBulkWakeup, not on room.
   bool bulkHeldBack = false;
   // When a foreground send was last posted here: a lane quiet for
-  // kBulkQuietAfter lets bulk fill its conduit, a busy one keeps it shallow.
+  // DeviceOptions::bulkQuietAfterMs lets bulk fill its conduit, a busy one
+  // keeps it shallow.
   Clock::time_point foregroundPostedAt{};
+  // Bulk admission by count (kBulkCredit frames, kBulkRead reports) where
+  // the conduit cannot see its peer's reads: payload bytes of such frames
+  // written whole, and the most the peer said it read; receiving, payload
+  // bytes of such frames read, and the count last reported.
+  uint64_t bulkCreditedSent = 0, bulkReadByPeer = 0;
+  uint64_t bulkCreditedRead = 0, bulkReadReported = 0;
   // Receive state machine, touched only by the progress thread.
   enum class Rx { kHeader, kSignature, kPayload } rx = Rx::kHeader;
   uint8_t header[FrameHeader::kSize];
@@ -370,6 +380,11 @@ class LaneDevice final : public Device {
   void flushLocked(Lane& lane) ECCL_REQUIRES(mu_);
   void flushLocked(Lane& lane, bool startWrite) ECCL_REQUIRES(mu_);
   bool writeQueuedLocked(Lane& lane) ECCL_REQUIRES(mu_);
+  // Bulk admission (Conduit::roomForBulk, or the peer's kBulkRead count);
+  // the receiving side's count and report; the sender's answer to one.
+  bool bulkRoomLocked(const Lane& lane, bool quiet) const ECCL_REQUIRES(mu_);
+  void bulkFrameReadLocked(Lane& lane) ECCL_REQUIRES(mu_);
+  void onBulkReadLocked(Lane& lane) ECCL_REQUIRES(mu_);
   void setWantOutLocked(Lane& lane, bool on) ECCL_REQUIRES(mu_);
   void updateEpollLocked(Lane& lane, int op) ECCL_REQUIRES(mu_);
   void waitSliceLocked(const RequestPtr& r, Deadline until) ECCL_REQUIRES(mu_);

@@ -153,8 +153,23 @@ TEST(Frame, RejectsWithSpecificReasons) {
     EXPECT_NE(why.find("chunk reference"), std::string::npos) << why;
   }
   h = sample();
+  h.type = FrameType::kBulkRead;  // a count of bytes read: 8 bytes, no more, no less
   h.flags = 0;
-  h.type = static_cast<FrameType>(12);
+  h.length = 8;
+  encodeFrame(h, buf);
+  EXPECT_TRUE(decodeFrame(buf, &why)) << why;
+  h.length = 9;
+  encodeFrame(h, buf);
+  EXPECT_FALSE(decodeFrame(buf, &why));
+  EXPECT_NE(why.find("bulk read report of 9 bytes"), std::string::npos) << why;
+  h = sample();
+  h.flags = FrameHeader::kBulkCredit;  // a counted bulk chunk
+  encodeFrame(h, buf);
+  EXPECT_TRUE(decodeFrame(buf, &why)) << why;
+
+  h = sample();
+  h.flags = 0;
+  h.type = static_cast<FrameType>(13);
   encodeFrame(h, buf);
   EXPECT_FALSE(decodeFrame(buf, &why));
   EXPECT_NE(why.find("unknown frame type"), std::string::npos) << why;

@@ -3,6 +3,7 @@
 // and then misbehaves.
 #include <gtest/gtest.h>
 
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 
@@ -10,6 +11,7 @@
 #include <cstddef>
 #include <cstring>
 
+#include <map>
 #include <thread>
 
 #include "membership/handshake.h"
@@ -715,6 +717,90 @@ TEST(TcpDevice, MalformedFrameFailsThatPeerAndRevokesWithItsName) {
     EXPECT_NE(std::string(e.what()).find("rank 0"), std::string::npos) << e.what();
   }
   EXPECT_EQ(w, 0);
+}
+
+// What a hand-driven peer read from the device until it went quiet: the
+// data frames' payload bytes per op, whether every bulk frame (op
+// `bulkSeq`) asked to be counted and no other did; control frames skipped.
+struct Drained {
+  std::map<uint64_t, uint64_t> bytesByOp;
+  bool flagsRight = true;
+};
+Drained drainUntilQuiet(Intruder& peer, uint64_t bulkSeq) {
+  Drained d;
+  std::vector<uint8_t> payload;
+  for (;;) {
+    pollfd pfd{peer.fd_.get(), POLLIN, 0};
+    if (::poll(&pfd, 1, 300) <= 0) return d;
+    uint8_t raw[FrameHeader::kSize];
+    recvAll(peer.fd_.get(), raw, sizeof(raw), deadlineAfterMs(2000), "intruder");
+    std::string why;
+    auto h = decodeFrame(raw, &why);
+    if (!h) {
+      ADD_FAILURE() << "the device sent a malformed frame: " << why;
+      return d;
+    }
+    payload.resize(h->length);
+    if (h->length) recvAll(peer.fd_.get(), payload.data(), h->length, deadlineAfterMs(2000), "intruder");
+    if (h->type != FrameType::kData) continue;
+    d.bytesByOp[h->seq] += h->length;
+    d.flagsRight &= ((h->flags & FrameHeader::kBulkCredit) != 0) == (h->seq == bulkSeq);
+  }
+}
+
+void reportBulkRead(Intruder& peer, uint64_t bytes) {
+  FrameHeader h;
+  h.type = FrameType::kBulkRead;
+  h.epoch = 1;
+  h.commId = 5;
+  h.length = 8;
+  peer.sendFrame(h, &bytes);
+}
+
+// Over TCP the device cannot see what its peer has read (the kernel
+// buffers 4 MiB or more on each end), so it counts: on a busy lane a bulk
+// message to a peer that reports no reads stops after 128 KiB while a
+// foreground send posted later still goes; each report lets that much more
+// go; a report of more than was sent drops the peer, named.
+TEST(TcpDevice, BulkWaitsForThePeersReadReports) {
+  std::string failure;  // declared first: outlives the device's threads
+  DeviceOptions o = loopbackOptions("tcp", 5, 1, 3);
+  o.bulkQuietAfterMs = 600000;  // the lane stays busy: no quiet spell lets bulk fill it
+  auto dev = createDevice(o);
+  dev->onPeerFailure = [&](MemberId, ecclResult_t, const std::string& why, uint64_t) { failure = why; };
+  dev->addPeer(0, "tcp:127.0.0.1:1", "rank 0");
+  dev->setEpoch(1);
+  Intruder peer(*dev, 0);
+  constexpr uint64_t kSmall = 1, kBulk = 2, kLater = 3, kWindow = 128 << 10;
+  std::vector<uint8_t> bulk(2 << 20, 0xab);
+  uint64_t value = 42;
+  auto first = dev->isend(0, kSmall, 0, &value, 8);  // a foreground send: the lane is busy from here on
+  auto sb = dev->isendBulk(0, kBulk, 0, bulk.data(), bulk.size());
+  Drained d = drainUntilQuiet(peer, kBulk);
+  EXPECT_EQ(d.bytesByOp[kSmall], 8u);
+  EXPECT_EQ(d.bytesByOp[kBulk], kWindow) << "bulk written to a peer that reported no reads";
+  auto later = dev->isend(0, kLater, 0, &value, 8);
+  d = drainUntilQuiet(peer, kBulk);
+  EXPECT_EQ(d.bytesByOp[kLater], 8u) << "a foreground send waited behind bulk held back";
+  EXPECT_EQ(d.bytesByOp[kBulk], 0u);
+  reportBulkRead(peer, kWindow);
+  d = drainUntilQuiet(peer, kBulk);
+  EXPECT_EQ(d.bytesByOp[kBulk], kWindow) << "after the peer reported reading what it had";
+  EXPECT_TRUE(d.flagsRight) << "a bulk frame not marked for counting, or another frame marked";
+  dev->wait(first, deadlineAfterMs(3000), "send");
+  dev->wait(later, deadlineAfterMs(3000), "send");
+  EXPECT_EQ(sb->state.load(), Request::kPending);
+  reportBulkRead(peer, 64 << 20);  // more than was ever sent
+  try {
+    dev->wait(sb, deadlineAfterMs(3000), "bulk send");
+    FAIL() << "a bulk send outlived a peer that misreported its reads";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("said it read 67108864 bytes of bulk frames on lane 0, of 262144 sent"),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("rank 0"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(dev->stats().framesRejected, 1u);
 }
 
 TEST(TcpDevice, TruncatedFrameIsAClosedConnection) {

@@ -78,6 +78,7 @@ class RingLane final : public Conduit, private SharedCompletions::Sink {
   // has not read looks up to a quarter larger than it is: half a ring
   // unread as seen here means at least a quarter the peer will read and
   // report, which wakes us (a credit write carries an immediate).
+  bool seesPeerReads() const override { return true; }
   bool roomForBulk() const override { return sent_ - peerConsumed() < peerRingBytes_ / 2; }
   bool armBulkWakeup() override;
   size_t zeroCopyMinBytes() const override { return zeroCopyBytes_; }

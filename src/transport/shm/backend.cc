@@ -95,6 +95,7 @@ class ShmConduit final : public Conduit {
   // Bulk waits while 64 KiB (a quarter of a smaller ring) is unread: a
   // foreground frame behind it waits for that much to be copied out; the
   // peer rings the doorbell as it reads (takeWriterArm).
+  bool seesPeerReads() const override { return true; }
   bool roomForBulk() const override { return tx_->readable() < bulkFillBytes(); }
   bool armBulkWakeup() override { return tx_->armWriterBelow(bulkFillBytes()); }
 
