@@ -92,7 +92,11 @@ bool LaneDevice::writeQueuedLocked(Lane& lane) {
       bulkFrames++;
       lane.sendQueue.push_back(std::move(lane.bulkQueue.front()));
       lane.bulkQueue.pop_front();
-      if (!lane.conduit->seesPeerReads()) markRendezvous(lane.sendQueue.back().header, true, FrameHeader::kBulkCredit);
+      // Counted unless it goes to a process outside the view: a standby's
+      // sandbox sends nothing, not even a report of what it read.
+      SendItem& admitted = lane.sendQueue.back();
+      if (!lane.conduit->seesPeerReads() && !FrameHeader::isOutOfView(admitted.request->seq))
+        markRendezvous(admitted.header, true, FrameHeader::kBulkCredit);
     }
     SendItem& item = lane.sendQueue.front();
     if (item.done == 0 && item.request && opt_.zeroCopy && !item.rendezvous) {
