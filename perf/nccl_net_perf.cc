@@ -12,6 +12,7 @@
 // time: the first, and re-created (destroy + init) --recreate times, where
 // the plugin's pool should make the re-creation cheap.
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 #include <nccl.h>
 
 #include <CLI/CLI.hpp>
@@ -26,6 +27,19 @@
 #include "eccl.h"
 
 namespace {
+
+// Which libnccl this process runs, and its version: the machine's own,
+// which need not be the one this program was compiled against.
+std::string ncclIdentity() {
+  int version = 0;
+  ncclGetVersion(&version);
+  Dl_info info{};
+  const char* path = dladdr(reinterpret_cast<void*>(&ncclGetVersion), &info) && info.dli_fname ? info.dli_fname : "?";
+  // NCCL_VERSION_CODE is X*10000 + Y*100 + Z since 2.9.
+  return std::to_string(version / 10000) + "." + std::to_string(version / 100 % 100) + "." +
+         std::to_string(version % 100) + " (" + path + "; compiled against " + std::to_string(NCCL_MAJOR) + "." +
+         std::to_string(NCCL_MINOR) + "." + std::to_string(NCCL_PATCH) + ")";
+}
 
 [[noreturn]] void die(const std::string& what) {
   std::fprintf(stderr, "nccl_net_perf: %s\n", what.c_str());
@@ -121,6 +135,7 @@ int main(int argc, char** argv) {
     std::printf("# nccl_net_perf (%s): %d ranks on %d GPU(s), NCCL_NET=%s NCCL_NET_PLUGIN=%s\n", label.c_str(), n,
                 devices, getenv("NCCL_NET") ? getenv("NCCL_NET") : "(unset)",
                 getenv("NCCL_NET_PLUGIN") ? getenv("NCCL_NET_PLUGIN") : "(unset)");
+    std::printf("# NCCL %s\n", ncclIdentity().c_str());
     std::printf("%-10s %12s %12s %10s %10s %10s %7s\n", "op", "size", "count", "time(us)", "algbw", "busbw", "#wrong");
   }
   int failures = 0;

@@ -13,7 +13,9 @@ packages=(cmake ninja-build ccache g++ clang pkg-config iproute2 python3 python3
   # perf/verbs_compare: perftest beside eccl in the same VM
   perftest
   # the replicated coordinator keeps its state in etcd; its tests start a real cluster
-  etcd-server)
+  etcd-server
+  # scripts/hardware.sh: the GPU bundle's run paths, and the bare Debian it is proved in
+  patchelf debootstrap)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
