@@ -18,6 +18,16 @@ using c10::intrusive_ptr;
 
 namespace {
 
+// The coalesced tensor collectives' op types; a torch without them
+// (before 2.1x) calls both COALESCED, as its own Gloo does.
+#if TORCH_ECCL_COALESCED_OP_TYPES
+constexpr OpType kAllgatherIntoTensorCoalesced = OpType::ALLGATHER_INTO_TENSOR_COALESCED;
+constexpr OpType kReduceScatterTensorCoalesced = OpType::REDUCE_SCATTER_TENSOR_COALESCED;
+#else
+constexpr OpType kAllgatherIntoTensorCoalesced = OpType::COALESCED;
+constexpr OpType kReduceScatterTensorCoalesced = OpType::COALESCED;
+#endif
+
 // Posts between ecclGroupStart and ecclGroupEnd, ending the group even
 // when posting throws (the group state belongs to this thread).
 template <typename F>
@@ -200,7 +210,7 @@ intrusive_ptr<c10d::Work> ProcessGroupEccl::all_gather_single_coalesced(std::vec
                           outputs[k].scalar_type() == inputs[k].scalar_type(),
                       "eccl all_gather_into_tensor_coalesced: output ", k, " does not hold ", size_, " inputs");
   }
-  return enqueue(OpType::ALLGATHER_INTO_TENSOR_COALESCED, "all_gather_into_tensor_coalesced", outputs, inputs,
+  return enqueue(kAllgatherIntoTensorCoalesced, "all_gather_into_tensor_coalesced", outputs, inputs,
                  [this, inputs, outputs] {
                    for (size_t k = 0; k < inputs.size(); ++k) {
                      Flat i(inputs[k], true), o(outputs[k], false);
@@ -356,7 +366,7 @@ intrusive_ptr<c10d::Work> ProcessGroupEccl::reduce_scatter_single_coalesced(std:
     plan.emplace_back(reductionType(outputs[k].scalar_type(), "reduce_scatter_tensor_coalesced"),
                       reduction(opts.reduceOp, outputs[k].scalar_type(), "reduce_scatter_tensor_coalesced"));
   }
-  return enqueue(OpType::REDUCE_SCATTER_TENSOR_COALESCED, "reduce_scatter_tensor_coalesced", outputs, inputs,
+  return enqueue(kReduceScatterTensorCoalesced, "reduce_scatter_tensor_coalesced", outputs, inputs,
                  [this, inputs, outputs, plan] {
                    for (size_t k = 0; k < inputs.size(); ++k) {
                      auto& [type, red] = plan[k];

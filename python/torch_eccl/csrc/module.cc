@@ -94,6 +94,10 @@ PYBIND11_MODULE(_C, m) {
     return std::string(text);
   });
   m.def("cuda_build", &torch_eccl::cudaBuild);
+  // c10d's reconfigure API is in torch >= 2.14; a build against an older
+  // torch leaves it out (python/CMakeLists.txt says so at configure time).
+  m.attr("has_reconfigure") = static_cast<bool>(TORCH_ECCL_RECONFIGURE);
+  m.attr("torch_version") = TORCH_ECCL_TORCH_VERSION;
   m.def("version", [] {
     int v = 0;
     ecclGetVersion(&v);
@@ -104,7 +108,17 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("job_id", &ProcessGroupEccl::jobId)
       .def("is_standby", &ProcessGroupEccl::isStandby, release)
       .def("last_error", &ProcessGroupEccl::lastError)
+#if TORCH_ECCL_RECONFIGURE
       .def("reconfigure_now", &ProcessGroupEccl::reconfigureNow, release, py::arg("opts"))
+#else
+      .def(
+          "reconfigure_now",
+          [](ProcessGroupEccl&, const py::object&) {
+            TORCH_CHECK(false, "eccl reconfigure: needs c10d's reconfigure API (torch >= 2.14); this torch_eccl "
+                               "was built against torch " TORCH_ECCL_TORCH_VERSION);
+          },
+          py::arg("opts"))
+#endif
       .def(
           "recover",
           [](ProcessGroupEccl& pg, int policy) { return pg.recover(static_cast<ecclRecoverPolicy_t>(policy)); },

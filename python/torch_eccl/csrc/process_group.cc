@@ -125,7 +125,18 @@ void ProcessGroupEccl::refreshRankAndSize() {
   int rank = -1, count = 0;
   check(ecclCommUserRank(comm_, &rank), "rank");
   check(ecclCommCount(comm_, &count), "size");
-  if (rank >= 0) rank_ = rank, size_ = count;
+  if (rank >= 0) setRankAndSize(rank, count, "view change");
+}
+
+void ProcessGroupEccl::setRankAndSize(int rank, int size, const char* what) {
+#if !TORCH_ECCL_FIXED_RANK
+  rank_ = rank, size_ = size;
+#else
+  TORCH_CHECK(rank == rank_ && size == size_, "eccl ", what, ": this member is rank ", rank, " of ", size,
+              " now (the process group was made as rank ", rank_, " of ", size_, "); torch ",
+              TORCH_ECCL_TORCH_VERSION, " fixes a backend's rank and size when it is made (torch >= 2.14 lets them "
+              "change): make a new process group for the new view");
+#endif
 }
 
 bool ProcessGroupEccl::isStandby() {
@@ -309,9 +320,12 @@ std::map<std::string, double> ProcessGroupEccl::grow(int count) {
 
 void ProcessGroupEccl::sandbox(int nranks, int rank) {
   runNow("sandbox", [&] {
+#if TORCH_ECCL_FIXED_RANK
+    if (nranks > 0) setRankAndSize(rank, nranks, "sandbox");  // refuses before the sandbox is entered
+#endif
     check(ecclCommSandbox(comm_, nranks, rank), "sandbox");
     sandboxed_ = nranks > 0;
-    if (sandboxed_) rank_ = rank, size_ = nranks;
+    if (sandboxed_) setRankAndSize(rank, nranks, "sandbox");
   });
 }
 
@@ -362,6 +376,7 @@ void ProcessGroupEccl::renewIfAborted() {
   ended_ = false;
 }
 
+#if TORCH_ECCL_RECONFIGURE
 c10d::ReconfigureHandle ProcessGroupEccl::get_reconfigure_handle() const {
   const_cast<ProcessGroupEccl*>(this)->renewIfAborted();  // c10d declares this const
   ecclCommStats_t s{};
@@ -423,5 +438,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupEccl::startReconfigure(const c10d::Re
   driver_->post(work, std::move(run));
   return work;
 }
+#endif  // TORCH_ECCL_RECONFIGURE
 
 }  // namespace torch_eccl

@@ -18,6 +18,15 @@
 #include "eccl.h"
 #include "work.h"
 
+// Torch before the single-tensor collectives were renamed (all_gather_single
+// for _allgather_base, ...): the methods below keep the new names and the
+// old ones forward to them.
+#if TORCH_ECCL_SINGLE_NAMES
+#define TORCH_ECCL_OVERRIDE_SINGLE override
+#else
+#define TORCH_ECCL_OVERRIDE_SINGLE
+#endif
+
 namespace torch_eccl {
 
 // How a process group finds its eccl communicator.
@@ -36,7 +45,9 @@ class ProcessGroupEccl : public c10d::Backend {
   ~ProcessGroupEccl() override;
 
   const std::string getBackendName() const override { return "eccl"; }
+#if TORCH_ECCL_RECONFIGURE
   bool supportsReconfigure() const override { return true; }
+#endif
   bool supportsSplitting() const override { return false; }
   void setTimeout(std::chrono::milliseconds timeout) override;
   // Ops issued by this process group, counted as Gloo counts its: c10d's
@@ -54,10 +65,10 @@ class ProcessGroupEccl : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
                                            const c10d::AllgatherOptions& opts = {}) override;
   c10::intrusive_ptr<c10d::Work> all_gather_single(at::Tensor& output, at::Tensor& input,
-                                                   const c10d::AllgatherOptions& opts = {}) override;
+                                                   const c10d::AllgatherOptions& opts = {}) TORCH_ECCL_OVERRIDE_SINGLE;
   c10::intrusive_ptr<c10d::Work> all_gather_single_coalesced(std::vector<at::Tensor>& outputs,
                                                              std::vector<at::Tensor>& inputs,
-                                                             const c10d::AllgatherOptions& opts = {}) override;
+                                                             const c10d::AllgatherOptions& opts = {}) TORCH_ECCL_OVERRIDE_SINGLE;
   c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
                                                      std::vector<at::Tensor>& inputs,
                                                      const c10d::AllgatherOptions& opts = {}) override;
@@ -69,16 +80,42 @@ class ProcessGroupEccl : public c10d::Backend {
                                                 std::vector<std::vector<at::Tensor>>& inputs,
                                                 const c10d::ReduceScatterOptions& opts = {}) override;
   c10::intrusive_ptr<c10d::Work> reduce_scatter_single(at::Tensor& output, at::Tensor& input,
-                                                       const c10d::ReduceScatterOptions& opts = {}) override;
+                                                       const c10d::ReduceScatterOptions& opts = {}) TORCH_ECCL_OVERRIDE_SINGLE;
   c10::intrusive_ptr<c10d::Work> reduce_scatter_single_coalesced(std::vector<at::Tensor>& outputs,
                                                                  std::vector<at::Tensor>& inputs,
-                                                                 const c10d::ReduceScatterOptions& opts = {}) override;
+                                                                 const c10d::ReduceScatterOptions& opts = {}) TORCH_ECCL_OVERRIDE_SINGLE;
   c10::intrusive_ptr<c10d::Work> all_to_all_single(at::Tensor& output, at::Tensor& input,
                                                    std::vector<int64_t>& outputSplitSizes,
                                                    std::vector<int64_t>& inputSplitSizes,
-                                                   const c10d::AllToAllOptions& opts = {}) override;
+                                                   const c10d::AllToAllOptions& opts = {}) TORCH_ECCL_OVERRIDE_SINGLE;
   c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
                                           const c10d::AllToAllOptions& opts = {}) override;
+#if !TORCH_ECCL_SINGLE_NAMES
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts = {}) override {
+    return all_gather_single(output, input, opts);
+  }
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::AllgatherOptions& opts = {}) override {
+    return all_gather_single_coalesced(outputs, inputs, opts);
+  }
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                      const c10d::ReduceScatterOptions& opts = {}) override {
+    return reduce_scatter_single(output, input, opts);
+  }
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::ReduceScatterOptions& opts = {}) override {
+    return reduce_scatter_single_coalesced(outputs, inputs, opts);
+  }
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& outputSplitSizes,
+                                               std::vector<int64_t>& inputSplitSizes,
+                                               const c10d::AllToAllOptions& opts = {}) override {
+    return all_to_all_single(output, input, outputSplitSizes, inputSplitSizes, opts);
+  }
+#endif
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dstRank, int tag) override;
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) override;
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
@@ -86,12 +123,14 @@ class ProcessGroupEccl : public c10d::Backend {
   // The barrier that names the ranks that did not arrive (monitored.cc).
   void monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks = false) override;
 
+#if TORCH_ECCL_RECONFIGURE
   // Fault tolerance (c10d's reconfigure API, done as eccl's delta).
   c10d::ReconfigureHandle get_reconfigure_handle() const override;
   c10::intrusive_ptr<c10d::Work> reconfigure(const c10d::ReconfigureOptions& opts) override;
   // reconfigure, waited for at once: on the caller's thread when no op is
   // queued (two thread hand-offs fewer; torchft waits at once anyway).
   void reconfigureNow(const c10d::ReconfigureOptions& opts);
+#endif
   void abort() override;     // ends the communicator now: pending and later work fails (a group of the
                              // reconfigure regime takes a new member at its next handle or reconfigure)
   void shutdown() override;  // finishes queued work, then leaves the job in order
@@ -163,12 +202,17 @@ class ProcessGroupEccl : public c10d::Backend {
   // Throws a DistBackendError with eccl's message if `r` failed.
   void check(ecclResult_t r, const char* what) const;
   void refreshRankAndSize();
+  // c10d::Backend's rank and size; a torch that fixes them at creation
+  // (before 2.14) raises, naming `what`, if they would change.
+  void setRankAndSize(int rank, int size, const char* what);
   void requireRank(const char* what) const;
   c10::intrusive_ptr<c10d::Work> allreduceSparse(const at::Tensor& t, const c10d::AllreduceOptions& opts);
   int checkedPeer(int64_t peer, const char* what) const;
   std::map<std::string, double> statsLocked();
+#if TORCH_ECCL_RECONFIGURE
   std::vector<uint64_t> membersNamed(const c10d::ReconfigureOptions& opts) const;
   c10::intrusive_ptr<c10d::Work> startReconfigure(const c10d::ReconfigureOptions& opts, bool async);
+#endif
   void renewIfAborted();
 
   ecclComm_t comm_ = nullptr;

@@ -72,7 +72,11 @@ Reduction reduction(const c10d::ReduceOp& op, at::ScalarType type, const char* n
       break;
     case c10d::ReduceOp::PREMUL_SUM: {
       TORCH_CHECK_VALUE(isFloat, "eccl ", name, ": PREMUL_SUM needs a floating-point tensor, got ", type);
+#if TORCH_ECCL_NCCL_PREMUL_NAME
+      auto* s = dynamic_cast<c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());  // its name before torch 2.1x
+#else
       auto* s = dynamic_cast<c10d::PreMulSumSupplement*>(op.supplement_.get());
+#endif
       TORCH_CHECK_VALUE(s, "eccl ", name, ": PREMUL_SUM without its factor");
       if (s->tensor_factor.defined()) r.preScaleTensor = s->tensor_factor;
       else r.preScale = s->double_factor;
