@@ -9,6 +9,7 @@
 # consumers, so they load the same sanitizer runtime as the library.
 set -euo pipefail
 flags=${CONSUMER_FLAGS:-}
+consumer_cc=${CONSUMER_CC:-cc}  # the build's own C compiler: a sanitizer runtime is the compiler's
 build=$(cd "$1" && pwd) src=$(cd "$2" && pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -35,7 +36,7 @@ target_link_libraries(example PRIVATE eccl::eccl)
 set_target_properties(example PROPERTIES C_STANDARD 99 BUILD_RPATH "${eccl_DIR}/../..")
 CM
 cmake -S "$work/cmake-consumer" -B "$work/cmake-consumer/build" -DCMAKE_PREFIX_PATH="$work/prefix" \
-  -DCMAKE_C_FLAGS="$flags" -DCMAKE_EXE_LINKER_FLAGS="$flags" >/dev/null
+  -DCMAKE_C_COMPILER="$consumer_cc" -DCMAKE_C_FLAGS="$flags" -DCMAKE_EXE_LINKER_FLAGS="$flags" >/dev/null
 cmake --build "$work/cmake-consumer/build" >/dev/null
 echo "find_package(eccl):"
 check_run "$work/prefix" "$work/cmake-consumer/build/example"
@@ -46,7 +47,7 @@ export PKG_CONFIG_PATH=$(dirname "$pc")
 libdir=$(pkg-config --variable=libdir eccl)
 [ -f "$libdir/libeccl.so" ] || { echo "FAIL: eccl.pc's libdir $libdir has no libeccl.so"; exit 1; }
 # shellcheck disable=SC2046
-cc -std=c99 $flags "$work/example.c" -o "$work/example-pc" $(pkg-config --cflags --libs eccl) -Wl,-rpath,"$libdir"
+"$consumer_cc" -std=c99 $flags "$work/example.c" -o "$work/example-pc" $(pkg-config --cflags --libs eccl) -Wl,-rpath,"$libdir"
 echo "pkg-config (prefix moved after install):"
 check_run "$work/moved" "$work/example-pc"
 
