@@ -23,9 +23,14 @@ namespace {
 
 uint8_t streamByte(uint64_t i) { return static_cast<uint8_t>((i * 2654435761u) >> 13); }
 
-std::set<std::string> devShm() {
+// The /dev/shm entries whose name holds `part`: other processes' names
+// (Python's semaphores of the torch tests running beside, say) come and go.
+std::set<std::string> devShm(const std::string& part) {
   std::set<std::string> names;
-  for (auto& e : std::filesystem::directory_iterator("/dev/shm")) names.insert(e.path().filename());
+  for (auto& e : std::filesystem::directory_iterator("/dev/shm")) {
+    std::string name = e.path().filename();
+    if (name.find(part) != std::string::npos) names.insert(name);
+  }
   return names;
 }
 
@@ -33,7 +38,7 @@ std::set<std::string> devShm() {
 // a 4 KiB ring (so it wraps and both sides sleep); the parent reads it in
 // other random pieces and checks every byte.
 TEST(ShmRing, StreamsBetweenTwoProcessesThroughAPassedMemfd) {
-  const auto before = devShm();
+  const auto before = devShm("eccl-test-ring");
   constexpr size_t kCapacity = 4096, kTotal = 8 << 20;
   int sv[2];
   ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
@@ -84,7 +89,7 @@ TEST(ShmRing, StreamsBetweenTwoProcessesThroughAPassedMemfd) {
   ASSERT_EQ(waitpid(child, &status, 0), child);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
   close(sv[0]);
-  EXPECT_EQ(devShm(), before) << "a segment left a name in /dev/shm";
+  EXPECT_EQ(devShm("eccl-test-ring"), before) << "a segment left a name in /dev/shm";
 }
 
 TEST(ShmRing, ASleeperWakesAtTheDeadlineOrWhenClosed) {
