@@ -13,9 +13,19 @@ endif()
 # 12 of CI's 29 minutes. -O1 is also what the sanitizers' own docs advise.
 set(ECCL_SANITIZE_COMPILE_ONLY -O1 -g1)
 
+# A C program that clang links gets no C++ half of the sanitizer runtime,
+# which libeccl's C++ checks (UBSan's vptr and function types) need.
+set(ECCL_SANITIZE_C_LINK "")
+if(ECCL_SANITIZE_FLAGS AND CMAKE_C_COMPILER_ID STREQUAL "Clang")
+  set(ECCL_SANITIZE_C_LINK -fsanitize-link-c++-runtime -lstdc++)
+endif()
+
 function(eccl_sanitize target)
   if(ECCL_SANITIZE_FLAGS)
     target_compile_options(${target} PRIVATE ${ECCL_SANITIZE_FLAGS} ${ECCL_SANITIZE_COMPILE_ONLY})
     target_link_options(${target} PRIVATE ${ECCL_SANITIZE_FLAGS})
+    foreach(flag ${ECCL_SANITIZE_C_LINK})
+      target_link_options(${target} PRIVATE $<$<LINK_LANGUAGE:C>:${flag}>)
+    endforeach()
   endif()
 endfunction()
