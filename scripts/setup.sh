@@ -16,17 +16,6 @@ packages=(cmake ninja-build ccache g++ clang pkg-config iproute2 python3 python3
   etcd-server
   # scripts/hardware.sh: the GPU bundle's run paths, and the bare Debian it is proved in
   patchelf debootstrap)
-missing=()
-for p in "${packages[@]}"; do
-  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "setup: installing ${missing[*]}"
-  sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
-
 python_pins=(torch==2.15.0 torchft-nightly==2026.10.26 pytest==9.2.0 numpy==2.4.6 parameterized==0.9.0 expecttest==0.3.0)
 venv_ok() {
   [ -x .venv/bin/python ] && .venv/bin/python - "${python_pins[@]}" <<'PY' 2>/dev/null
@@ -38,8 +27,32 @@ for pin in sys.argv[1:]:
         sys.exit(1)
 PY
 }
-if ! venv_ok; then
+install_venv() {
   echo "setup: installing ${python_pins[*]} into .venv"
   [ -x .venv/bin/python ] || python3 -m venv .venv
   .venv/bin/pip install -q --disable-pip-version-check "${python_pins[@]}"
+}
+# The wheels download while apt installs, where python3 can already make
+# a virtual environment (on a fresh machine both take minutes).
+venv_job=""
+if ! venv_ok && python3 -c 'import venv, ensurepip' 2>/dev/null; then
+  install_venv &
+  venv_job=$!
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+if [ -n "$venv_job" ]; then
+  wait "$venv_job" || { echo "setup: installing the Python packages into .venv failed" >&2; exit 1; }
+elif ! venv_ok; then
+  install_venv
 fi

@@ -56,7 +56,10 @@ scripts/build.sh build
 stage "Release: every test (the ASan+UBSan tree builds beside, at nice 19)"
 in_background build-asan.log clang_tree build-asan -- -DECCL_SANITIZE=address
 asan_build=$!
-(cd build && ctest -j"$jobs" --output-on-failure --timeout 600)
+# One more test than cores: most of them wait on peers, timeouts and
+# processes starting (the torch tests, one at a time under their lock,
+# use under half a core), and the background build takes what is left.
+(cd build && ctest -j$((jobs + 1)) --output-on-failure --timeout 600)
 stage "ASan+UBSan: the rest of the build"
 await $asan_build build-asan.log "The ASan+UBSan build"
 

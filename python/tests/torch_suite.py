@@ -14,7 +14,10 @@ times faster on few cores):
     torch_suite.py [--world-sizes 2,3,4] [--tests NAME,...] [--backends gloo,eccl] [--batch [--start fork]]
 
 It prints one line per test and backend, then the tests Gloo passes that
-eccl does not. Those listed in torch_suite_known.txt (each with the reason
+eccl does not. --gloo-record FILE keeps what Gloo passed, per world size,
+with the torch version; --gloo-from FILE (and no "gloo" in --backends)
+compares eccl with that record instead of running Gloo again, unless the
+record is of another torch or lacks a world size, when Gloo runs too. Those listed in torch_suite_known.txt (each with the reason
 docs/pytorch.md gives) are reported but allowed; any other makes the exit
 status 1. Needs torch_eccl on PYTHONPATH (or installed).
 """
@@ -217,6 +220,32 @@ def load_known() -> dict[str, str]:
     return known
 
 
+def read_gloo_record(path: str) -> tuple[str, dict[int, set[str]]]:
+    """The torch version a Gloo record was made with, and its passes per world size."""
+    version, passes = "", {}
+    if os.path.exists(path):
+        for line in open(path):
+            line = line.strip()
+            if line.startswith("# torch "):
+                version = line.split()[2]
+            elif line and not line.startswith("#"):
+                world, name = line.split()
+                passes.setdefault(int(world), set()).add(name)
+    return version, passes
+
+
+def write_gloo_record(path: str, passes: dict[int, set[str]]) -> None:
+    import torch
+
+    with open(path, "w") as f:
+        f.write("# The tests of PyTorch's distributed suite Gloo passes here, per world size\n"
+                "# (written by torch_suite.py --gloo-record; CI compares eccl with it).\n")
+        f.write(f"# torch {torch.__version__}\n")
+        for world in sorted(passes):
+            for name in sorted(passes[world]):
+                f.write(f"{world} {name}\n")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--world-sizes", default="2")
@@ -229,16 +258,31 @@ def main() -> int:
                     help="run each backend's tests in one parent process (resumed after a hang) instead of one each")
     ap.add_argument("--start", choices=("spawn", "fork"), default="spawn",
                     help="how ranks start (with --batch): spawn as upstream, or fork, many times faster on few cores")
+    ap.add_argument("--gloo-record", default="", help="write the tests Gloo passes to this file")
+    ap.add_argument("--gloo-from", default="",
+                    help="compare with this record of Gloo's passes instead of running Gloo (same torch only)")
     a = ap.parse_args()
     backends = a.backends.split(",")
     known = load_known()
+    worlds = [int(w) for w in a.world_sizes.split(",")]
+    recorded = {}
+    if a.gloo_from and "gloo" not in backends:
+        import torch
+
+        version, recorded = read_gloo_record(a.gloo_from)
+        missing = [w for w in worlds if w not in recorded]
+        if version != torch.__version__ or missing:
+            print(f"torch_suite: {a.gloo_from} is of torch {version or '(none)'} with world sizes "
+                  f"{sorted(recorded)}; this is torch {torch.__version__}, sizes {worlds}: Gloo runs too", flush=True)
+            backends, recorded = ["gloo"] + backends, {}
+    gloo_passes = {}
     with tempfile.TemporaryDirectory() as workdir:
         prepare(workdir)
         names = a.tests.split(",") if a.tests else list_tests(workdir)
         if a.match:
             names = [n for n in names if re.search(a.match, n)]
         regressions, allowed = [], []
-        for world in [int(w) for w in a.world_sizes.split(",")]:
+        for world in worlds:
             counts = {b: {"pass": 0, "skip": 0, "fail": 0, "hang": 0} for b in backends}
             got = {name: {} for name in names}
 
@@ -259,12 +303,20 @@ def main() -> int:
                     for b in backends:
                         record(b, name, *run_one(name, b, world, workdir, a.timeout))
             for name in names:
+                if world in recorded and name in recorded[world]:
+                    got[name]["gloo"] = "pass"  # Gloo's recorded result
+                if got[name].get("gloo") == "pass":
+                    gloo_passes.setdefault(world, set()).add(name)
                 if got[name].get("gloo") == "pass" and got[name].get("eccl", "pass") != "pass":
                     (allowed if name in known else regressions).append((world, name, got[name]["eccl"]))
             for b in backends:
                 c = counts[b]
                 print(f"torch_suite: {world} ranks, {b}: {c['pass']} passed, {c['fail'] + c['hang']} failed "
                       f"({c['hang']} hung), {c['skip']} skipped", flush=True)
+        if recorded:
+            print(f"torch_suite: Gloo's passes from {a.gloo_from} (torch {torch.__version__})")
+        if a.gloo_record and "gloo" in backends:
+            write_gloo_record(a.gloo_record, gloo_passes)
         for world, name, status in allowed:
             print(f"torch_suite: known, {world} ranks: {name} ({status} on eccl; passes on Gloo): {known[name]}")
         for world, name, status in regressions:
