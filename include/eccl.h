@@ -389,10 +389,59 @@ ecclResult_t ecclMoeExpertInput(ecclMoePlan_t plan, void** rows, int* numLocalEx
                                 const int64_t** expertOffsets);
 /* expertOutput: the experts' results in the same layout (may be the rows
  * of ecclMoeExpertInput); out[t] = sum_k weights[t][k] * result of choice
- * k, accumulated in float32 (float32, float16, bfloat16 data). */
+ * k, accumulated in float32 (float32, float16, bfloat16 data). weights
+ * NULL: no sum; out is numTokens x topk rows, row t*topk+k the result of
+ * token t's choice k (zeros for -1), any data type: what the backward of
+ * the weights needs. */
 ecclResult_t ecclMoeCombine(ecclMoePlan_t plan, const void* expertOutput, const float* weights,
                             void* out, ecclComm_t comm, ecclStream_t stream);
+/* Rows routed along the plan's schedule, no counts exchanged (collective;
+ * the backward of combine): rows is numTokens x hidden (perChoice 0: each
+ * token's row goes to each of its choices, as x did) or numTokens x topk x
+ * hidden (perChoice 1: choice k's own row), of the dispatch's type;
+ * expertRows receives them in ecclMoeExpertInput's layout. Host or device
+ * buffers, as the dispatch's. */
+ecclResult_t ecclMoeDispatchAlong(ecclMoePlan_t plan, const void* rows, int perChoice, void* expertRows,
+                                  ecclComm_t comm, ecclStream_t stream);
 ecclResult_t ecclMoePlanDestroy(ecclMoePlan_t plan);
+
+/* Lazarus's planner (docs/moe.md "Placement"): host calls, no
+ * communicator. A placement is a slot table of nodes x slotsPerNode expert
+ * ids (-1: empty slot); a node may hold one expert more than once.
+ * Replicas per expert from observed load: the total is nodes x
+ * slotsPerNode, every expert gets at least minReplicas. */
+ecclResult_t ecclMoeAllocateReplicas(const double* load, int numExperts, int nodes, int slotsPerNode,
+                                     int minReplicas, int32_t* replicas);
+typedef enum {
+  ecclMoePlaceMaxOverlap = 0, /* groups of experts share runs of nodes: fewest ways to lose one */
+  ecclMoePlaceSpread = 1,     /* round robin over nodes */
+  ecclMoePlaceCompact = 2     /* fill node by node */
+} ecclMoePlacePolicy_t;
+ecclResult_t ecclMoePlace(const int32_t* replicas, int numExperts, int nodes, int slotsPerNode,
+                          ecclMoePlacePolicy_t policy, int32_t* slots);
+typedef struct {
+  double probability; /* every expert keeps a replica after `failures` random node failures */
+  double low, high;   /* 95% interval (equal to probability when exact) */
+  int exact;          /* 1: every failure set enumerated; 0: seeded Monte-Carlo */
+  uint64_t cases;
+} ecclMoeRecovery_t;
+ecclResult_t ecclMoeRecoveryProbability(const int32_t* slots, int nodes, int slotsPerNode, int numExperts,
+                                        int failures, uint64_t seed, ecclMoeRecovery_t* out);
+typedef struct {
+  int expert, fromNode, toNode; /* physical nodes */
+} ecclMoeTransfer_t;
+/* From currentSlots (nodes x slotsPerNode; the failed nodes' slots are
+ * ignored) to targetSlots ((nodes - numFailed) x slotsPerNode, plan node
+ * by plan node): planToPhysical[p] is the surviving node that takes plan
+ * node p (chosen to keep the most experts in place), and each expert
+ * replica the target needs where it is not yet is copied from a surviving
+ * owner, an expert's copies dealt round robin over its owners. An expert
+ * with no surviving owner is ecclInvalidArgument naming it (restore it
+ * from a snapshot). */
+ecclResult_t ecclMoePlanMigration(const int32_t* currentSlots, int nodes, int slotsPerNode, int numExperts,
+                                  const int* failed, int numFailed, const int32_t* targetSlots,
+                                  int32_t* planToPhysical, ecclMoeTransfer_t* transfers, int maxTransfers,
+                                  int* numTransfers);
 
 /* Peer-memory snapshots (docs/snapshots.md): named buffers (host or device
  * memory) copied to host memory and replicated to `replicas` other ranks'

@@ -61,6 +61,25 @@ void permuteRows(const void* x, size_t rowBytes, int64_t tokens, int k, const Pe
     if (plan.rowOf[i] >= 0) std::memcpy(out + plan.rowOf[i] * rowBytes, in + (i / k) * rowBytes, rowBytes);
 }
 
+void permuteChoiceRows(const void* rows, size_t rowBytes, int64_t tokens, int k, const PermutePlan& plan,
+                       void* sendBuffer) {
+  auto* out = static_cast<uint8_t*>(sendBuffer);
+  const auto* in = static_cast<const uint8_t*>(rows);
+  for (int64_t i = 0; i < tokens * k; ++i)
+    if (plan.rowOf[i] >= 0) std::memcpy(out + plan.rowOf[i] * rowBytes, in + i * rowBytes, rowBytes);
+}
+
+void gatherChoiceRows(const void* y, size_t rowBytes, int64_t tokens, int k, const PermutePlan& plan, void* out) {
+  auto* o = static_cast<uint8_t*>(out);
+  const auto* in = static_cast<const uint8_t*>(y);
+  for (int64_t i = 0; i < tokens * k; ++i) {
+    if (plan.rowOf[i] >= 0)
+      std::memcpy(o + i * rowBytes, in + plan.rowOf[i] * rowBytes, rowBytes);
+    else
+      std::memset(o + i * rowBytes, 0, rowBytes);
+  }
+}
+
 ReceiveLayout planReceive(const RankSchedule& s) {
   const int n = static_cast<int>(s.recvFromRank.size());
   const size_t q = s.localExperts.size();

@@ -57,6 +57,14 @@ ReceiveLayout planReceive(const RankSchedule& schedule);
 void regroupRows(const void* received, size_t rowBytes, const ReceiveLayout& layout, void* expertMajor);
 void ungroupRows(const void* expertMajor, size_t rowBytes, const ReceiveLayout& layout, void* received);
 
+// Per choice, for the backward passes (no weights, any element type):
+// permuteChoiceRows sends row i of `rows` ([T * k] rows, choice-major
+// within a token) to send-buffer row rowOf[i]; gatherChoiceRows is its
+// transpose, out[i] = y[rowOf[i]], zeros for no choice.
+void permuteChoiceRows(const void* rows, size_t rowBytes, int64_t tokens, int k, const PermutePlan& plan,
+                       void* sendBuffer);
+void gatherChoiceRows(const void* y, size_t rowBytes, int64_t tokens, int k, const PermutePlan& plan, void* out);
+
 // y: rows in send-buffer order (what came back); out: [T][hidden].
 void combineRows(const void* y, const float* weights, int64_t tokens, int k, int64_t hidden, ecclDataType_t type,
                  const PermutePlan& plan, void* out);

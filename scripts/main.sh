@@ -5,7 +5,10 @@
 # table over 4 local ranks, and the same elastic story through PyTorch: DDP
 # on the "eccl" backend, a failure-free torchrun run, then a run where rank 2
 # is killed and a standby takes over; both print the same parameter hash;
-# then torchft's Manager over eccl: a replica group killed, restarted, healed.
+# then torchft's Manager over eccl: a replica group killed, restarted, healed;
+# then an MoE language model on eccl's dispatcher (python/examples/
+# moe_elastic.py): failure-free, with a standby taking a killed rank's place
+# (bit-equal at the end), and with no standby (shrink, re-place, train on).
 #
 # Each part's whole output goes to build/main/<part>.log; the screen gets
 # its key lines. A part that fails stops the job, which names the part and
@@ -56,4 +59,17 @@ part ddp_rank_killed "DDP on eccl under eccl-run: 4 ranks and a standby, rank 2 
 part torchft "3 replica groups under torchft_lighthouse, replica 1 killed mid-allreduce and restarted" "^\[driver\]|^torchft_train|giving up" \
   env ECCL_BUILD_DIR=$PWD/build .venv/bin/python python/examples/torchft_train.py --pg eccl --replicas 3 \
   --steps 160 --kill 1:20 --out build/torchft_train
+moe_run() {
+  env ECCL_SOCKET_IFNAME=lo build/bootstrap/eccl-run -np 4 "$@" --timeout 300 .venv/bin/python \
+    python/examples/moe_elastic.py --steps 60 --out "$logs/moe_${name_of_run}.json"
+}
+moe_filter="failed:|recovered|joined|re-placed|first step after|done after|eccl-run"
+name_of_run=base part moe_failure_free "MoE LM on eccl's dispatcher, 4 ranks, failure-free" "$moe_filter" moe_run
+name_of_run=standby part moe_standby "MoE: rank 2 killed, a standby takes its rank" "$moe_filter" \
+  moe_run --standby 1 --kill-when "2:step 30"
+name_of_run=shrink part moe_shrink "MoE: rank 2 killed, no standby: shrink to 3, re-place, train on" "$moe_filter" \
+  moe_run --kill-when "2:step 30"
+part moe_compare "MoE: the standby run bit-equal, the shrunk run's loss beside the failure-free one" "" \
+  .venv/bin/python python/examples/moe_elastic.py --compare "$logs/moe_base.json" "$logs/moe_standby.json" \
+  "$logs/moe_shrink.json"
 echo "main: every part passed (logs in $logs)"

@@ -257,4 +257,4 @@ def stats(group: dist.ProcessGroup | None = None) -> dict:
     return backend(group).stats()
 
 
-from . import log, snapshot  # noqa: E402  (boundary-send logs; state dicts in peers' memory)
+from . import log, moe, snapshot  # noqa: E402  (boundary-send logs; MoE dispatch; state dicts in peers' memory)

@@ -126,31 +126,77 @@ void dispatchOnDevice(ecclComm_t comm, Communicator& c, eccl::gpu::CUstream stre
   *plan = p.release();
 }
 
+// The plan's sizes once the proxy thread has built it; the stream joins
+// those the rows are freed after.
+eccl::moe::DispatchPlan& readyFor(DeviceDispatch& state, eccl::gpu::CUstream stream, const char* fn)
+    ECCL_REQUIRES(state.mu) {
+  eccl::moe::DispatchPlan& d = state.ready(fn);
+  if (stream != state.stream && std::find(state.readOn.begin(), state.readOn.end(), stream) == state.readOn.end())
+    state.readOn.push_back(stream);
+  return d;
+}
+
+eccl::moe::DispatchPlan* builtPlan(DeviceDispatch& state) {
+  eccl::MutexLock lock(state.mu);
+  return state.plan.get();
+}
+
 void combineOnDevice(ecclComm_t comm, Communicator& c, eccl::gpu::CUstream stream,
                      const std::shared_ptr<DeviceDispatch>& state, const void* expertOutput, const float* weights,
                      void* out) {
   size_t rowsBytes = 0, weightBytes = 0, outBytes = 0;
   {
     eccl::MutexLock lock(state->mu);
-    eccl::moe::DispatchPlan& d = state->ready("ecclMoeCombine");
+    eccl::moe::DispatchPlan& d = readyFor(*state, stream, "ecclMoeCombine");
     d.checkCombine(c, expertOutput, weights, out);
     rowsBytes = static_cast<size_t>(d.rowsReceived()) * d.rowBytes();
-    weightBytes = static_cast<size_t>(d.tokens()) * d.topk() * sizeof(float);
-    outBytes = static_cast<size_t>(d.tokens()) * d.rowBytes();
-    if (stream != state->stream && std::find(state->readOn.begin(), state->readOn.end(), stream) == state->readOn.end())
-      state->readOn.push_back(stream);
+    const size_t choices = static_cast<size_t>(d.tokens()) * d.topk();
+    weightBytes = choices * sizeof(float);
+    outBytes = (weights ? static_cast<size_t>(d.tokens()) : choices) * d.rowBytes();
   }
+  std::vector<eccl::gpu::StreamProxy::Input> ins{{expertOutput, rowsBytes}};
+  if (weights) ins.push_back({weights, weightBytes});
   eccl::api::submit(
-      comm, stream, {{expertOutput, rowsBytes}, {weights, weightBytes}}, {{out, outBytes}},
+      comm, stream, std::move(ins), {{out, outBytes}},
       [&c, state](const Ins& in, const Outs& o) {
-        eccl::moe::DispatchPlan* d = nullptr;
-        {
-          eccl::MutexLock lock(state->mu);
-          d = state->plan.get();
-        }
-        d->combine(c, in[0], reinterpret_cast<const float*>(in[1]), o[0]);
+        builtPlan(*state)->combine(c, in[0], in.size() > 1 ? reinterpret_cast<const float*>(in[1]) : nullptr, o[0]);
       },
       "ecclMoeCombine");
+}
+
+void dispatchAlongOnDevice(ecclComm_t comm, Communicator& c, eccl::gpu::CUstream stream,
+                           const std::shared_ptr<DeviceDispatch>& state, const void* rows, bool perChoice,
+                           void* expertRows) {
+  size_t inBytes = 0, outBytes = 0;
+  {
+    eccl::MutexLock lock(state->mu);
+    eccl::moe::DispatchPlan& d = readyFor(*state, stream, "ecclMoeDispatchAlong");
+    d.checkAlong(c, rows, expertRows);
+    inBytes = static_cast<size_t>(d.tokens()) * (perChoice ? d.topk() : 1) * d.rowBytes();
+    outBytes = static_cast<size_t>(d.rowsReceived()) * d.rowBytes();
+  }
+  eccl::api::submit(
+      comm, stream, {{rows, inBytes}}, {{expertRows, outBytes}},
+      [&c, state, perChoice](const Ins& in, const Outs& o) {
+        builtPlan(*state)->dispatchAlong(c, in[0], perChoice, o[0]);
+      },
+      "ecclMoeDispatchAlong");
+}
+
+// The checks common to the calls that follow a dispatch; the stream when
+// their buffers are on the device (as the dispatch's were).
+std::optional<eccl::gpu::CUstream> followingCall(ecclMoePlan_t plan, ecclComm_t comm, Communicator& c,
+                                                 ecclStream_t stream, std::initializer_list<const void*> buffers,
+                                                 const char* fn) {
+  if (!plan) fail(ecclInvalidArgument, "{}: plan is NULL", fn);
+  if (plan->comm != &c) fail(ecclInvalidArgument, "{}: the plan belongs to another communicator", fn);
+  checkNotGrouped(fn);
+  c.checkUsable();
+  auto s = eccl::api::deviceStream(comm, stream, buffers, fn);
+  if (s.has_value() != (plan->device != nullptr))
+    fail(ecclInvalidArgument, "{}: the dispatch took {} buffers and this call {}; use one kind", fn,
+         plan->device ? "device" : "host", s ? "device" : "host");
+  return s;
 }
 
 }  // namespace
@@ -218,18 +264,25 @@ ecclResult_t ecclMoeCombine(ecclMoePlan_t plan, const void* expertOutput, const 
                             ecclComm_t comm, ecclStream_t stream) {
   return guarded(comm, "ecclMoeCombine", [&] {
     Communicator& c = impl(comm, "ecclMoeCombine");
-    if (!plan) fail(ecclInvalidArgument, "ecclMoeCombine: plan is NULL");
-    if (plan->comm != &c) fail(ecclInvalidArgument, "ecclMoeCombine: the plan belongs to another communicator");
-    checkNotGrouped("ecclMoeCombine");
-    c.checkUsable();
-    auto s = eccl::api::deviceStream(comm, stream, {expertOutput, weights, out}, "ecclMoeCombine");
-    if (s.has_value() != (plan->device != nullptr))
-      fail(ecclInvalidArgument, "ecclMoeCombine: the dispatch took {} buffers and this combine {}; use one kind",
-           plan->device ? "device" : "host", s ? "device" : "host");
+    auto s = followingCall(plan, comm, c, stream, {expertOutput, weights, out}, "ecclMoeCombine");
     if (s)
       combineOnDevice(comm, c, *s, plan->device, expertOutput, weights, out);
     else
       plan->impl->combine(c, expertOutput, weights, out);
+  });
+}
+
+ecclResult_t ecclMoeDispatchAlong(ecclMoePlan_t plan, const void* rows, int perChoice, void* expertRows,
+                                  ecclComm_t comm, ecclStream_t stream) {
+  return guarded(comm, "ecclMoeDispatchAlong", [&] {
+    Communicator& c = impl(comm, "ecclMoeDispatchAlong");
+    if (perChoice != 0 && perChoice != 1)
+      fail(ecclInvalidArgument, "ecclMoeDispatchAlong: perChoice is {}, not 0 or 1", perChoice);
+    auto s = followingCall(plan, comm, c, stream, {rows, expertRows}, "ecclMoeDispatchAlong");
+    if (s)
+      dispatchAlongOnDevice(comm, c, *s, plan->device, rows, perChoice == 1, expertRows);
+    else
+      plan->impl->dispatchAlong(c, rows, perChoice == 1, expertRows);
   });
 }
 

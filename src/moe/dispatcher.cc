@@ -1,5 +1,6 @@
 #include "moe/dispatcher.h"
 
+#include <algorithm>
 #include <cstring>
 #include <stdexcept>
 
@@ -30,6 +31,34 @@ auto invalidToEccl(const char* what, F&& f) {
   }
 }
 
+// FNV-1a over the replica table.
+uint64_t tableHash(const int32_t* table, size_t entries) {
+  uint64_t h = 1469598103934665603ull;
+  const auto* bytes = reinterpret_cast<const uint8_t*>(table);
+  for (size_t i = 0; i < entries * sizeof(int32_t); ++i) h = (h ^ bytes[i]) * 1099511628211ull;
+  return h;
+}
+
+constexpr size_t kCheckWords = 3;  // table hash, first bad choice, its expert id
+
+// gathered: per rank, its expert counts then the kCheckWords.
+void checkGathered(const std::vector<int64_t>& gathered, int n, int nexperts, int k, int me) {
+  const size_t stride = static_cast<size_t>(nexperts) + kCheckWords;
+  for (int j = 0; j < n; ++j) {
+    const int64_t* w = gathered.data() + j * stride + nexperts;
+    ECCL_CHECK_ARG(w[1] < 0, "ecclMoeDispatch: rank {}'s token {} choice {} names expert {}, outside [0, {}){}", j,
+                   w[1] / k, w[1] % k, w[2], nexperts, j == me ? " (this rank)" : "");
+  }
+  const int64_t mine = gathered[me * stride + nexperts];
+  for (int j = 0; j < n; ++j) {
+    const int64_t theirs = gathered[j * stride + nexperts];
+    ECCL_CHECK_ARG(theirs == mine,
+                   "ecclMoeDispatch: the replica table differs between ranks: rank {}'s hashes to {:016x}, this rank's "
+                   "({}) to {:016x}; every rank must pass the same [experts x ranks] table",
+                   j, static_cast<uint64_t>(theirs), me, static_cast<uint64_t>(mine));
+  }
+}
+
 }  // namespace
 
 size_t DispatchPlan::checkArguments(const void* x, const int32_t* topk, int64_t tokens, int k, int64_t hidden,
@@ -47,52 +76,99 @@ DispatchPlan::DispatchPlan(Communicator& comm, const void* x, const int32_t* top
     : tokens_(tokens), hidden_(hidden), k_(k), type_(type), epoch_(static_cast<int>(comm.epoch())) {
   const int n = comm.size();
   rowBytes_ = checkArguments(x, topk, tokens, k, hidden, type, replicas, nexperts);
-  // Everyone's counts: tokens on rank j for expert e.
-  std::vector<int64_t> mine(nexperts, 0), all(static_cast<size_t>(n) * nexperts);
+  // Everyone's counts (tokens on rank j for expert e), then the hash of its
+  // replica table and its first bad choice: every rank fails together,
+  // naming the rank at fault, before any row moves.
+  const size_t stride = static_cast<size_t>(nexperts) + kCheckWords;
+  std::vector<int64_t> mine(stride, 0), all(static_cast<size_t>(n) * nexperts);
+  int64_t badChoice = -1, badExpert = 0;
   for (int64_t i = 0; i < tokens * k; ++i) {
     int32_t e = topk[i];
-    ECCL_CHECK_ARG(e >= -1 && e < nexperts, "ecclMoeDispatch: token {} choice {} names expert {}, outside [0, {})",
-                   i / k, i % k, e, nexperts);
+    if (e < -1 || e >= nexperts) {
+      badChoice = i, badExpert = e;
+      break;
+    }
     if (e >= 0) mine[e]++;
   }
-  comm.allGather(mine.data(), all.data(), static_cast<size_t>(nexperts), ecclInt64);
+  mine[nexperts] = static_cast<int64_t>(tableHash(replicas, static_cast<size_t>(nexperts) * n));
+  mine[nexperts + 1] = badChoice;
+  mine[nexperts + 2] = badExpert;
+  std::vector<int64_t> gathered(static_cast<size_t>(n) * stride);
+  comm.allGather(mine.data(), gathered.data(), stride, ecclInt64);
+  checkGathered(gathered, n, nexperts, k, comm.rank());
+  for (int j = 0; j < n; ++j)
+    std::copy_n(gathered.begin() + static_cast<ptrdiff_t>(j * stride), nexperts,
+                all.begin() + static_cast<ptrdiff_t>(j) * nexperts);
   ScheduleInput in{n, nexperts, all.data(), replicas};
   schedule_ = invalidToEccl("ecclMoeDispatch", [&] { return computeSchedule(in, comm.rank()); });
   permute_ = invalidToEccl("ecclMoeDispatch", [&] { return planPermute(topk, tokens, k, schedule_, nexperts); });
   layout_ = planReceive(schedule_);
   std::vector<uint8_t> sendBuf(static_cast<size_t>(permute_.sendRows) * rowBytes_);
   permuteRows(x, rowBytes_, tokens, k, permute_, sendBuf.data());
+  grouped_.resize(static_cast<size_t>(layout_.recvRows) * rowBytes_);
+  exchangeForward(comm, sendBuf.data(), grouped_.data());
+}
+
+void DispatchPlan::exchangeForward(Communicator& comm, const void* sendBuf, void* expertMajor) {
   std::vector<uint8_t> recvBuf(static_cast<size_t>(layout_.recvRows) * rowBytes_);
   std::vector<size_t> sc, sd, rc, rd;
-  toElements(permute_.sendRowsTo, permute_.sendRowOffset, hidden, &sc, &sd);
-  toElements(schedule_.recvFromRank, layout_.recvRowOffset, hidden, &rc, &rd);
-  comm.allToAllv(sendBuf.data(), sc.data(), sd.data(), recvBuf.data(), rc.data(), rd.data(), type);
-  grouped_.resize(recvBuf.size());
-  regroupRows(recvBuf.data(), rowBytes_, layout_, grouped_.data());
+  toElements(permute_.sendRowsTo, permute_.sendRowOffset, hidden_, &sc, &sd);
+  toElements(schedule_.recvFromRank, layout_.recvRowOffset, hidden_, &rc, &rd);
+  comm.allToAllv(sendBuf, sc.data(), sd.data(), recvBuf.data(), rc.data(), rd.data(), type_);
+  regroupRows(recvBuf.data(), rowBytes_, layout_, expertMajor);
 }
 
-void DispatchPlan::checkCombine(const Communicator& comm, const void* expertOutput, const float* weights,
-                                const void* out) const {
-  ECCL_CHECK_ARG(static_cast<int>(comm.epoch()) == epoch_,
-                 "ecclMoeCombine: the plan was made at epoch {}, the communicator is at epoch {}; dispatch again",
-                 epoch_, comm.epoch());
-  ECCL_CHECK_ARG(type_ == ecclFloat32 || type_ == ecclFloat16 || type_ == ecclBfloat16,
-                 "ecclMoeCombine: combine needs float32, float16 or bfloat16 data, the dispatch carried {}",
-                 coll::typeName(type_));
-  ECCL_CHECK_ARG(expertOutput || layout_.recvRows == 0, "ecclMoeCombine: expertOutput is NULL");
-  ECCL_CHECK_ARG((weights && out) || tokens_ == 0, "ecclMoeCombine: weights or out is NULL");
-}
-
-void DispatchPlan::combine(Communicator& comm, const void* expertOutput, const float* weights, void* out) {
-  checkCombine(comm, expertOutput, weights, out);
+std::vector<uint8_t> DispatchPlan::exchangeBackward(Communicator& comm, const void* expertMajor) {
   std::vector<uint8_t> back(static_cast<size_t>(layout_.recvRows) * rowBytes_);
-  ungroupRows(expertOutput, rowBytes_, layout_, back.data());
+  ungroupRows(expertMajor, rowBytes_, layout_, back.data());
   std::vector<uint8_t> returned(static_cast<size_t>(permute_.sendRows) * rowBytes_);
   std::vector<size_t> sc, sd, rc, rd;
   toElements(schedule_.recvFromRank, layout_.recvRowOffset, hidden_, &sc, &sd);
   toElements(permute_.sendRowsTo, permute_.sendRowOffset, hidden_, &rc, &rd);
   comm.allToAllv(back.data(), sc.data(), sd.data(), returned.data(), rc.data(), rd.data(), type_);
-  combineRows(returned.data(), weights, tokens_, k_, hidden_, type_, permute_, out);
+  return returned;
+}
+
+void DispatchPlan::checkEpoch(const Communicator& comm, const char* fn) const {
+  ECCL_CHECK_ARG(static_cast<int>(comm.epoch()) == epoch_,
+                 "{}: the plan was made at epoch {}, the communicator is at epoch {} (another view); dispatch again",
+                 fn, epoch_, comm.epoch());
+}
+
+void DispatchPlan::checkCombine(const Communicator& comm, const void* expertOutput, const float* weights,
+                                const void* out) const {
+  checkEpoch(comm, "ecclMoeCombine");
+  ECCL_CHECK_ARG(!weights || type_ == ecclFloat32 || type_ == ecclFloat16 || type_ == ecclBfloat16,
+                 "ecclMoeCombine: a weighted combine needs float32, float16 or bfloat16 data, the dispatch carried {} "
+                 "(weights NULL returns each choice's rows, any type)",
+                 coll::typeName(type_));
+  ECCL_CHECK_ARG(expertOutput || layout_.recvRows == 0, "ecclMoeCombine: expertOutput is NULL");
+  ECCL_CHECK_ARG(out || tokens_ == 0, "ecclMoeCombine: out is NULL");
+}
+
+void DispatchPlan::combine(Communicator& comm, const void* expertOutput, const float* weights, void* out) {
+  checkCombine(comm, expertOutput, weights, out);
+  std::vector<uint8_t> returned = exchangeBackward(comm, expertOutput);
+  if (weights)
+    combineRows(returned.data(), weights, tokens_, k_, hidden_, type_, permute_, out);
+  else
+    gatherChoiceRows(returned.data(), rowBytes_, tokens_, k_, permute_, out);
+}
+
+void DispatchPlan::checkAlong(const Communicator& comm, const void* rows, const void* expertMajor) const {
+  checkEpoch(comm, "ecclMoeDispatchAlong");
+  ECCL_CHECK_ARG(rows || tokens_ == 0, "ecclMoeDispatchAlong: rows is NULL");
+  ECCL_CHECK_ARG(expertMajor || layout_.recvRows == 0, "ecclMoeDispatchAlong: expertRows is NULL");
+}
+
+void DispatchPlan::dispatchAlong(Communicator& comm, const void* rows, bool perChoice, void* expertMajor) {
+  checkAlong(comm, rows, expertMajor);
+  std::vector<uint8_t> sendBuf(static_cast<size_t>(permute_.sendRows) * rowBytes_);
+  if (perChoice)
+    permuteChoiceRows(rows, rowBytes_, tokens_, k_, permute_, sendBuf.data());
+  else
+    permuteRows(rows, rowBytes_, tokens_, k_, permute_, sendBuf.data());
+  exchangeForward(comm, sendBuf.data(), expertMajor);
 }
 
 }  // namespace eccl::moe

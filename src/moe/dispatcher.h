@@ -23,7 +23,14 @@ class DispatchPlan {
   // The checks combine makes before any data moves.
   void checkCombine(const Communicator& comm, const void* expertOutput, const float* weights, const void* out) const;
   // Expert outputs in the expert-major layout of expertInput(); collective.
+  // weights NULL: out is [tokens][k] rows, each choice's result unweighted
+  // (zeros for no choice), for any element type.
   void combine(Communicator& comm, const void* expertOutput, const float* weights, void* out);
+  // Rows routed along this plan with no new counts (the backward of
+  // combine): per token like x, or per choice ([tokens][k] rows); the
+  // result lands in expertMajor, laid out like expertInput(). Collective.
+  void checkAlong(const Communicator& comm, const void* rows, const void* expertMajor) const;
+  void dispatchAlong(Communicator& comm, const void* rows, bool perChoice, void* expertMajor);
 
   void* expertInput() { return grouped_.data(); }
   const std::vector<int32_t>& localExperts() const { return schedule_.localExperts; }
@@ -32,10 +39,16 @@ class DispatchPlan {
   int64_t rowsSent() const { return permute_.sendRows; }
   int64_t rowsReceived() const { return layout_.recvRows; }
   int64_t tokens() const { return tokens_; }
+  int epoch() const { return epoch_; }
   int topk() const { return k_; }
   size_t rowBytes() const { return rowBytes_; }
 
  private:
+  void checkEpoch(const Communicator& comm, const char* fn) const;
+  // The send buffer (send-buffer order) to the expert-major rows, and back.
+  void exchangeForward(Communicator& comm, const void* sendBuf, void* expertMajor);
+  std::vector<uint8_t> exchangeBackward(Communicator& comm, const void* expertMajor);
+
   int64_t tokens_, hidden_;
   int k_;
   ecclDataType_t type_;

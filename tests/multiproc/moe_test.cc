@@ -161,5 +161,95 @@ TEST(Moe, DispatchAndCombineOverUnevenReplicas) {
   EXPECT_TRUE(allSucceeded(outcomes)) << describe(outcomes);
 }
 
+// The calls the backward passes use: rows along an existing plan (per
+// token and per choice) and combine without weights, in float64 (pure data
+// movement: any type). Per choice, combine(dispatchAlong(R)) returns R
+// exactly (zeros for no choice); per token, dispatchAlong(x) equals the
+// dispatch's own rows.
+TEST(Moe, RowsAlongAPlanAndPerChoiceCombineInvertEachOther) {
+  ProcessGroup group(3, [](int rank, int n, const ecclUniqueId& id) {
+    setenv("ECCL_SOCKET_IFNAME", "lo", 1);
+    ecclComm_t comm;
+    RANK_OK(ecclCommInitRank(&comm, n, id, rank), nullptr);
+    std::vector<int32_t> replicas(kExperts * n, 0);
+    for (int e = 0; e < kExperts; ++e) replicas[e * n + e % n] = 1 + (e == 0);  // two replicas of expert 0 on rank 0
+    replicas[1 * n + 2] = 1;
+    auto topk = routing(rank);
+    std::vector<double> x(kTokens * kHidden);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = double(rank) + 1e-3 * double(i);
+    ecclMoePlan_t plan;
+    RANK_OK(ecclMoeDispatch(x.data(), topk.data(), kTokens, kTopk, kHidden, ecclFloat64, replicas.data(), kExperts,
+                            &plan, comm, nullptr),
+            comm);
+    void* rows;
+    int q;
+    const int32_t* local;
+    const int64_t *count, *offset;
+    RANK_OK(ecclMoeExpertInput(plan, &rows, &q, &local, &count, &offset), comm);
+    int64_t total = 0;
+    for (int k = 0; k < q; ++k) total += count[k];
+    std::vector<double> again(total * kHidden);
+    RANK_OK(ecclMoeDispatchAlong(plan, x.data(), 0, again.data(), comm, nullptr), comm);
+    RANK_CHECK(std::equal(again.begin(), again.end(), static_cast<double*>(rows)), "per-token rows differ");
+    std::vector<double> perChoice(kTokens * kTopk * kHidden), back(perChoice.size(), -1.0), moved(total * kHidden);
+    for (size_t i = 0; i < perChoice.size(); ++i) perChoice[i] = double(rank * 1000000 + int(i));
+    RANK_OK(ecclMoeDispatchAlong(plan, perChoice.data(), 1, moved.data(), comm, nullptr), comm);
+    RANK_OK(ecclMoeCombine(plan, moved.data(), nullptr, back.data(), comm, nullptr), comm);
+    for (int t = 0; t < kTokens; ++t)
+      for (int s = 0; s < kTopk; ++s)
+        for (int h = 0; h < kHidden; ++h) {
+          size_t i = (size_t(t) * kTopk + s) * kHidden + h;
+          double want = topk[t * kTopk + s] >= 0 ? perChoice[i] : 0.0;
+          RANK_CHECK(back[i] == want, "token " + std::to_string(t) + " choice " + std::to_string(s));
+        }
+    // A weighted combine of float64 is refused, saying what works.
+    std::vector<float> w(kTokens * kTopk, 1.0f);
+    RANK_CHECK(ecclMoeCombine(plan, moved.data(), w.data(), back.data(), comm, nullptr) == ecclInvalidArgument,
+               "weighted float64 combine accepted");
+    RANK_CHECK(std::string(ecclGetLastError(comm)).find("weights NULL") != std::string::npos, ecclGetLastError(comm));
+    RANK_OK(ecclMoePlanDestroy(plan), comm);
+    RANK_OK(ecclCommDestroy(comm), comm);
+  });
+  auto outcomes = group.wait(std::chrono::seconds(60));
+  EXPECT_TRUE(allSucceeded(outcomes)) << describe(outcomes);
+}
+
+// One rank's bad routing or a replica table that differs on one rank:
+// every rank fails the dispatch naming that rank, and the group goes on.
+TEST(Moe, EveryRankNamesTheRankWhoseInputIsBad) {
+  ProcessGroup group(3, [](int rank, int n, const ecclUniqueId& id) {
+    setenv("ECCL_SOCKET_IFNAME", "lo", 1);
+    ecclComm_t comm;
+    RANK_OK(ecclCommInitRank(&comm, n, id, rank), nullptr);
+    std::vector<int32_t> replicas(kExperts * n, 1);
+    auto topk = routing(rank);
+    std::vector<float> x(kTokens * kHidden, 1.0f);
+    ecclMoePlan_t plan;
+    auto bad = topk;
+    if (rank == 1) bad[7] = 40;
+    RANK_CHECK(ecclMoeDispatch(x.data(), bad.data(), kTokens, kTopk, kHidden, ecclFloat32, replicas.data(), kExperts,
+                               &plan, comm, nullptr) == ecclInvalidArgument,
+               "a bad expert id on rank 1 was accepted");
+    RANK_CHECK(std::string(ecclGetLastError(comm)).find("rank 1's token 3 choice 1 names expert 40") !=
+                   std::string::npos,
+               ecclGetLastError(comm));
+    auto odd = replicas;
+    if (rank == 2) odd[5] = 3;
+    RANK_CHECK(ecclMoeDispatch(x.data(), topk.data(), kTokens, kTopk, kHidden, ecclFloat32, odd.data(), kExperts,
+                               &plan, comm, nullptr) == ecclInvalidArgument,
+               "differing replica tables accepted");
+    const std::string why = ecclGetLastError(comm);
+    RANK_CHECK(why.find("replica table differs between ranks") != std::string::npos &&
+                   why.find(rank == 2 ? "rank 0's" : "rank 2's") != std::string::npos,
+               why);
+    float v = 1;
+    RANK_OK(ecclAllReduce(&v, &v, 1, ecclFloat32, ecclSum, comm, nullptr), comm);
+    RANK_CHECK(v == 3.0f, "the group broke after the refused dispatches");
+    RANK_OK(ecclCommDestroy(comm), comm);
+  });
+  auto outcomes = group.wait(std::chrono::seconds(60));
+  EXPECT_TRUE(allSucceeded(outcomes)) << describe(outcomes);
+}
+
 }  // namespace
 }  // namespace eccl::test

@@ -270,6 +270,15 @@ TEST_P(StreamPath, MoeDispatchAndCombineMatchTheHostPath) {
       RANK_CHECK(ecclMoeCombine(plan, host.rows, c.weights.data(), host.out.data(), comm, nullptr) == ecclInvalidArgument,
                  "a device plan refuses a combine on host buffers");
       SAME(read(combineStream, dOut, host.out.size()), host.out, "the device combine differs from the host combine");
+      // The backward's calls: per-choice combine and rows along the plan.
+      std::vector<float> perChoice(size_t(c.tokens) * c.topk * c.hidden), along(host.rowCount * c.hidden);
+      RANK_OK(ecclMoeCombine(host.plan, host.rows, nullptr, perChoice.data(), comm, nullptr), comm);
+      RANK_OK(ecclMoeDispatchAlong(host.plan, perChoice.data(), 1, along.data(), comm, nullptr), comm);
+      DeviceBuffer dPer(perChoice.size() * 4), dAlong(along.size() * 4 + 4);
+      RANK_OK(ecclMoeCombine(plan, dRows, nullptr, dPer.p, comm, combineStream), comm);
+      SAME(read(combineStream, dPer, perChoice.size()), perChoice, "the device per-choice combine differs");
+      RANK_OK(ecclMoeDispatchAlong(plan, dPer.p, 1, dAlong.p, comm, combineStream), comm);
+      SAME(read(combineStream, dAlong, along.size()), along, "the device rows along the plan differ");
       RANK_OK(ecclMoePlanDestroy(plan), comm);
     }
     hostCudaStreamSynchronize(stream);

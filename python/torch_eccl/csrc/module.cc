@@ -5,6 +5,7 @@
 
 #include <mutex>
 
+#include "moe.h"
 #include "process_group.h"
 #include "streams.h"
 
@@ -94,6 +95,14 @@ PYBIND11_MODULE(_C, m) {
     return std::string(text);
   });
   m.def("cuda_build", &torch_eccl::cudaBuild);
+  m.def("moe_allocate_replicas", &torch_eccl::planner::allocateReplicas, py::arg("load"), py::arg("nodes"),
+        py::arg("slots_per_node"), py::arg("min_replicas"));
+  m.def("moe_place", &torch_eccl::planner::place, py::arg("replicas"), py::arg("nodes"), py::arg("slots_per_node"),
+        py::arg("policy"));
+  m.def("moe_recovery_probability", &torch_eccl::planner::recoveryProbability, release, py::arg("placement"),
+        py::arg("slots_per_node"), py::arg("experts"), py::arg("failures"), py::arg("seed"));
+  m.def("moe_plan_migration", &torch_eccl::planner::planMigration, py::arg("current"), py::arg("failed"),
+        py::arg("target"), py::arg("slots_per_node"), py::arg("experts"));
   // c10d's reconfigure API is in torch >= 2.14; a build against an older
   // torch leaves it out (python/CMakeLists.txt says so at configure time).
   m.attr("has_reconfigure") = static_cast<bool>(TORCH_ECCL_RECONFIGURE);
@@ -103,6 +112,15 @@ PYBIND11_MODULE(_C, m) {
     ecclGetVersion(&v);
     return v;
   });
+  py::class_<torch_eccl::MoePlan, std::shared_ptr<torch_eccl::MoePlan>>(m, "MoePlan")
+      .def_property_readonly("rows", &torch_eccl::MoePlan::rows)
+      .def_property_readonly("local_experts", &torch_eccl::MoePlan::localExperts)
+      .def_property_readonly("expert_rows", &torch_eccl::MoePlan::expertRows)
+      .def_property_readonly("tokens", &torch_eccl::MoePlan::tokens)
+      .def_property_readonly("topk", &torch_eccl::MoePlan::topk)
+      .def_property_readonly("epoch", &torch_eccl::MoePlan::epoch)
+      .def("combine", &torch_eccl::MoePlan::combine, release, py::arg("expert_output"), py::arg("weights"))
+      .def("dispatch_along", &torch_eccl::MoePlan::dispatchAlong, release, py::arg("rows"), py::arg("per_choice"));
   py::class_<ProcessGroupEccl, c10d::Backend, c10::intrusive_ptr<ProcessGroupEccl>>(m, "ProcessGroupEccl")
       .def_property_readonly("member_id", &ProcessGroupEccl::memberId)
       .def_property_readonly("job_id", &ProcessGroupEccl::jobId)
@@ -131,6 +149,9 @@ PYBIND11_MODULE(_C, m) {
       .def("grow", &ProcessGroupEccl::grow, release, py::arg("count"))
       .def("await_promotion", &ProcessGroupEccl::awaitPromotion, release, py::arg("timeout"))
       .def("stats", &ProcessGroupEccl::stats, release)
+      .def("epoch", &ProcessGroupEccl::epoch, release)
+      .def("moe_dispatch", &ProcessGroupEccl::moeDispatch, release, py::arg("x"), py::arg("topk_ids"),
+           py::arg("replicas"))
       .def("sandbox", &ProcessGroupEccl::sandbox, release, py::arg("nranks"), py::arg("rank"))
       .def("sandbox_record", &ProcessGroupEccl::sandboxRecord, release, py::arg("calls"))
       .def("try_promotion", &ProcessGroupEccl::tryPromotion, release)

@@ -29,6 +29,8 @@
 
 namespace torch_eccl {
 
+class MoePlan;
+
 // How a process group finds its eccl communicator.
 struct Setup {
   c10::intrusive_ptr<c10d::Store> store;  // rendezvous (rank 0 publishes the job id), may be null
@@ -174,6 +176,13 @@ class ProcessGroupEccl : public c10d::Backend {
   void snapshotPersist(const std::string& directory);
   int64_t snapshotPersistWait(int64_t timeoutMs);
   int64_t snapshotLoad(const std::string& directory);
+  // MoE dispatch (moe.cc, docs/moe.md): collective; the plan carries the
+  // rows and what combine and the backward passes follow.
+  std::shared_ptr<MoePlan> moeDispatch(const at::Tensor& x, const at::Tensor& topk, const at::Tensor& replicas);
+  // Runs `run` with the communicator on the driver thread, in issue order,
+  // the tensors' stream current when they are CUDA tensors (opStream()).
+  void runOnComm(const char* name, const std::vector<at::Tensor>& tensors, const std::function<void(ecclComm_t)>& run);
+  int64_t epoch();
   std::map<std::string, double> grow(int count);
   std::map<std::string, double> awaitPromotion(std::chrono::milliseconds timeout);
   std::map<std::string, double> stats();

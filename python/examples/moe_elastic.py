@@ -1,0 +1,358 @@
+"""A small MoE transformer language model trained on eccl's dispatcher,
+surviving a rank's death with a standby or, with none left, by shrinking
+and re-placing the experts (Lazarus).
+
+Every rank holds the dense part (embedding, attention, router, head;
+gradients all-reduced) and SLOTS expert slots; experts have uneven
+numbers of replicas from the planner (at least MIN_REPLICAS each, placed
+so one failure never loses an expert). Tokens go to the experts through
+torch_eccl.moe (dispatch, combine, and the replicas' gradient sums).
+Every REBALANCE steps the placement follows the observed load: the same
+move a failure takes.
+
+When a collective fails the survivors call recover("replace_or_shrink"):
+- a standby was left: it takes the dead rank's number; everyone goes back
+  to the last step all completed, the newcomer receives the dense state
+  from a survivor and its experts from their surviving replicas; training
+  ends bit-equal to a failure-free run;
+- none was left: the survivors are renumbered, plan a placement for the
+  ranks that remain, copy the experts (weights and Adam state) each now
+  needs from a surviving replica, and train on with every rank busy.
+
+    eccl-run -np 4 python moe_elastic.py --out base.json
+    eccl-run -np 4 --standby 1 --kill-when "2:step 30" python moe_elastic.py --out standby.json
+    eccl-run -np 4 --kill-when "2:step 30" python moe_elastic.py --out shrink.json
+    python moe_elastic.py --compare base.json standby.json shrink.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+import torch_eccl
+import torch_eccl.moe as moe
+
+VOCAB, D, HEADS, SEQ, BATCH, LAYERS = 64, 32, 4, 16, 8, 2
+EXPERTS, TOPK, SLOTS, MIN_REPLICAS = 16, 2, 12, 2
+LR, BETAS, EPS = 3e-3, (0.9, 0.99), 1e-8
+
+
+class Dense(torch.nn.Module):
+    """The replicated part: embedding, causal attention, norms, routers, head."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(VOCAB, D)
+        self.pos = torch.nn.Parameter(torch.randn(SEQ, D) * 0.02)
+        self.attn = torch.nn.ModuleList(torch.nn.MultiheadAttention(D, HEADS, batch_first=True) for _ in range(LAYERS))
+        self.norm_a = torch.nn.ModuleList(torch.nn.LayerNorm(D) for _ in range(LAYERS))
+        self.norm_f = torch.nn.ModuleList(torch.nn.LayerNorm(D) for _ in range(LAYERS))
+        self.router = torch.nn.ModuleList(torch.nn.Linear(D, EXPERTS, bias=False) for _ in range(LAYERS))
+        self.head = torch.nn.Linear(D, VOCAB)
+
+
+def expert_init(e: int) -> list[torch.Tensor]:
+    """Expert e's parameters in every layer (w1, b1, w2, b2 per layer): the same on every rank."""
+    g = torch.Generator().manual_seed(4242 + e)
+    out = []
+    for _ in range(LAYERS):
+        out += [torch.randn(D, 2 * D, generator=g) / D**0.5, torch.zeros(2 * D),
+                torch.randn(2 * D, D, generator=g) / (2 * D)**0.5, torch.zeros(D)]
+    return out
+
+
+def expert_forward(params, layer, rows):
+    w1, b1, w2, b2 = params[4 * layer:4 * layer + 4]
+    return F.gelu(rows @ w1 + b1) @ w2 + b2
+
+
+def batch(step: int, rank: int):
+    """Sequences of an affine recurrence mod VOCAB with a little noise: learnable, deterministic."""
+    g = torch.Generator().manual_seed(step * 7919 + rank)
+    a = torch.randint(1, 8, (BATCH, 1), generator=g)
+    c = torch.randint(0, VOCAB, (BATCH, 1), generator=g)
+    x = torch.empty(BATCH, SEQ + 1, dtype=torch.long)
+    x[:, :1] = torch.randint(0, VOCAB, (BATCH, 1), generator=g)
+    for t in range(SEQ):
+        x[:, t + 1:t + 2] = (a * x[:, t:t + 1] + c) % VOCAB
+    noise = torch.rand(BATCH, SEQ + 1, generator=g) < 0.05
+    x[noise] = torch.randint(0, VOCAB, (int(noise.sum()),), generator=g)
+    return x[:, :-1], x[:, 1:]
+
+
+class Trainer:
+    def __init__(self, ident: int):
+        torch.manual_seed(1234)
+        self.ident = ident  # who this process is, across renumberings
+        self.dense = Dense()
+        self.dense_adam = [(torch.zeros_like(p), torch.zeros_like(p)) for p in self.dense.parameters()]
+        self.step = 0
+        self.load = torch.zeros(EXPERTS, dtype=torch.float64)  # tokens routed, all ranks, since the last rebalance
+        self.experts: dict[int, list[torch.Tensor]] = {}  # expert -> params + Adam (m, v) per param
+        self.placement: list[list[int]] = []
+        self.losses: list[float] = []
+        self.prev = None
+        self.rebalanced_at = 0
+        self.shrunk = False
+
+    # --- state -------------------------------------------------------
+    def expert_state(self, e):
+        return self.experts[e]
+
+    def expert_template(self, e):
+        p = expert_init(e)
+        return [torch.empty_like(t) for _ in range(3) for t in p]
+
+    def fresh_experts(self, placement):
+        self.placement = placement
+        mine = sorted(set(placement[dist.get_rank()]))
+        self.experts = {e: expert_init(e) + [torch.zeros_like(t) for _ in range(2) for t in expert_init(e)]
+                        for e in mine}
+
+    def copy_state(self):
+        return {
+            "dense": [p.detach().clone() for p in self.dense.parameters()],
+            "adam": [(m.clone(), v.clone()) for m, v in self.dense_adam],
+            "experts": {e: [t.clone() for t in ts] for e, ts in self.experts.items()},
+            "placement": [list(n) for n in self.placement],
+            "step": self.step, "load": self.load.clone(), "losses": list(self.losses),
+            "rebalanced_at": self.rebalanced_at,
+        }
+
+    def restore(self, s):
+        with torch.no_grad():
+            for p, q in zip(self.dense.parameters(), s["dense"]):
+                p.copy_(q)
+        self.dense_adam = [(m.clone(), v.clone()) for m, v in s["adam"]]
+        self.experts = {e: [t.clone() for t in ts] for e, ts in s["experts"].items()}
+        self.placement = [list(n) for n in s["placement"]]
+        self.step, self.load, self.losses = s["step"], s["load"].clone(), list(s["losses"])
+        self.rebalanced_at = s["rebalanced_at"]
+
+    def table(self):
+        return moe.table_from_placement(self.placement, EXPERTS)
+
+    # --- one step ------------------------------------------------------
+    def train_step(self):
+        rank, world = dist.get_rank(), dist.get_world_size()
+        table = self.table()
+        x, y = batch(self.step, self.ident if self.shrunk else rank)
+        params = {e: [t.detach().requires_grad_(True) for t in ts[:len(ts) // 3]] for e, ts in self.experts.items()}
+        h = self.dense.embed(x) + self.dense.pos
+        mask = torch.triu(torch.ones(SEQ, SEQ, dtype=torch.bool), 1)
+        load = torch.zeros(EXPERTS, dtype=torch.float64)
+        for layer in range(LAYERS):
+            a = self.dense.norm_a[layer](h)
+            h = h + self.dense.attn[layer](a, a, a, attn_mask=mask, need_weights=False)[0]
+            f = self.dense.norm_f[layer](h).reshape(-1, D)
+            probs = F.softmax(self.dense.router[layer](f), dim=-1)
+            w, ids = probs.topk(TOPK, dim=-1)
+            w = w / w.sum(-1, keepdim=True)
+            load += torch.bincount(ids.flatten(), minlength=EXPERTS).double()
+            inputs, handle = moe.dispatch(f, ids, table)
+            outs = [expert_forward(params[e], layer, rows) for e, rows in zip(handle.local_experts, inputs)]
+            h = h + moe.combine(outs, w, handle).reshape(h.shape)
+        loss = F.cross_entropy(self.dense.head(h).reshape(-1, VOCAB), y.reshape(-1))
+        for p in self.dense.parameters():
+            p.grad = None
+        loss.backward()
+        # One all-reduce: the dense gradients, the loss and the load.
+        dense = list(self.dense.parameters())
+        flat = torch.cat([p.grad.reshape(-1) for p in dense] + [loss.detach().reshape(1), load.float()])
+        dist.all_reduce(flat)
+        grads = {e: [t.grad if t.grad is not None else torch.zeros_like(t) for t in ps] for e, ps in params.items()}
+        # All experts' gradients in one call: each expert's parameters flattened.
+        merged = {e: [torch.cat([t.reshape(-1) for t in g])] for e, g in grads.items()}
+        moe.reduce_replica_grads(merged, table)
+        # Updates (no collective below: a failure above leaves the state untouched).
+        at = 0
+        self.step += 1
+        for p, (m, v) in zip(dense, self.dense_adam):
+            n = p.numel()
+            adam(p.data, flat[at:at + n].view_as(p) / world, m, v, self.step)
+            at += n
+        self.losses.append(float(flat[at]) / world)
+        self.load += flat[at + 1:].double()
+        for e, ts in self.experts.items():
+            n_par = len(ts) // 3
+            g_all, off = merged[e][0] / world, 0
+            for i in range(n_par):
+                n = ts[i].numel()
+                adam(ts[i], g_all[off:off + n].view_as(ts[i]), ts[n_par + i], ts[2 * n_par + i], self.step)
+                off += n
+
+    # --- membership changes -------------------------------------------
+    def sync(self, every_k: int, last_step: int):
+        """Collective: agree on the step, bring newcomers the dense state,
+        move to the placement the lowest survivor decides (the same, one for
+        fewer ranks, or one that follows the load) with the experts each
+        rank now needs copied from surviving replicas."""
+        rank, world = dist.get_rank(), dist.get_world_size()
+        mine = torch.full((2 + SLOTS,), -1, dtype=torch.long)
+        mine[0], mine[1] = self.ident, self.step
+        held = sorted(self.experts)
+        mine[2:2 + len(held)] = torch.tensor(held, dtype=torch.long)
+        every = torch.empty(world, 2 + SLOTS, dtype=torch.long)
+        dist.all_gather_into_tensor(every, mine)
+        steps = every[:, 1].tolist()
+        survivors = [r for r in range(world) if steps[r] >= 0]
+        src = survivors[0]
+        target_step = min(steps[r] for r in survivors)
+        if self.step > target_step:  # finished the step the others failed in
+            self.restore(self.prev)
+        newcomers = any(s < 0 for s in steps)
+        if newcomers:
+            state = [p.data for p in self.dense.parameters()] + [t for mv in self.dense_adam for t in mv] + [self.load]
+            for t in state:
+                dist.broadcast(t, src=src)
+        decision = [None]
+        if rank == src:
+            current = [[e for e in row[2:].tolist() if e >= 0] for row in every]
+            rebalance = (every_k > 0 and target_step % every_k == 0 and 0 < target_step < last_step
+                         and self.rebalanced_at != target_step)
+            if rebalance or world != len(self.placement):
+                reps = moe.allocate_replicas(self.load.tolist(), world, SLOTS, MIN_REPLICAS)
+                target = moe.place(reps, world, SLOTS)
+            else:
+                target = self.placement
+            plan_to_rank, transfers = moe.plan_migration(current, [], target, EXPERTS)
+            placement = [None] * world
+            for p, r in enumerate(plan_to_rank):
+                placement[r] = target[p]
+            decision = [(placement, transfers, target_step, self.losses, rebalance)]
+        dist.broadcast_object_list(decision, src=src)
+        placement, transfers, target_step, losses, rebalance = decision[0]
+        got = moe.move_experts({e: self.experts[e] for e in held}, transfers, self.expert_template)
+        keep = {e: self.experts[e] if e in self.experts else got[e] for e in set(placement[rank])}
+        self.experts, self.placement = keep, placement
+        self.step, self.losses = target_step, list(losses)
+        if rebalance:
+            self.load.zero_()
+            self.rebalanced_at = target_step
+        return len(transfers) if rebalance else -1
+
+
+def adam(p, g, m, v, step):
+    m.mul_(BETAS[0]).add_(g, alpha=1 - BETAS[0])
+    v.mul_(BETAS[1]).addcmul_(g, g, value=1 - BETAS[1])
+    mhat = m / (1 - BETAS[0]**step)
+    vhat = v / (1 - BETAS[1]**step)
+    p.sub_(LR * mhat / (vhat.sqrt() + EPS))
+
+
+def digest(ts) -> str:
+    return hashlib.sha256(b"".join(t.detach().contiguous().numpy().tobytes() for t in ts)).hexdigest()[:16]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--rebalance", type=int, default=20, help="re-place experts from the load every N steps")
+    ap.add_argument("--step-ms", type=float, default=50, help="pause per step, so a kill lands mid-run")
+    ap.add_argument("--out", help="rank 0 writes the losses and parameter digests here (JSON)")
+    ap.add_argument("--compare", nargs="+", help="compare result files: the first is the failure-free run")
+    args = ap.parse_args()
+    if args.compare:
+        return compare(args.compare)
+    torch.set_num_threads(1)  # one reduction order in every run
+    torch_eccl.init_process_group()
+    rank = dist.get_rank()
+    joined = torch_eccl.stats()["joined_epoch"] > 1
+    trainer = Trainer(ident=int(os.environ.get("ECCL_RANK", rank)) if not joined else 1000 + rank)
+    if joined:
+        trainer.step = -1
+        print(f"rank {rank}: joined at epoch {torch_eccl.stats()['epoch']}; receiving the state", flush=True)
+    else:
+        world = dist.get_world_size()
+        reps = moe.allocate_replicas([1.0] * EXPERTS, world, SLOTS, MIN_REPLICAS)
+        trainer.fresh_experts(moe.place(reps, world, SLOTS))
+    need_sync, failed_at, recoveries = joined, None, []
+    while True:
+        try:
+            if need_sync:
+                moved = trainer.sync(args.rebalance, args.steps)
+                if moved >= 0 and rank == 0:
+                    print(f"rank 0: step {trainer.step}: re-placed from the load, {moved} expert copies", flush=True)
+                need_sync = False
+            if trainer.step >= args.steps:
+                break
+            trainer.prev_candidate = trainer.copy_state()
+            trainer.train_step()
+            trainer.prev = trainer.prev_candidate
+            if failed_at is not None:
+                recoveries.append((time.monotonic() - failed_at) * 1000)
+                print(f"rank {rank}: first step after the failure done {recoveries[-1]:.0f} ms after it was "
+                      f"detected", flush=True)
+                failed_at = None
+            if trainer.step % 10 == 0:
+                print(f"rank {rank}: step {trainer.step} loss {trainer.losses[-1]:.4f}", flush=True)
+            if args.rebalance and trainer.step % args.rebalance == 0 and trainer.step < args.steps:
+                need_sync = True
+            time.sleep(args.step_ms / 1000)
+        except RuntimeError as e:
+            failed_at = failed_at or time.monotonic()
+            print(f"rank {rank}: step {trainer.step} failed: {str(e).splitlines()[0]}", flush=True)
+            world_before = dist.get_world_size()
+            s = torch_eccl.recover("replace_or_shrink")
+            if int(s["world_size"]) < world_before:
+                trainer.shrunk = True
+            rank = dist.get_rank()
+            print(f"rank {rank}: recovered into epoch {int(s['epoch'])}, {int(s['world_size'])} ranks", flush=True)
+            need_sync = True
+    finish(trainer, args, recoveries)
+
+
+def finish(trainer, args, recoveries):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    experts = {e: digest(ts[:len(ts) // 3]) for e, ts in trainer.experts.items()}
+    gathered = [None] * world
+    dist.all_gather_object(gathered, experts)
+    merged = {}
+    for held in gathered:
+        for e, d in held.items():
+            if merged.setdefault(e, d) != d:
+                raise SystemExit(f"expert {e}'s replicas disagree: {merged[e]} and {d}")
+    dense = digest(list(trainer.dense.parameters()))
+    print(f"rank {rank}: done after {trainer.step} steps on {world} ranks, dense sha256 {dense}, "
+          f"{len(merged)} experts, experts here {sorted(trainer.experts)}", flush=True)
+    if rank == 0 and args.out:
+        with open(args.out, "w") as f:
+            json.dump({"world": world, "steps": trainer.step, "losses": trainer.losses, "dense": dense,
+                       "experts": {str(e): merged[e] for e in sorted(merged)}, "recovery_ms": recoveries}, f)
+    dist.destroy_process_group()
+
+
+def compare(paths):
+    runs = [json.load(open(p)) for p in paths]
+    base = runs[0]
+    print(f"{'step':>6} " + " ".join(f"{os.path.basename(p):>14}" for p in paths))
+    for i in range(0, len(base["losses"]), 10):
+        print(f"{i + 1:>6} " + " ".join(f"{r['losses'][i]:>14.4f}" if i < len(r["losses"]) else " " * 14
+                                        for r in runs))
+    ok = True
+    for p, r in zip(paths[1:], runs[1:]):
+        same = r["dense"] == base["dense"] and r["experts"] == base["experts"]
+        where = f"{os.path.basename(p)}: {r['world']} ranks at the end, recovery {r['recovery_ms']} ms"
+        if r["world"] == base["world"]:
+            print(f"{where}: parameters {'bit-equal to' if same else 'DIFFER from'} the failure-free run")
+            ok &= same
+        else:
+            spread = max(base["losses"][-10:]) - min(base["losses"][-10:])
+            gap = abs(r["losses"][-1] - base["losses"][-1])
+            print(f"{where}: final loss {r['losses'][-1]:.4f} against {base['losses'][-1]:.4f} "
+                  f"(last-10 spread {spread:.4f})")
+            ok &= math.isfinite(r["losses"][-1]) and len(r["experts"]) == EXPERTS
+    raise SystemExit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()

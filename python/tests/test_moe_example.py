@@ -1,0 +1,48 @@
+"""The MoE example (python/examples/moe_elastic.py) under eccl-run, 4 ranks:
+failure-free; rank 2 killed with a standby (the final parameters equal the
+failure-free run's bit for bit); rank 2 killed with no standby (the
+survivors shrink to 3, re-place the experts, move what each lacks and
+train to the end with all 16 experts)."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+HERE = os.path.dirname(__file__)
+EXAMPLE = os.path.join(HERE, "..", "examples", "moe_elastic.py")
+BUILD = os.environ.get("ECCL_BUILD_DIR", os.path.join(HERE, "..", "..", "build"))
+STEPS = ["--steps", "24", "--rebalance", "8", "--step-ms", "30"]
+
+
+def run(args, timeout=240):
+    eccl_run = os.path.join(BUILD, "bootstrap", "eccl-run")
+    assert os.access(eccl_run, os.X_OK), f"no eccl-run at {eccl_run} (build it, or set ECCL_BUILD_DIR)"
+    p = subprocess.run([eccl_run, "-np", "4", *args[0], "--timeout", str(timeout - 20), sys.executable, EXAMPLE,
+                        *STEPS, *args[1]], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       timeout=timeout, env={**os.environ, "ECCL_SOCKET_IFNAME": "lo"})
+    return p.returncode, p.stdout
+
+
+def test_moe_training_survives_a_killed_rank_with_and_without_a_standby(tmp_path):
+    base, standby, shrink = (tmp_path / f"{n}.json" for n in ("base", "standby", "shrink"))
+    rc, out = run(([], ["--out", str(base)]))
+    assert rc == 0, out
+    assert len(re.findall(r"re-placed from the load", out)) == 2, out
+    rc, out = run((["--standby", "1", "--kill-when", "2:step 10"], ["--out", str(standby)]))
+    assert rc == 0, out
+    assert re.search(r"\[s0\] rank 2: joined at epoch 2", out), out
+    failed = re.findall(r"rank \d: step (\d+) failed: .*rank 2", out)
+    assert len(failed) == 3 and min(int(s) for s in failed) >= 10, out
+    rc, out = run((["--kill-when", "2:step 10"], ["--out", str(shrink)]))
+    assert rc == 0, out
+    assert len(re.findall(r"recovered into epoch 2, 3 ranks", out)) == 3, out
+    assert len(re.findall(r"done after 24 steps on 3 ranks", out)) == 3, out
+    rc = subprocess.run([sys.executable, EXAMPLE, "--compare", str(base), str(standby), str(shrink)],
+                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)
+    assert rc.returncode == 0, rc.stdout
+    assert "bit-equal to the failure-free run" in rc.stdout, rc.stdout
+    s = json.load(open(shrink))
+    assert s["world"] == 3 and len(s["experts"]) == 16 and len(s["losses"]) == 24, s
+    assert s["recovery_ms"] and max(s["recovery_ms"]) < 5000, s
