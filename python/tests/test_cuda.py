@@ -98,3 +98,47 @@ def test_cuda_tensors_match_cpu_tensors(n):
     outcomes = world.run(n, _ops, timeout=300)
     for o in outcomes:
         assert o.status == "ok" and o.value == [], o
+
+
+def _moe(rank, n, port):
+    import torch.distributed as dist
+
+    import torch_eccl.moe as moe
+
+    world.init(rank, n, port)
+    torch.cuda.set_device(rank % torch.cuda.device_count())
+    dev = torch.device("cuda", torch.cuda.current_device())
+    experts, hidden, tokens, k = 5, 32, 300, 2
+    g = torch.Generator().manual_seed(rank)
+    x = torch.randn(tokens, hidden, generator=g)
+    ids = torch.randint(0, experts, (tokens, k), generator=g)
+    ids[::7, 1] = -1
+    w = torch.rand(tokens, k, generator=g)
+    table = torch.zeros(experts, n, dtype=torch.int32)
+    for e in range(experts):
+        table[e, e % n] += 1
+        table[e, (e * 3 + 1) % n] += 1
+    results = {}
+    for where in ("cpu", dev):
+        xs, ws = x.to(where).requires_grad_(True), w.to(where).requires_grad_(True)
+        inputs, handle = moe.dispatch(xs, ids.to(where), table)
+        outs = [rows * (e + 1) for e, rows in zip(handle.local_experts, inputs)]
+        y = moe.combine(outs, ws, handle)
+        (y * torch.arange(hidden, device=y.device)).sum().backward()
+        results[str(where)] = [t.detach().cpu() for t in (y, xs.grad, ws.grad, *inputs)]
+    failures = []
+    for name, a, b in zip(["y", "grad x", "grad w"] + [f"rows {i}" for i in range(99)], results["cpu"],
+                          results[str(dev)]):
+        if not torch.allclose(a, b, rtol=1e-6, atol=1e-6):
+            failures.append(f"moe {name} on the GPU differs from the CPU")
+    dist.destroy_process_group()
+    return failures
+
+
+def test_moe_dispatch_and_combine_on_cuda_tensors_match_cpu_tensors():
+    reason = _skip_reason()
+    if reason:
+        pytest.skip(reason)
+    outcomes = world.run(3, _moe, timeout=300)
+    for o in outcomes:
+        assert o.status == "ok" and o.value == [], o
