@@ -1,6 +1,7 @@
 #include "coll/reduce.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 
@@ -68,19 +69,33 @@ uint16_t floatToBfloat16(float f) {
 }
 
 void widenToFloat(const void* in, float* out, size_t n, ecclDataType_t t) {
-  auto* p = static_cast<const uint16_t*>(in);
-  if (t == ecclFloat16)
+  if (t == ecclFloat16) {
+    auto* p = static_cast<const uint16_t*>(in);
     for (size_t i = 0; i < n; ++i) out[i] = halfToFloat(p[i]);
-  else
-    for (size_t i = 0; i < n; ++i) out[i] = bfloat16ToFloat(p[i]);
+    return;
+  }
+  // bfloat16 is float's top half: a shift the compiler vectorises.
+  const uint16_t* __restrict p = static_cast<const uint16_t*>(in);
+  float* __restrict f = out;
+  for (size_t i = 0; i < n; ++i) f[i] = std::bit_cast<float>(static_cast<uint32_t>(p[i]) << 16);
 }
 
 void narrowFromFloat(const float* in, void* out, size_t n, ecclDataType_t t) {
-  auto* p = static_cast<uint16_t*>(out);
-  if (t == ecclFloat16)
+  if (t == ecclFloat16) {
+    auto* p = static_cast<uint16_t*>(out);
     for (size_t i = 0; i < n; ++i) p[i] = floatToHalf(in[i]);
-  else
-    for (size_t i = 0; i < n; ++i) p[i] = floatToBfloat16(in[i]);
+    return;
+  }
+  // floatToBfloat16 without branches (round to nearest even, NaN kept
+  // quiet), so the loop vectorises; the same bits.
+  const float* __restrict f = in;
+  uint16_t* __restrict p = static_cast<uint16_t*>(out);
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t x = std::bit_cast<uint32_t>(f[i]);
+    const uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+    const uint32_t quiet = (x >> 16) | 0x40u;
+    p[i] = static_cast<uint16_t>((x & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
+  }
 }
 
 namespace {

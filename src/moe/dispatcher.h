@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "core/communicator.h"
@@ -32,7 +33,7 @@ class DispatchPlan {
   void checkAlong(const Communicator& comm, const void* rows, const void* expertMajor) const;
   void dispatchAlong(Communicator& comm, const void* rows, bool perChoice, void* expertMajor);
 
-  void* expertInput() { return grouped_.data(); }
+  void* expertInput() { return grouped_.get(); }
   const std::vector<int32_t>& localExperts() const { return schedule_.localExperts; }
   const std::vector<int64_t>& expertRows() const { return layout_.expertRows; }
   const std::vector<int64_t>& expertOffsets() const { return layout_.expertOffset; }
@@ -46,8 +47,9 @@ class DispatchPlan {
  private:
   void checkEpoch(const Communicator& comm, const char* fn) const;
   // The send buffer (send-buffer order) to the expert-major rows, and back.
-  void exchangeForward(Communicator& comm, const void* sendBuf, void* expertMajor);
-  std::vector<uint8_t> exchangeBackward(Communicator& comm, const void* expertMajor);
+  void exchangeForward(Communicator& comm, const uint8_t* sendBuf, void* expertMajor);
+  // The rows in send-buffer order, in this thread's receive scratch.
+  const uint8_t* exchangeBackward(Communicator& comm, const void* expertMajor);
 
   int64_t tokens_, hidden_;
   int k_;
@@ -57,7 +59,7 @@ class DispatchPlan {
   RankSchedule schedule_;
   PermutePlan permute_;
   ReceiveLayout layout_;
-  std::vector<uint8_t> grouped_;
+  std::unique_ptr<uint8_t[]> grouped_;  // the received rows, expert-major
 };
 
 }  // namespace eccl::moe
