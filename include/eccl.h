@@ -403,6 +403,12 @@ ecclResult_t ecclMoeCombine(ecclMoePlan_t plan, const void* expertOutput, const 
  * buffers, as the dispatch's. */
 ecclResult_t ecclMoeDispatchAlong(ecclMoePlan_t plan, const void* rows, int perChoice, void* expertRows,
                                   ecclComm_t comm, ecclStream_t stream);
+/* What the plan moves, in rows: sent to and received from other ranks, and
+ * kept here (local first: routed to a replica on this rank, never sent). */
+typedef struct {
+  int64_t rowsSent, rowsReceived, rowsKept;
+} ecclMoePlanStats_t;
+ecclResult_t ecclMoePlanGetStats(ecclMoePlan_t plan, ecclMoePlanStats_t* stats);
 ecclResult_t ecclMoePlanDestroy(ecclMoePlan_t plan);
 
 /* Lazarus's planner (docs/moe.md "Placement"): host calls, no

@@ -17,7 +17,10 @@ same routing, in the same processes, alternating:
 Every contender computes the same function; the script checks each one's
 output and input gradient against eccl's before timing. Each round times
 every contender for --steps steps (median); the figure is the median of
---rounds rounds, spread min-max beside it.
+--rounds rounds, spread min-max beside it. "MB crossing" is what crosses
+between ranks in the step's four exchanges (dispatch and combine, forward
+and backward), summed over ranks: rows a rank keeps for its own replicas
+do not cross.
 
 usage: perf/moe_bench.py [--ranks 4] [--tokens 2048] [--hidden 256] [--experts 16] [--topk 2]
                          [--routing zipf1.2,uniform] [--rounds 5] [--steps 10] [--json]
@@ -110,6 +113,8 @@ def a2a_layer(x, ids, w, experts, dest_of_choice, group):
     order, splits = by_destination(ids, dest_of_choice, n)
     send = x[order // k]
     send_experts = ids.reshape(-1)[order]
+    me = dist.get_rank(group)
+    crossing = (sum(splits) - splits[me]) * x.shape[1] * 4
     counts = torch.tensor(splits, dtype=torch.long)
     recv_counts = torch.empty_like(counts)
     dist.all_to_all_single(recv_counts, counts, group=group)
@@ -126,7 +131,7 @@ def a2a_layer(x, ids, w, experts, dest_of_choice, group):
                                                            torch.cat([o for _, o in pieces])) if pieces else recv * 0
     back = dnn.all_to_all_single(torch.empty(send.shape[0], x.shape[1]), out, splits, recv_splits, group=group)
     per_choice = torch.zeros(ids.numel(), x.shape[1]).index_put((order,), back)
-    return (w.unsqueeze(-1) * per_choice.view(ids.shape[0], k, -1)).sum(1), send.numel() * 4
+    return (w.unsqueeze(-1) * per_choice.view(ids.shape[0], k, -1)).sum(1), crossing
 
 
 def padded_layer(x, ids, w, experts, owner, group):
@@ -155,7 +160,7 @@ def padded_layer(x, ids, w, experts, owner, group):
                         for q in range(per_rank)], dim=1)
     back = dnn.all_to_all_single(torch.empty_like(send), outs.reshape(E * C, -1), group=group)
     per_choice = torch.zeros(ids.numel(), x.shape[1]).index_put((slot[used],), back[used])
-    return (w.unsqueeze(-1) * per_choice.view(ids.shape[0], k, -1)).sum(1), send.numel() * 4
+    return (w.unsqueeze(-1) * per_choice.view(ids.shape[0], k, -1)).sum(1), send.numel() * 4 * (n - 1) // n
 
 
 def _bench(rank, n, port, args):
@@ -193,7 +198,7 @@ def _bench(rank, n, port, args):
             outs = [experts(e, rows) for e, rows in zip(handle.local_experts, inputs)]
             y = moe.combine(outs, w, handle)
             y.backward(torch.ones_like(y))
-            return y, xs.grad, sum(h * H * 4 for h in handle.expert_rows)
+            return y, xs.grad, handle.stats()["rows_sent"] * H * 4
 
         def a2a(dest, group):
             def step():
@@ -268,10 +273,10 @@ def main():
         med = {name: statistics.median(v) for name, v in r["rounds"].items()}
         best_other = min(v for name, v in med.items() if name != "eccl")
         print(f"\n## routing {kind} (replicas per expert: {r['replicas']})")
-        print(f"{'contender':>10} {'ms/step':>9} {'min':>8} {'max':>8} {'MB moved':>9} {'eccl speedup':>12}")
+        print(f"{'contender':>10} {'ms/step':>9} {'min':>8} {'max':>8} {'MB crossing':>11} {'eccl speedup':>12}")
         for name, v in r["rounds"].items():
             print(f"{name:>10} {med[name] * 1e3:>9.2f} {min(v) * 1e3:>8.2f} {max(v) * 1e3:>8.2f} "
-                  f"{r['bytes'][name] / 1e6:>9.2f} {med[name] / med['eccl']:>11.2f}x")
+                  f"{r['bytes'][name] / 1e6:>11.2f} {med[name] / med['eccl']:>11.2f}x")
         print(f"eccl against the best other: {best_other / med['eccl']:.2f}x")
 
 

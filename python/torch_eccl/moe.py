@@ -57,6 +57,11 @@ class Handle:
         self.topk: int = plan.topk
         self.epoch: int = plan.epoch
 
+    def stats(self) -> dict:
+        """Rows this dispatch sent to and received from other ranks, and kept
+        here (routed to a local replica, never sent)."""
+        return dict(self._plan.stats())
+
     def __repr__(self) -> str:
         return (f"moe.Handle(local_experts={self.local_experts}, expert_rows={self.expert_rows}, "
                 f"tokens={self.tokens}, topk={self.topk}, epoch={self.epoch})")

@@ -286,6 +286,24 @@ ecclResult_t ecclMoeDispatchAlong(ecclMoePlan_t plan, const void* rows, int perC
   });
 }
 
+ecclResult_t ecclMoePlanGetStats(ecclMoePlan_t plan, ecclMoePlanStats_t* stats) {
+  return guarded(nullptr, "ecclMoePlanGetStats", [&] {
+    if (!plan || !stats) fail(ecclInvalidArgument, "ecclMoePlanGetStats: NULL argument");
+    auto fill = [stats](const eccl::moe::DispatchPlan& d) {
+      stats->rowsKept = d.rowsKept();
+      stats->rowsSent = d.rowsSent() - stats->rowsKept;
+      stats->rowsReceived = d.rowsReceived() - stats->rowsKept;
+    };
+    if (plan->device) {
+      DeviceDispatch& state = *plan->device;
+      eccl::MutexLock lock(state.mu);
+      fill(state.ready("ecclMoePlanGetStats"));
+    } else {
+      fill(*plan->impl);
+    }
+  });
+}
+
 ecclResult_t ecclMoePlanDestroy(ecclMoePlan_t plan) {
   return guarded(nullptr, "ecclMoePlanDestroy", [&] { delete plan; });
 }

@@ -38,6 +38,8 @@ class DispatchPlan {
   const std::vector<int64_t>& expertRows() const { return layout_.expertRows; }
   const std::vector<int64_t>& expertOffsets() const { return layout_.expertOffset; }
   int64_t rowsSent() const { return permute_.sendRows; }
+  // Rows this rank keeps for its own replicas (in rowsSent and rowsReceived).
+  int64_t rowsKept() const { return schedule_.recvFromRank.empty() ? 0 : schedule_.recvFromRank[schedule_.rank]; }
   int64_t rowsReceived() const { return layout_.recvRows; }
   int64_t tokens() const { return tokens_; }
   int epoch() const { return epoch_; }

@@ -119,6 +119,7 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("tokens", &torch_eccl::MoePlan::tokens)
       .def_property_readonly("topk", &torch_eccl::MoePlan::topk)
       .def_property_readonly("epoch", &torch_eccl::MoePlan::epoch)
+      .def("stats", &torch_eccl::MoePlan::stats)
       .def("combine", &torch_eccl::MoePlan::combine, release, py::arg("expert_output"), py::arg("weights"))
       .def("dispatch_along", &torch_eccl::MoePlan::dispatchAlong, release, py::arg("rows"), py::arg("per_choice"));
   py::class_<ProcessGroupEccl, c10d::Backend, c10::intrusive_ptr<ProcessGroupEccl>>(m, "ProcessGroupEccl")

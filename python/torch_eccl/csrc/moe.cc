@@ -72,9 +72,9 @@ std::shared_ptr<MoePlan> ProcessGroupEccl::moeDispatch(const at::Tensor& x, cons
            p->tokens_ = tokens, p->topk_ = k, p->hidden_ = hidden;
            p->dtype_ = x.scalar_type();
            p->device_ = x.device();
-           // The plan's rows are copied out, so the tensors outlive it.
-           p->rows_ = p->rowsTotal_ == 0 ? at::empty({0, hidden}, x.options())
-                                         : at::from_blob(rows, {p->rowsTotal_, hidden}, x.options()).clone();
+           p->rows_ = p->rowsTotal_ == 0
+                          ? at::empty({0, hidden}, x.options())
+                          : at::from_blob(rows, {p->rowsTotal_, hidden}, [owner = p->owned_](void*) {}, x.options());
            ecclCommStats_t s{};
            s.size = sizeof(s);
            check(ecclCommGetStats(comm_, &s), "moe dispatch");
@@ -84,8 +84,10 @@ std::shared_ptr<MoePlan> ProcessGroupEccl::moeDispatch(const at::Tensor& x, cons
   return out;
 }
 
-MoePlan::~MoePlan() {
-  if (plan_) ecclMoePlanDestroy(plan_);
+std::map<std::string, int64_t> MoePlan::stats() const {
+  ecclMoePlanStats_t s{};
+  TORCH_CHECK(ecclMoePlanGetStats(plan_, &s) == ecclSuccess, "eccl moe stats: ", ecclGetLastError(nullptr));
+  return {{"rows_sent", s.rowsSent}, {"rows_received", s.rowsReceived}, {"rows_kept", s.rowsKept}};
 }
 
 void MoePlan::checkRows(const at::Tensor& t, int64_t rows, const char* op, const char* what) const {

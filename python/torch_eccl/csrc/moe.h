@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -19,8 +20,8 @@ namespace torch_eccl {
 
 class MoePlan {
  public:
-  MoePlan(c10::intrusive_ptr<ProcessGroupEccl> pg, ecclMoePlan_t plan) : pg_(std::move(pg)), plan_(plan) {}
-  ~MoePlan();
+  MoePlan(c10::intrusive_ptr<ProcessGroupEccl> pg, ecclMoePlan_t plan)
+      : pg_(std::move(pg)), owned_(plan, ecclMoePlanDestroy), plan_(plan) {}
   MoePlan(const MoePlan&) = delete;
   MoePlan& operator=(const MoePlan&) = delete;
 
@@ -37,12 +38,17 @@ class MoePlan {
   int64_t tokens() const { return tokens_; }
   int64_t topk() const { return topk_; }
   int64_t epoch() const { return epoch_; }
+  // rows_sent, rows_received (to and from other ranks), rows_kept (local first).
+  std::map<std::string, int64_t> stats() const;
 
  private:
   friend class ProcessGroupEccl;
   void checkRows(const at::Tensor& t, int64_t rows, const char* op, const char* what) const;
 
   c10::intrusive_ptr<ProcessGroupEccl> pg_;
+  // The plan lives as long as this object or the rows tensor, which
+  // aliases the plan's rows (no copy).
+  std::shared_ptr<ecclMoePlan> owned_;
   ecclMoePlan_t plan_;
   at::Tensor rows_;
   std::vector<int64_t> localExperts_, expertRows_;
