@@ -18,6 +18,10 @@ export ECCL_TRANSPORT=ib ECCL_SOCKET_IFNAME=lo ECCL_TEST_LARGEST_COUNT=$((2 << 2
 # (CI run 19: a rank of the 4-rank collective suite was declared hung):
 # tests that time a stop set their own.
 export ECCL_HEARTBEAT_TIMEOUT_MS=10000
+# Tests whose short deadlines also cover connecting stretch them this much
+# (CI: signature_test's 1.5 s reduce-root case timed out connecting 5 ranks
+# while the host's cores were busy, in its retry too).
+export ECCL_TEST_TIMEOUT_SCALE=6
 failed=()
 retried=()
 logs=$(mktemp -d)

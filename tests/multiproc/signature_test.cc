@@ -103,7 +103,11 @@ TEST_P(Signatures, EveryRankGetsInvalidUsageNamingBothCalls) {
   const int n = std::get<0>(GetParam());
   const Case& c = cases()[std::get<1>(GetParam())];
   setenv("ECCL_SOCKET_IFNAME", "lo", 1);
-  setenv("ECCL_TIMEOUT_MS", c.timeoutMs, 1);
+  // The deadline also covers connecting, which the VM's emulated CPUs on a
+  // loaded host can make slower than a short one (CI: ReduceRoot at 5
+  // ranks timed out connecting under TCG beside a busy host).
+  const std::string timeoutMs = std::to_string(std::atoll(c.timeoutMs) * timeScale());
+  setenv("ECCL_TIMEOUT_MS", timeoutMs.c_str(), 1);
   ProcessGroup group(n, [&](int rank, int nranks, const ecclUniqueId& id) {
     ecclComm_t comm;
     RANK_OK(ecclCommInitRank(&comm, nranks, id, rank), nullptr);
@@ -132,10 +136,11 @@ TEST_P(Signatures, EveryRankGetsInvalidUsageNamingBothCalls) {
     RANK_CHECK(r == ecclInvalidUsage, std::string("recover gave ") + ecclGetErrorString(r));
     RANK_OK(ecclCommDestroy(comm), nullptr);
   });
-  auto outcomes = group.wait(std::chrono::seconds(60));
+  auto outcomes = group.wait(std::chrono::seconds(60 * timeScale()));
   unsetenv("ECCL_TIMEOUT_MS");
   EXPECT_TRUE(allSucceeded(outcomes)) << describe(outcomes);
-  for (const auto& o : outcomes) EXPECT_LT(o.seconds, 15.0) << "a rank waited for a deadline\n" << describe(outcomes);
+  for (const auto& o : outcomes)
+    EXPECT_LT(o.seconds, 15.0 * timeScale()) << "a rank waited for a deadline\n" << describe(outcomes);
 }
 
 // With the check off (ECCL_CHECK_CALLS=0) nothing is compared: a
