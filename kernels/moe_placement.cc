@@ -78,6 +78,40 @@ std::vector<int> allocateReplicas(const std::vector<double>& load, int nodes, in
   return replicas;
 }
 
+namespace {
+
+// Where the groups filled every other node, a late group's replicas can
+// land on one node together although other nodes lack that expert (16
+// experts x 3 on 4 nodes x 12 slots put experts 12-15 on one node only).
+// A replica sharing its node with another of its expert is swapped with a
+// replica on a node lacking that expert, of an expert the first node lacks:
+// each swap puts one more expert on one more node and takes none off, so
+// it ends, and every expert sits on min(replicas, nodes) nodes when the
+// slots allow it.
+void spreadDuplicates(Placement& p) {
+  auto holds = [&](int node, int e) { return std::count(p[node].begin(), p[node].end(), e) > 0; };
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (size_t n = 0; n < p.size() && !changed; ++n)
+      for (size_t s = 0; s < p[n].size() && !changed; ++s) {
+        const int e = p[n][s];
+        if (std::count(p[n].begin(), p[n].end(), e) < 2) continue;
+        for (size_t m = 0; m < p.size() && !changed; ++m) {
+          if (m == n || holds(static_cast<int>(m), e)) continue;
+          for (size_t t = 0; t < p[m].size(); ++t) {
+            const int f = p[m][t];
+            if (holds(static_cast<int>(n), f)) continue;
+            std::swap(p[n][s], p[m][t]);
+            changed = true;
+            break;
+          }
+        }
+      }
+  }
+}
+
+}  // namespace
+
 Placement placeMaxOverlap(const std::vector<int>& replicas, int nodes, int slotsPerNode) {
   checkShape(nodes, slotsPerNode, replicas);
   const int E = static_cast<int>(replicas.size());
@@ -109,6 +143,7 @@ Placement placeMaxOverlap(const std::vector<int>& replicas, int nodes, int slots
       int node = roomiest(freeSlots, p, order[k]);
       p[node].push_back(order[k]), --freeSlots[node];
     }
+  spreadDuplicates(p);
   return p;
 }
 

@@ -56,3 +56,14 @@ def test_a_migration_copies_only_what_the_survivors_lack():
             n.remove(gone)
     with pytest.raises(ValueError, match=f"expert {gone}"):
         moe.plan_migration(lost, [1], after, 16)
+
+
+def test_every_expert_sits_on_as_many_nodes_as_its_replicas():
+    # 16 experts x 3 on 4 nodes x 12 slots: the groups once left experts
+    # 12-15 three times on one node (the example's first placement; a soak
+    # run that killed that rank lost expert 12).
+    reps = moe.allocate_replicas([1.0] * 16, 4, 12, 2)
+    placement = moe.place(reps, 4, 12)
+    for e, r in enumerate(reps):
+        assert sum(e in node for node in placement) == min(r, 4), (e, placement)
+    assert moe.recovery_probability(placement, 16, 1)["probability"] == 1.0
