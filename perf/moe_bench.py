@@ -122,7 +122,6 @@ def a2a_layer(x, ids, w, experts, dest_of_choice, group):
     expert_of = torch.empty(sum(recv_splits), dtype=torch.long)
     dist.all_to_all_single(expert_of, send_experts, recv_splits, splits, group=group)
     recv = dnn.all_to_all_single(torch.empty(sum(recv_splits), x.shape[1]), send, recv_splits, splits, group=group)
-    out = torch.empty_like(recv)
     pieces = []
     for e in expert_of.unique().tolist():
         rows = (expert_of == e).nonzero().flatten()

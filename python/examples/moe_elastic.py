@@ -111,11 +111,9 @@ class Trainer:
         self.prev = None
         self.rebalanced_at = 0
         self.shrunk = False
+        self.prev_candidate = None
 
     # --- state -------------------------------------------------------
-    def expert_state(self, e):
-        return self.experts[e]
-
     def expert_template(self, e):
         p = expert_init(e)
         return [torch.empty_like(t) for _ in range(3) for t in p]
