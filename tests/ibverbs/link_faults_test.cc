@@ -124,11 +124,17 @@ TEST_F(LinkFaults, PacketLossIsHiddenByRetransmissionAndEveryByteArrives) {
 TEST_F(LinkFaults, ALinkThatGoesDownFailsTheOpsNamingThePeer) {
   NEEDS_RDMA_PAIR();
   setenv("ECCL_TIMEOUT_MS", "60000", 1);
-  ProcessGroup group(2, [](int rank, int n, const ecclUniqueId& id) {
+  ReadyFiles ready;
+  const std::string dir = ready.dir;
+  ProcessGroup group(2, [dir](int rank, int n, const ecclUniqueId& id) {
     useOwnDevice(rank);
     ecclComm_t comm;
     RANK_OK(ecclCommInitRank(&comm, n, id, rank), nullptr);
     std::vector<float> v(1 << 16, 1.0f);
+    // The queue pairs exist once the first allreduce is done: the link must
+    // fail under running ops, not under their connecting.
+    RANK_OK(ecclAllReduce(v.data(), v.data(), v.size(), ecclFloat32, ecclSum, comm, nullptr), comm);
+    ReadyFiles::mark(dir, rank);
     auto start = std::chrono::steady_clock::now();
     ecclResult_t r = ecclSuccess;
     while ((r = ecclAllReduce(v.data(), v.data(), v.size(), ecclFloat32, ecclSum, comm, nullptr)) == ecclSuccess)
@@ -144,10 +150,12 @@ TEST_F(LinkFaults, ALinkThatGoesDownFailsTheOpsNamingThePeer) {
                "the failure took as long as a deadline: " + why);
     ecclCommAbort(comm);
   });
-  std::this_thread::sleep_for(std::chrono::seconds(3));  // both ranks are in their allreduces
+  const bool running = ready.waitAll(2, std::chrono::seconds(120));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // both are inside an allreduce
   shell("ip link set " + std::string(env("ECCL_RDMA_VM_NETDEV2")) + " down");
   auto outcomes = group.wait(std::chrono::seconds(90));
   unsetenv("ECCL_TIMEOUT_MS");
+  ASSERT_TRUE(running) << "the ranks did not both finish a first allreduce\n" << describe(outcomes);
   EXPECT_TRUE(allSucceeded(outcomes)) << describe(outcomes);
 }
 

@@ -28,9 +28,11 @@ class ElasticTest : public ::testing::Test {
  protected:
   void SetUp() override {
     setenv("ECCL_SOCKET_IFNAME", "lo", 1);
-    setenv("ECCL_TIMEOUT_MS", "15000", 1);
+    // Stretched in the Soft-RoCE VM (CI: connecting a lane on emulated
+    // CPUs of a loaded host ran past 15 s, and so did its retry).
+    setenv("ECCL_TIMEOUT_MS", std::to_string(15000 * timeScale()).c_str(), 1);
     setenv("ECCL_HEARTBEAT_MS", "100", 1);
-    setenv("ECCL_HEARTBEAT_TIMEOUT_MS", "3000", 1);
+    setenv("ECCL_HEARTBEAT_TIMEOUT_MS", std::to_string(3000 * timeScale()).c_str(), 1);
     setenv("ECCL_NSOCKS_PERPEER", std::to_string(kElasticLanes).c_str(), 1);
   }
   void TearDown() override {
