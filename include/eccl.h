@@ -464,7 +464,11 @@ typedef struct {
                               ECCL_SNAPSHOT_INFLIGHT_BYTES (default 8 MiB) */
 } ecclSnapshotConfig_t;
 /* Collective over the view (config NULL: the defaults); a replacement that
- * came as a standby calls it once promoted, before ecclSnapshotRestore. */
+ * came as a standby calls it once promoted, before ecclSnapshotRestore.
+ * Called again after the view shrank (a recovery with no standby), it
+ * starts the snapshots over on the survivors: every copy, own and held,
+ * is dropped (read a departed rank's shards with ecclSnapshotGetHeld
+ * first) and nothing is committed until the next version. */
 ecclResult_t ecclSnapshotConfigure(ecclComm_t comm, const ecclSnapshotConfig_t* config);
 /* Copies `bytes` of buff into `version` (newer than any before it). A
  * version stays open for puts until this rank commits it. */
@@ -488,6 +492,22 @@ ecclResult_t ecclSnapshotList(ecclComm_t comm, ecclSnapshotEntry_t* entries, int
 /* Copies this rank's committed copy of `name` into buff (host or device
  * memory of exactly its size); *version (may be NULL) gets its version. */
 ecclResult_t ecclSnapshotGet(ecclComm_t comm, const char* name, void* buff, size_t bytes, int64_t* version);
+/* The replicas this rank holds of other ranks' shards, each name's latest
+ * committed copy. `owner` is a rank of the view the snapshots were last
+ * configured or restored in: after a shrink, until ecclSnapshotConfigure
+ * starts them over, that is the view the departed ranks were in. */
+typedef struct {
+  int owner;
+  char name[ECCL_SNAPSHOT_NAME_BYTES];
+  int64_t version;
+  size_t bytes;
+} ecclSnapshotHeldEntry_t;
+ecclResult_t ecclSnapshotListHeld(ecclComm_t comm, ecclSnapshotHeldEntry_t* entries, int capacity, int* count);
+/* Copies the replica this rank holds of `owner`'s `name` into buff (host or
+ * device memory of exactly its size). Local: it works after the view
+ * changed, which is when a survivor takes over a departed rank's state. */
+ecclResult_t ecclSnapshotGetHeld(ecclComm_t comm, int owner, const char* name, void* buff, size_t bytes,
+                                 int64_t* version);
 /* Collective over the view after it changed (ecclCommRecover, a
  * replacement promoted): the ranks agree on the newest committed version
  * (*version), a replacement fetches its rank's shards from the survivors'

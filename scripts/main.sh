@@ -59,17 +59,26 @@ part ddp_rank_killed "DDP on eccl under eccl-run: 4 ranks and a standby, rank 2 
 part torchft "3 replica groups under torchft_lighthouse, replica 1 killed mid-allreduce and restarted" "^\[driver\]|^torchft_train|giving up" \
   env ECCL_BUILD_DIR=$PWD/build .venv/bin/python python/examples/torchft_train.py --pg eccl --replicas 3 \
   --steps 160 --kill 1:20 --out build/torchft_train
+# moe_run [ECCL-RUN ARGS...] [-- EXAMPLE ARGS...]
 moe_run() {
-  env ECCL_SOCKET_IFNAME=lo build/bootstrap/eccl-run -np 4 "$@" --timeout 300 .venv/bin/python \
-    python/examples/moe_elastic.py --steps 60 --out "$logs/moe_${name_of_run}.json"
+  local launcher=()
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do launcher+=("$1"); shift; done
+  [ $# -gt 0 ] && shift
+  env ECCL_SOCKET_IFNAME=lo build/bootstrap/eccl-run -np 4 "${launcher[@]}" --timeout 300 .venv/bin/python \
+    python/examples/moe_elastic.py --steps 60 --out "$logs/moe_${name_of_run}.json" "$@"
 }
-moe_filter="failed:|recovered|joined|re-placed|first step after|done after|eccl-run"
+moe_filter="failed:|recovered|joined|re-placed|restored from|first step after|done after|eccl-run"
 name_of_run=base part moe_failure_free "MoE LM on eccl's dispatcher, 4 ranks, failure-free" "$moe_filter" moe_run
 name_of_run=standby part moe_standby "MoE: rank 2 killed, a standby takes its rank" "$moe_filter" \
   moe_run --standby 1 --kill-when "2:step 30"
 name_of_run=shrink part moe_shrink "MoE: rank 2 killed, no standby: shrink to 3, re-place, train on" "$moe_filter" \
   moe_run --kill-when "2:step 30"
-part moe_compare "MoE: the standby run bit-equal, the shrunk run's loss beside the failure-free one" "" \
+# One replica of the cold experts, no re-placement from the load: rank 3
+# holds the only replicas of experts 0 and 1, which come back from the
+# snapshot copies rank 0 holds.
+name_of_run=lost part moe_lost "MoE: rank 3 killed with the only replicas of two experts: back from the snapshot" \
+  "$moe_filter" moe_run --kill-when "3:step 30" -- --min-replicas 1 --rebalance 0
+part moe_compare "MoE: the standby run bit-equal, the shrunk runs' losses beside the failure-free one" "" \
   .venv/bin/python python/examples/moe_elastic.py --compare "$logs/moe_base.json" "$logs/moe_standby.json" \
-  "$logs/moe_shrink.json"
+  "$logs/moe_shrink.json" "$logs/moe_lost.json"
 echo "main: every part passed (logs in $logs)"

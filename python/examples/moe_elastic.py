@@ -19,9 +19,17 @@ When a collective fails the survivors call recover("replace_or_shrink"):
   ranks that remain, copy the experts (weights and Adam state) each now
   needs from a surviving replica, and train on with every rank busy.
 
+Every step each rank also puts its experts into a peer-memory snapshot
+(torch_eccl.snapshot, replicated to the next rank in the background). An
+expert whose every replica died (--min-replicas 1 lets the planner leave
+cold experts with one) comes back from the copy a survivor holds, as of
+the last committed snapshot, and the snapshots start over on the
+survivors.
+
     eccl-run -np 4 python moe_elastic.py --out base.json
     eccl-run -np 4 --standby 1 --kill-when "2:step 30" python moe_elastic.py --out standby.json
     eccl-run -np 4 --kill-when "2:step 30" python moe_elastic.py --out shrink.json
+    eccl-run -np 4 --kill-when "1:step 30" python moe_elastic.py --min-replicas 1 --out lost.json
     python moe_elastic.py --compare base.json standby.json shrink.json
 """
 
@@ -40,18 +48,20 @@ import torch.nn.functional as F
 
 import torch_eccl
 import torch_eccl.moe as moe
+import torch_eccl.snapshot as snapshot
 
 VOCAB, D, HEADS, SEQ, BATCH, LAYERS = 64, 32, 4, 16, 8, 2
 EXPERTS, TOPK, SLOTS, MIN_REPLICAS = 16, 2, 12, 2
 LR, BETAS, EPS = 3e-3, (0.9, 0.99), 1e-8
 
 
-def configure(experts: int) -> None:
-    """Experts per layer; the slots per rank grow with them so that three
-    ranks still hold MIN_REPLICAS of each after a shrink from four."""
-    global EXPERTS, SLOTS
-    EXPERTS = experts
-    SLOTS = max(12, -(-experts * MIN_REPLICAS // 3) + 1)
+def configure(experts: int, min_replicas: int) -> None:
+    """Experts per layer and the fewest replicas each; the slots per rank
+    grow with them so that three ranks still hold MIN_REPLICAS of each
+    after a shrink from four."""
+    global EXPERTS, SLOTS, MIN_REPLICAS
+    EXPERTS, MIN_REPLICAS = experts, min_replicas
+    SLOTS = max(12 if min_replicas > 1 else 0, -(-experts * MIN_REPLICAS // 3) + 1)
 
 
 class Dense(torch.nn.Module):
@@ -112,6 +122,49 @@ class Trainer:
         self.rebalanced_at = 0
         self.shrunk = False
         self.prev_candidate = None
+        self.snapshots = False  # configured on the current view
+        self.snapshot_base = 0  # versions: the view's epoch in the high digits, the step below
+
+    # --- peer-memory snapshots of the experts ----------------------------
+    def start_snapshots(self, how: str):
+        """`first`: a fresh view; `over`: the view shrank (every copy is
+        dropped: read what is needed first); `restore`: a standby took a
+        rank (it configures, then everyone restores)."""
+        world = dist.get_world_size()
+        if how in ("first", "over") or not self.snapshots:
+            snapshot.configure(replicas=min(1, world - 1))
+        if how == "restore":
+            snapshot.restore()
+        self.snapshots = True
+        self.snapshot_base = int(torch_eccl.stats()["epoch"]) * 1_000_000
+
+    def put_snapshot(self):
+        version = self.snapshot_base + self.step
+        for e, ts in self.experts.items():
+            snapshot.put(version, f"expert{e}", torch.cat([t.reshape(-1) for t in ts]))
+        snapshot.commit(version)
+
+    def held_snapshots(self) -> dict[int, tuple[int, int]]:
+        """Expert -> (owner, version) of the copies this rank holds of other
+        ranks' experts (owners numbered as in the snapshots' view)."""
+        if not self.snapshots:
+            return {}
+        out = {}
+        for (owner, name), version in snapshot.held().items():
+            e = int(name[len("expert"):])
+            if e not in out or version > out[e][1]:
+                out[e] = (owner, version)
+        return out
+
+    def expert_from_snapshot(self, e, owner):
+        ts = self.expert_template(e)
+        flat = torch.empty(sum(t.numel() for t in ts))
+        version = snapshot.get_held(owner, f"expert{e}", flat)
+        at = 0
+        for t in ts:
+            t.copy_(flat[at:at + t.numel()].view_as(t))
+            at += t.numel()
+        return ts, version
 
     # --- state -------------------------------------------------------
     def expert_template(self, e):
@@ -203,11 +256,16 @@ class Trainer:
         fewer ranks, or one that follows the load) with the experts each
         rank now needs copied from surviving replicas."""
         rank, world = dist.get_rank(), dist.get_world_size()
-        mine = torch.full((2 + SLOTS,), -1, dtype=torch.long)
+        # Who, at which step, holding which experts, and which experts'
+        # snapshot copies (other ranks') this rank holds.
+        mine = torch.full((2 + SLOTS + EXPERTS,), -1, dtype=torch.long)
         mine[0], mine[1] = self.ident, self.step
         held = sorted(self.experts)
         mine[2:2 + len(held)] = torch.tensor(held, dtype=torch.long)
-        every = torch.empty(world, 2 + SLOTS, dtype=torch.long)
+        copies = self.held_snapshots()
+        for e in copies:
+            mine[2 + SLOTS + e] = 1
+        every = torch.empty(world, 2 + SLOTS + EXPERTS, dtype=torch.long)
         dist.all_gather_into_tensor(every, mine)
         steps = every[:, 1].tolist()
         survivors = [r for r in range(world) if steps[r] >= 0]
@@ -222,7 +280,19 @@ class Trainer:
                 dist.broadcast(t, src=src)
         decision = [None]
         if rank == src:
-            current = [[e for e in row[2:].tolist() if e >= 0] for row in every]
+            current = [[e for e in row[2:2 + SLOTS].tolist() if e >= 0] for row in every]
+            # An expert no survivor holds comes back from a snapshot copy:
+            # its holder counts as an owner, and the move goes on from there.
+            from_snapshot = {}
+            alive = {e for row in current for e in row}
+            for e in range(EXPERTS):
+                if e in alive:
+                    continue
+                holders = [r for r in range(world) if every[r, 2 + SLOTS + e] == 1]
+                if holders:
+                    from_snapshot[e] = holders[0]
+                    current[holders[0]].append(e)
+            lost = [e for e in range(EXPERTS) if e not in alive and e not in from_snapshot]
             rebalance = (every_k > 0 and target_step % every_k == 0 and 0 < target_step < last_step
                          and self.rebalanced_at != target_step)
             if rebalance or world != len(self.placement):
@@ -230,13 +300,25 @@ class Trainer:
                 target = moe.place(reps, world, SLOTS)
             else:
                 target = self.placement
-            plan_to_rank, transfers = moe.plan_migration(current, [], target, EXPERTS)
+            plan_to_rank, transfers = moe.plan_migration(current, [], target, EXPERTS) if not lost else ([], [])
             placement = [None] * world
             for p, r in enumerate(plan_to_rank):
                 placement[r] = target[p]
-            decision = [(placement, transfers, target_step, self.losses, rebalance)]
+            if lost:  # every rank stops with the same message
+                placement = f"experts {lost} lost every replica and every snapshot copy"
+            view = "restore" if newcomers else "over" if world != len(self.placement) else None
+            decision = [(placement, transfers, target_step, self.losses, rebalance, from_snapshot, view)]
         dist.broadcast_object_list(decision, src=src)
-        placement, transfers, target_step, losses, rebalance = decision[0]
+        placement, transfers, target_step, losses, rebalance, from_snapshot, view = decision[0]
+        if isinstance(placement, str):
+            raise SystemExit(f"rank {rank}: {placement}")
+        for e, holder in sorted(from_snapshot.items()):
+            if holder == rank:
+                self.experts[e], version = self.expert_from_snapshot(e, copies[e][0])
+                held.append(e)
+                print(f"rank {rank}: expert {e} lost every replica; restored from the snapshot of step "
+                      f"{version % 1_000_000} held for old rank {copies[e][0]} (training is at step {target_step})",
+                      flush=True)
         got = moe.move_experts({e: self.experts[e] for e in held}, transfers, self.expert_template)
         keep = {e: self.experts[e] if e in self.experts else got[e] for e in set(placement[rank])}
         self.experts, self.placement = keep, placement
@@ -244,6 +326,8 @@ class Trainer:
         if rebalance:
             self.load.zero_()
             self.rebalanced_at = target_step
+        if view or not self.snapshots:
+            self.start_snapshots(view or "first")
         return len(transfers) if rebalance else -1
 
 
@@ -266,12 +350,14 @@ def main():
     ap.add_argument("--step-ms", type=float, default=50, help="pause per step, so a kill lands mid-run")
     ap.add_argument("--print-every", type=int, default=10, help="print the loss every N steps")
     ap.add_argument("--experts", type=int, default=EXPERTS, help="experts per MoE layer")
+    ap.add_argument("--min-replicas", type=int, default=MIN_REPLICAS,
+                    help="fewest replicas of an expert (1: a failure can lose one; it comes back from a snapshot)")
     ap.add_argument("--out", help="rank 0 writes the losses and parameter digests here (JSON)")
     ap.add_argument("--compare", nargs="+", help="compare result files: the first is the failure-free run")
     args = ap.parse_args()
     if args.compare:
         return compare(args.compare)
-    configure(args.experts)
+    configure(args.experts, args.min_replicas)
     torch.set_num_threads(1)  # one reduction order in every run
     torch_eccl.init_process_group()
     rank = dist.get_rank()
@@ -284,6 +370,7 @@ def main():
         world = dist.get_world_size()
         reps = moe.allocate_replicas([1.0] * EXPERTS, world, SLOTS, MIN_REPLICAS)
         trainer.fresh_experts(moe.place(reps, world, SLOTS))
+        trainer.start_snapshots("first")
     need_sync, failed_at, recoveries = joined, None, []
     while True:
         try:
@@ -297,6 +384,7 @@ def main():
             trainer.prev_candidate = trainer.copy_state()
             trainer.train_step()
             trainer.prev = trainer.prev_candidate
+            trainer.put_snapshot()
             if failed_at is not None:
                 recoveries.append((time.monotonic() - failed_at) * 1000)
                 print(f"rank {rank}: first step after the failure done {recoveries[-1]:.0f} ms after it was "

@@ -1,8 +1,9 @@
 """The MoE example (python/examples/moe_elastic.py) under eccl-run, 4 ranks:
 failure-free; rank 2 killed with a standby (the final parameters equal the
-failure-free run's bit for bit); rank 2 killed with no standby (the
-survivors shrink to 3, re-place the experts, move what each lacks and
-train to the end with all 16 experts)."""
+failure-free run's bit for bit); rank 3 killed with no standby while it
+holds the only replicas of two experts (the survivors shrink to 3, bring
+those two back from the peer-memory snapshot, re-place the experts, move
+what each lacks and train to the end with all 16 experts)."""
 
 import json
 import os
@@ -35,10 +36,17 @@ def test_moe_training_survives_a_killed_rank_with_and_without_a_standby(tmp_path
     assert re.search(r"\[s0\] rank 2: joined at epoch 2", out), out
     failed = re.findall(r"rank \d: step (\d+) failed: .*rank 2", out)
     assert len(failed) == 3 and min(int(s) for s in failed) >= 10, out
-    rc, out = run((["--kill-when", "2:step 10"], ["--out", str(shrink)]))
+    # No standby, and cold experts with one replica: rank 3 holds the only
+    # ones of experts 0 and 1 (the planner's placement for 16 experts in 4x7
+    # slots); they come back from the snapshot copies rank 0 holds.
+    rc, out = run((["--kill-when", "3:step 10"], ["--out", str(shrink), "--min-replicas", "1", "--rebalance", "0"]))
     assert rc == 0, out
     assert len(re.findall(r"recovered into epoch 2, 3 ranks", out)) == 3, out
     assert len(re.findall(r"done after 24 steps on 3 ranks", out)) == 3, out
+    restored = re.findall(r"rank 0: expert (\d+) lost every replica; restored from the snapshot of step (\d+) held "
+                          r"for old rank 3 \(training is at step (\d+)\)", out)
+    assert sorted(int(e) for e, _, _ in restored) == [0, 1], out
+    assert all(0 <= int(at) - int(v) <= 2 for _, v, at in restored), out
     rc = subprocess.run([sys.executable, EXAMPLE, "--compare", str(base), str(standby), str(shrink)],
                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)
     assert rc.returncode == 0, rc.stdout

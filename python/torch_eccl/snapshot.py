@@ -77,7 +77,9 @@ def _rebuild(obj, fill):
 def configure(replicas: int | None = None, max_in_flight_bytes: int = 0, group: dist.ProcessGroup | None = None):
     """Collective over the group (a replacement calls it once promoted).
     ``replicas``: copies of each rank's state on other ranks (None:
-    ECCL_SNAPSHOT_REPLICAS, default 1)."""
+    ECCL_SNAPSHOT_REPLICAS, default 1). Called again after the group
+    shrank, it starts the snapshots over on the survivors, dropping every
+    copy: read what the departed ranks left with :func:`get_held` first."""
     _backend(group).snapshot_configure(-1 if replicas is None else int(replicas), int(max_in_flight_bytes))
 
 
@@ -95,6 +97,11 @@ def put_state_dict(version: int, state, prefix: str = "state", names=None, group
     for name, t in tensors.items():
         if wanted is None or name in wanted:
             b.snapshot_put(int(version), name, t.detach())
+
+
+def put(version: int, name: str, t: torch.Tensor, group: dist.ProcessGroup | None = None) -> None:
+    """Copies one tensor (CPU or CUDA) into ``version`` under ``name``."""
+    _backend(group).snapshot_put(int(version), str(name), t.detach())
 
 
 def commit(version: int, group: dist.ProcessGroup | None = None) -> None:
@@ -116,6 +123,22 @@ def committed(group: dist.ProcessGroup | None = None) -> int:
 def versions(group: dist.ProcessGroup | None = None) -> dict[str, int]:
     """Every name this rank has and the version its committed copy is from."""
     return {name: version for name, version, _bytes in _backend(group).snapshot_list()}
+
+
+def held(group: dist.ProcessGroup | None = None) -> dict[tuple[int, str], int]:
+    """The copies this rank holds of other ranks' state: ``(owner, name)``
+    to the version each comes from. ``owner`` is a rank of the group as it
+    was when the snapshots were configured or restored: after a shrink,
+    until :func:`configure` starts them over, the departed ranks keep their
+    numbers here."""
+    return {(owner, name): version for owner, name, version, _bytes in _backend(group).snapshot_list_held()}
+
+
+def get_held(owner: int, name: str, out: torch.Tensor, group: dist.ProcessGroup | None = None) -> int:
+    """Copies the held copy of ``owner``'s ``name`` into ``out`` (its size
+    must match) and returns its version. Local: this is how a survivor
+    takes over state whose every other copy died."""
+    return _backend(group).snapshot_get_held(int(owner), str(name), out)
 
 
 def restore(group: dist.ProcessGroup | None = None) -> int:

@@ -40,8 +40,17 @@ ecclResult_t ecclSnapshotConfigure(ecclComm_t comm, const ecclSnapshotConfig_t* 
     settings.replicas = cfg.replicas || cfg.replicasSet ? cfg.replicas : static_cast<int>(params::snapshotReplicas());
     settings.maxInFlightBytes =
         cfg.maxInFlightBytes ? cfg.maxInFlightBytes : static_cast<size_t>(params::snapshotInFlightBytes());
-    if (comm->snapshots) fail(ecclInvalidUsage, "ecclSnapshotConfigure: snapshots are configured already");
+    if (comm->snapshots && !comm->snapshots->viewShrank())
+      fail(ecclInvalidUsage,
+           "ecclSnapshotConfigure: snapshots are configured already (again only after the view shrank; after a "
+           "replacement every rank calls ecclSnapshotRestore)");
     api::afterStreamWork(comm);
+    if (comm->snapshots) {
+      // Starting over on a shrunken view: checked first, so a refused
+      // configure keeps the copies the caller may still read.
+      snapshot::Snapshots::checkConfig(settings, c.size());
+      comm->snapshots.reset();
+    }
     auto created = std::make_unique<snapshot::Snapshots>(c);
     created->configure(settings);
     comm->snapshots = std::move(created);
@@ -102,6 +111,41 @@ ecclResult_t ecclSnapshotGet(ecclComm_t comm, const char* name, void* buff, size
     const bool device = bytes && gpu::isDeviceMemory(buff);
     int64_t v = s.get(n, bytes, [&](const uint8_t* from) {
       if (device) gpu::copyToDevice(buff, from, bytes, "ecclSnapshotGet");
+      else std::memcpy(buff, from, bytes);
+    });
+    if (version) *version = v;
+  });
+}
+
+ecclResult_t ecclSnapshotListHeld(ecclComm_t comm, ecclSnapshotHeldEntry_t* entries, int capacity, int* count) {
+  return api::guarded(comm, "ecclSnapshotListHeld", [&] {
+    if (!count) fail(ecclInvalidArgument, "ecclSnapshotListHeld: count is NULL");
+    if (capacity < 0 || (capacity > 0 && !entries))
+      fail(ecclInvalidArgument, "ecclSnapshotListHeld: capacity={} with entries={}", capacity,
+           static_cast<const void*>(entries));
+    auto all = snapshots(comm, "ecclSnapshotListHeld").listHeld();
+    *count = static_cast<int>(all.size());
+    for (int i = 0; i < capacity && i < *count; ++i) {
+      const auto& held = all[static_cast<size_t>(i)];
+      ecclSnapshotHeldEntry_t& e = entries[i];
+      std::memset(&e, 0, sizeof(e));
+      e.owner = held.owner;
+      std::memcpy(e.name, held.name.data(), held.name.size());
+      e.version = held.entry.version;
+      e.bytes = held.entry.bytes;
+    }
+  });
+}
+
+ecclResult_t ecclSnapshotGetHeld(ecclComm_t comm, int owner, const char* name, void* buff, size_t bytes,
+                                 int64_t* version) {
+  return api::guarded(comm, "ecclSnapshotGetHeld", [&] {
+    auto& s = snapshots(comm, "ecclSnapshotGetHeld");
+    std::string n = nameArg(name, "ecclSnapshotGetHeld");
+    if (!buff && bytes) fail(ecclInvalidArgument, "ecclSnapshotGetHeld: buff is NULL with {} bytes", bytes);
+    const bool device = bytes && gpu::isDeviceMemory(buff);
+    int64_t v = s.getHeld(owner, n, bytes, [&](const uint8_t* from) {
+      if (device) gpu::copyToDevice(buff, from, bytes, "ecclSnapshotGetHeld");
       else std::memcpy(buff, from, bytes);
     });
     if (version) *version = v;

@@ -50,11 +50,7 @@ void Snapshots::configure(const Config& config) {
     MutexLock lock(mu_);
     if (configured_) fail(ecclInvalidUsage, "ecclSnapshotConfigure: snapshots are configured already (once per communicator)");
   }
-  const int size = comm_.size();
-  if (config.replicas < 0 || config.replicas > std::max(0, size - 1))
-    fail(ecclInvalidArgument, "ecclSnapshotConfigure: replicas={} must be in [0, {}] for {} ranks", config.replicas,
-         std::max(0, size - 1), size);
-  if (config.maxInFlightBytes == 0) fail(ecclInvalidArgument, "ecclSnapshotConfigure: maxInFlightBytes is 0");
+  checkConfig(config, comm_.size());
   {
     MutexLock lock(mu_);
     config_ = config;
@@ -75,6 +71,18 @@ void Snapshots::configure(const Config& config) {
     store_.catalog.assign(static_cast<size_t>(size_), {});
   }
   startEngine();
+}
+
+void Snapshots::checkConfig(const Config& config, int size) {
+  if (config.replicas < 0 || config.replicas > std::max(0, size - 1))
+    fail(ecclInvalidArgument, "ecclSnapshotConfigure: replicas={} must be in [0, {}] for {} ranks", config.replicas,
+         std::max(0, size - 1), size);
+  if (config.maxInFlightBytes == 0) fail(ecclInvalidArgument, "ecclSnapshotConfigure: maxInFlightBytes is 0");
+}
+
+bool Snapshots::viewShrank() const {
+  MutexLock lock(mu_);
+  return configured_ && !fresh_ && comm_.currentEpoch() != epoch_ && comm_.size() < size_;
 }
 
 void Snapshots::adoptView(const std::vector<RankInfo>& infos, const char* what) {
@@ -235,6 +243,37 @@ int64_t Snapshots::get(const std::string& name, size_t bytes, const std::functio
   if (!copy.intact())
     fail(ecclSystemError, "ecclSnapshotGet: the host copy of '{}' (version {}) fails its checksum", name,
          copy.entry.version);
+  if (bytes) read(copy.data->data());
+  return copy.entry.version;
+}
+
+std::vector<Snapshots::Held> Snapshots::listHeld() const {
+  MutexLock lock(mu_);
+  std::vector<Held> out;
+  for (const auto& [owner, copies] : store_.heldCommitted)
+    for (const auto& [name, copy] : copies) out.push_back({owner, name, copy.entry});
+  return out;
+}
+
+int64_t Snapshots::getHeld(int owner, const std::string& name, size_t bytes,
+                           const std::function<void(const uint8_t*)>& read) const {
+  Copy copy;  // immutable bytes: checked and read outside the lock
+  {
+    MutexLock lock(mu_);
+    const Copy* found = nullptr;
+    if (auto copies = store_.heldCommitted.find(owner); copies != store_.heldCommitted.end())
+      if (auto it = copies->second.find(name); it != copies->second.end()) found = &it->second;
+    if (!found)
+      fail(ecclInvalidArgument, "ecclSnapshotGetHeld: rank {} holds no committed copy of rank {}'s '{}' (of {} ranks)",
+           rank_, owner, name, size_);
+    copy = *found;
+  }
+  if (copy.entry.bytes != bytes)
+    fail(ecclInvalidArgument, "ecclSnapshotGetHeld: rank {}'s '{}' holds {} bytes, the buffer {}", owner, name,
+         copy.entry.bytes, bytes);
+  if (!copy.intact())
+    fail(ecclSystemError, "ecclSnapshotGetHeld: the copy of rank {}'s '{}' (version {}) fails its checksum", owner,
+         name, copy.entry.version);
   if (bytes) read(copy.data->data());
   return copy.entry.version;
 }

@@ -57,6 +57,21 @@ class Snapshots {
   // Hands this rank's committed copy of `name` (`bytes` long, checked) to
   // `read`; returns the version it comes from.
   int64_t get(const std::string& name, size_t bytes, const std::function<void(const uint8_t*)>& read) const;
+  // The replicas this rank holds (owner: a rank of the snapshots' view,
+  // which a view change leaves in place until restore or a new configure).
+  struct Held {
+    int owner;
+    std::string name;
+    Entry entry;
+  };
+  std::vector<Held> listHeld() const;
+  int64_t getHeld(int owner, const std::string& name, size_t bytes,
+                  const std::function<void(const uint8_t*)>& read) const;
+  // The communicator's view is smaller than the snapshots' (a recovery
+  // shrank it): the snapshots may start over on it (a new configure).
+  bool viewShrank() const;
+  // ecclInvalidArgument unless `config` suits a view of `size` ranks.
+  static void checkConfig(const Config& config, int size);
   // Collective over the current view after a view change: the ranks agree
   // on the newest committed version, a member that came as a standby gets
   // its rank's shards from the survivors, every rank fetches the replicas

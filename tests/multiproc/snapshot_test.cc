@@ -298,6 +298,92 @@ TEST_F(Snapshot, WithEveryReplicaOfAShardGoneRestoreNamesTheLostNames) {
   killAndRestore(4, 1, {2, 3}, false, true);
 }
 
+// No standby: the view shrinks and the departed rank's shards stay only in
+// its holder's memory. The holder reads them there (by the old rank, which
+// the snapshots keep until they start over); a configure that cannot suit
+// the smaller view is refused and keeps them; a good one starts over.
+TEST_F(Snapshot, AfterAShrinkTheHolderReadsTheDepartedRanksShardsAndTheRanksStartOver) {
+  constexpr int n = 4, victim = 1;
+  ProcessGroup group(n, [](int rank, int, const ecclUniqueId& id) {
+    ecclComm_t comm;
+    RANK_OK(ecclCommInitRank(&comm, n, id, rank), nullptr);
+    configure(comm, 1);
+    for (int64_t v = 1; v <= 3; ++v) {
+      putVersion(comm, rank, v);
+      RANK_OK(ecclSnapshotCommit(comm, v), comm);
+    }
+    RANK_OK(ecclSnapshotWait(comm, 3, 30000), comm);
+    RANK_CHECK(ecclSnapshotConfigure(comm, nullptr) == ecclInvalidUsage, "configured twice on one view");
+    float one = 1;
+    ecclResult_t rc = ecclAllReduce(&one, &one, 1, ecclFloat32, ecclSum, comm, nullptr);
+    if (rank == victim) raise(SIGKILL);
+    while (rc == ecclSuccess) rc = ecclAllReduce(&one, &one, 1, ecclFloat32, ecclSum, comm, nullptr);
+    RANK_OK(ecclCommRecover(comm, ecclRecoverShrink), comm);
+    int size = 0;
+    RANK_OK(ecclCommCount(comm, &size), comm);
+    RANK_CHECK(size == n - 1, "the view has " + std::to_string(size) + " ranks");
+
+    std::vector<ecclSnapshotHeldEntry_t> held(2 * kNames);
+    int count = -1;
+    RANK_OK(ecclSnapshotListHeld(comm, held.data(), static_cast<int>(held.size()), &count), comm);
+    // One replica each, on the next rank: rank r holds rank r-1's shards.
+    const int owner = (rank + n - 1) % n;
+    int names = 0;
+    for (int k = 0; k < kNames; ++k) names += denseVersion(k, 3, -1) > 0;
+    RANK_CHECK(count == names, "rank " + std::to_string(rank) + " holds " + std::to_string(count) + " copies, not " +
+                                   std::to_string(names));
+    for (int i = 0; i < count; ++i) RANK_CHECK(held[static_cast<size_t>(i)].owner == owner, "a copy of another rank");
+    for (int k = 0; k < kNames; ++k) {
+      const int64_t from = denseVersion(k, 3, -1);
+      if (from < 0) continue;
+      std::vector<uint8_t> got(bytesOf(owner, k));
+      int64_t version = -1;
+      RANK_OK(ecclSnapshotGetHeld(comm, owner, nameOf(k).c_str(), got.data(), got.size(), &version), comm);
+      RANK_CHECK(version == from && got == contentOf(owner, k, from),
+                 "rank " + std::to_string(owner) + "'s " + nameOf(k) + " differs in its holder's memory");
+    }
+    std::vector<uint8_t> one8(8);
+    RANK_CHECK(ecclSnapshotGetHeld(comm, rank, nameOf(0).c_str(), one8.data(), one8.size(), nullptr) ==
+                   ecclInvalidArgument,
+               "a copy of its own shard was found among the held ones");
+    const std::string why = ecclGetLastError(comm);
+    RANK_CHECK(why.find(nameOf(0)) != std::string::npos && why.find("rank " + std::to_string(rank)) != std::string::npos,
+               why);
+    // Put is refused until the snapshots start over; a configure that does
+    // not suit three ranks changes nothing.
+    RANK_CHECK(ecclSnapshotPut(comm, 4, "x", one8.data(), one8.size()) == ecclInvalidUsage, "put on a stale view");
+    ecclSnapshotConfig_t tooMany{};
+    tooMany.size = sizeof(tooMany);
+    tooMany.replicas = n - 1;
+    RANK_CHECK(ecclSnapshotConfigure(comm, &tooMany) == ecclInvalidArgument, "3 replicas among 3 ranks");
+    RANK_OK(ecclSnapshotListHeld(comm, nullptr, 0, &count), comm);
+    RANK_CHECK(count == names, "a refused configure dropped the held copies");
+
+    int newRank = -1;
+    RANK_OK(ecclCommUserRank(comm, &newRank), comm);
+    configure(comm, 1);
+    int64_t committed = 0;
+    RANK_OK(ecclSnapshotCommitted(comm, &committed), comm);
+    RANK_OK(ecclSnapshotListHeld(comm, nullptr, 0, &count), comm);
+    RANK_CHECK(committed == -1 && count == 0, "started over with version " + std::to_string(committed) + " and " +
+                                                   std::to_string(count) + " held copies");
+    for (int64_t v = 5; v <= 6; ++v) {
+      putVersion(comm, newRank, v);
+      RANK_OK(ecclSnapshotCommit(comm, v), comm);
+    }
+    RANK_OK(ecclSnapshotWait(comm, 6, 30000), comm);
+    RANK_OK(ecclSnapshotListHeld(comm, nullptr, 0, &count), comm);
+    RANK_CHECK(count == 4, "holds " + std::to_string(count) + " copies of versions 5 and 6, not 4");
+    RANK_OK(ecclCommDestroy(comm), comm);
+  });
+  auto outcomes = group.wait(std::chrono::seconds(90));
+  for (int r = 0; r < n; ++r) {
+    const auto& o = outcomes[static_cast<size_t>(r)];
+    if (r == victim) EXPECT_TRUE(!o.exited && o.signal == SIGKILL) << describe(outcomes);
+    else EXPECT_TRUE(o.exited && o.exitCode == 0) << describe(outcomes);
+  }
+}
+
 TEST_F(Snapshot, PersistAndLoadAcrossAWholeJobRestartAndAPersistKilledMidway) {
   char tmpl[] = "/tmp/eccl-snapshots-XXXXXX";
   ASSERT_NE(mkdtemp(tmpl), nullptr);

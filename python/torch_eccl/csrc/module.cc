@@ -172,6 +172,9 @@ PYBIND11_MODULE(_C, m) {
       .def("snapshot_committed", &ProcessGroupEccl::snapshotCommitted, release)
       .def("snapshot_list", &ProcessGroupEccl::snapshotList, release)
       .def("snapshot_get", &ProcessGroupEccl::snapshotGet, release, py::arg("name"), py::arg("tensor"))
+      .def("snapshot_list_held", &ProcessGroupEccl::snapshotListHeld, release)
+      .def("snapshot_get_held", &ProcessGroupEccl::snapshotGetHeld, release, py::arg("owner"), py::arg("name"),
+           py::arg("tensor"))
       .def("snapshot_restore", &ProcessGroupEccl::snapshotRestore, release)
       .def("snapshot_persist", &ProcessGroupEccl::snapshotPersist, release, py::arg("directory"))
       .def("snapshot_persist_wait", &ProcessGroupEccl::snapshotPersistWait, release, py::arg("timeout_ms"))

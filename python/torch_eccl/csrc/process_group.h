@@ -172,6 +172,10 @@ class ProcessGroupEccl : public c10d::Backend {
   int64_t snapshotCommitted();
   std::vector<std::tuple<std::string, int64_t, int64_t>> snapshotList();
   int64_t snapshotGet(const std::string& name, at::Tensor& t);
+  // The copies this rank holds of other ranks' shards: (owner, name,
+  // version, bytes), owner a rank of the snapshots' view.
+  std::vector<std::tuple<int, std::string, int64_t, int64_t>> snapshotListHeld();
+  int64_t snapshotGetHeld(int owner, const std::string& name, at::Tensor& t);
   int64_t snapshotRestore();
   void snapshotPersist(const std::string& directory);
   int64_t snapshotPersistWait(int64_t timeoutMs);

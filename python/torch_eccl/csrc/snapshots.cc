@@ -94,6 +94,31 @@ int64_t ProcessGroupEccl::snapshotGet(const std::string& name, at::Tensor& t) {
   return version;
 }
 
+std::vector<std::tuple<int, std::string, int64_t, int64_t>> ProcessGroupEccl::snapshotListHeld() {
+  std::vector<std::tuple<int, std::string, int64_t, int64_t>> out;
+  runNow("snapshot_list_held", [&] {
+    int count = 0;
+    check(ecclSnapshotListHeld(comm_, nullptr, 0, &count), "snapshot_list_held");
+    std::vector<ecclSnapshotHeldEntry_t> entries(static_cast<size_t>(count));
+    check(ecclSnapshotListHeld(comm_, entries.data(), count, &count), "snapshot_list_held");
+    for (int i = 0; i < count && i < static_cast<int>(entries.size()); ++i)
+      out.emplace_back(entries[i].owner, std::string(entries[i].name, strnlen(entries[i].name, sizeof(entries[i].name))),
+                       entries[i].version, static_cast<int64_t>(entries[i].bytes));
+  });
+  return out;
+}
+
+int64_t ProcessGroupEccl::snapshotGetHeld(int owner, const std::string& name, at::Tensor& t) {
+  checkTensor(t, "snapshot_get_held");
+  int64_t version = -1;
+  runNow("snapshot_get_held", [&] {
+    Flat f(t, false);
+    check(ecclSnapshotGetHeld(comm_, owner, name.c_str(), f.data(), f.bytes(), &version), "snapshot_get_held");
+    f.writeBack();
+  });
+  return version;
+}
+
 int64_t ProcessGroupEccl::snapshotRestore() {
   int64_t version = -1;
   runNow("snapshot_restore", [&] { check(ecclSnapshotRestore(comm_, &version), "snapshot_restore"); });
