@@ -80,33 +80,56 @@ std::vector<int> allocateReplicas(const std::vector<double>& load, int nodes, in
 
 namespace {
 
+// Places one more replica of `e` on a node that lacks it, moving other
+// replicas out of the way if it must: a breadth-first search over nodes,
+// where reaching a full node that lacks the incoming expert means evicting
+// one of its replicas to a node that lacks that one, until a node with a
+// free slot takes the last. Each node is entered once, and each receives an
+// expert it lacked, so every node still holds distinct experts afterwards.
+// An augmenting path of a bipartite b-matching: when none exists, no
+// placement at all gives `e` one more node. Returns whether it placed it.
+bool placeOnNewNode(Placement& p, int e, int slotsPerNode) {
+  const int nodes = static_cast<int>(p.size());
+  std::vector<int> from(nodes, -2), incoming(nodes, -1);  // -2: not reached; -1: a start node
+  std::vector<int> queue;
+  for (int n = 0; n < nodes; ++n)
+    if (!holds(p[n], e)) from[n] = -1, incoming[n] = e, queue.push_back(n);
+  for (size_t head = 0; head < queue.size(); ++head) {
+    const int n = queue[head];
+    if (static_cast<int>(p[n].size()) < slotsPerNode) {
+      p[n].push_back(incoming[n]);
+      for (int at = n; from[at] >= 0; at = from[at])
+        *std::find(p[from[at]].begin(), p[from[at]].end(), incoming[at]) = incoming[from[at]];
+      return true;
+    }
+    for (int f : p[n])
+      for (int m = 0; m < nodes; ++m)
+        if (from[m] == -2 && !holds(p[m], f)) from[m] = n, incoming[m] = f, queue.push_back(m);
+  }
+  return false;
+}
+
 // Where the groups filled every other node, a late group's replicas can
 // land on one node together although other nodes lack that expert (16
 // experts x 3 on 4 nodes x 12 slots put experts 12-15 on one node only).
-// A replica sharing its node with another of its expert is swapped with a
-// replica on a node lacking that expert, of an expert the first node lacks:
-// each swap puts one more expert on one more node and takes none off, so
-// it ends, and every expert sits on min(replicas, nodes) nodes when the
-// slots allow it.
-void spreadDuplicates(Placement& p) {
-  auto holds = [&](int node, int e) { return std::count(p[node].begin(), p[node].end(), e) > 0; };
-  for (bool changed = true; changed;) {
-    changed = false;
-    for (size_t n = 0; n < p.size() && !changed; ++n)
-      for (size_t s = 0; s < p[n].size() && !changed; ++s) {
-        const int e = p[n][s];
-        if (std::count(p[n].begin(), p[n].end(), e) < 2) continue;
-        for (size_t m = 0; m < p.size() && !changed; ++m) {
-          if (m == n || holds(static_cast<int>(m), e)) continue;
-          for (size_t t = 0; t < p[m].size(); ++t) {
-            const int f = p[m][t];
-            if (holds(static_cast<int>(n), f)) continue;
-            std::swap(p[n][s], p[m][t]);
-            changed = true;
-            break;
-          }
-        }
-      }
+// Every second replica of an expert on one node is taken out and placed
+// again on a node that lacks it, others moved aside if needed; only where
+// no placement could (more replicas than nodes) does one double up again.
+void spreadDuplicates(Placement& p, int slotsPerNode) {
+  std::vector<int> waiting;
+  for (auto& node : p) {
+    std::vector<int> kept;
+    for (int e : node) (holds(kept, e) ? waiting : kept).push_back(e);
+    node = std::move(kept);
+  }
+  // The doubled ones last: a replica with no new node to go to now never
+  // gets one later, and its slot must not take one another could use.
+  std::vector<int> doubled;
+  for (int e : waiting)
+    if (!placeOnNewNode(p, e, slotsPerNode)) doubled.push_back(e);
+  for (int e : doubled) {
+    auto roomy = std::find_if(p.begin(), p.end(), [&](const auto& n) { return static_cast<int>(n.size()) < slotsPerNode; });
+    roomy->push_back(e);  // a slot freed above
   }
 }
 
@@ -143,7 +166,7 @@ Placement placeMaxOverlap(const std::vector<int>& replicas, int nodes, int slots
       int node = roomiest(freeSlots, p, order[k]);
       p[node].push_back(order[k]), --freeSlots[node];
     }
-  spreadDuplicates(p);
+  spreadDuplicates(p, slotsPerNode);
   return p;
 }
 

@@ -73,6 +73,32 @@ TEST(MoePlacement, MaxOverlapKeepsTheMinimumReplicasOnDistinctNodes) {
   }
 }
 
+// Over a sweep of shapes and loads, no expert doubles up on a node while
+// a node lacking it exists (the repair moves other replicas aside when a
+// single swap cannot help), and the replica counts and slots still hold.
+TEST(MoePlacement, MaxOverlapNeverDoublesAnExpertUpWhileANodeLacksIt) {
+  int cases = 0;
+  for (int nodes : {2, 3, 4, 5, 8})
+    for (int slots : {2, 3, 4, 6, 7, 12})
+      for (int experts : {3, 4, 8, 16, 24, 64})
+        for (int minReplicas : {1, 2, 3})
+          for (double skew : {0.0, 0.8, 1.2, 2.0}) {
+            if (experts * minReplicas > nodes * slots) continue;
+            auto r = allocateReplicas(zipf(experts, skew), nodes, slots, minReplicas);
+            Placement p = placeMaxOverlap(r, nodes, slots);
+            expectValid(p, r, slots);
+            for (int x = 0; x < experts; ++x) {
+              int on = 0;
+              for (auto& node : p) on += std::count(node.begin(), node.end(), x) > 0;
+              ASSERT_EQ(on, std::min(r[x], nodes))
+                  << nodes << " nodes x " << slots << " slots, " << experts << " experts, min " << minReplicas
+                  << ", skew " << skew << ": expert " << x << " has " << r[x] << " replicas on " << on << " nodes";
+            }
+            ++cases;
+          }
+  EXPECT_GT(cases, 300);
+}
+
 TEST(MoePlacement, MaxOverlapSurvivesAtLeastAsOftenAsTheBaselines) {
   for (int e : {8, 16}) {
     auto r = allocateReplicas(zipf(e, 1.2), 10, 6, 2);
