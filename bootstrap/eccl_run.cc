@@ -53,8 +53,6 @@ struct Child {
   std::string lastErrLine;  // said why, if it failed
   bool exited = false;
   int status = 0;
-  eccl::Clock::time_point spawned;
-  bool seenIdle = false;  // registered as an idle standby at some point
 };
 
 // Writes complete lines with a "[rank] " prefix; keeps partial lines and
@@ -413,7 +411,6 @@ int main(int argc, char** argv) {
     c.pid = pid;
     c.outFd = out[0];
     c.errFd = err[0];
-    c.spawned = eccl::Clock::now();
     children.push_back(std::move(c));
     return true;
   };
@@ -442,13 +439,14 @@ int main(int argc, char** argv) {
       kill(c.pid, f.signal);
     }
     auto idle = idlePids();
-    for (auto& c : children)
-      if (idle.count(static_cast<uint64_t>(c.pid))) c.seenIdle = true;
-    // A standby is available while it is starting or idle; a promoted one
-    // is a rank (fair game for the chaos, and replaced by a refill).
+    // A standby is available until it is in the view (idle, or still
+    // starting however long that takes: a loaded host took over 10 s to
+    // import torch, and a pool that counted those as gone grew by one every
+    // 10 s); a promoted one is a rank (fair game for the chaos, and
+    // replaced by a refill).
+    auto inView = viewPids();
     auto available = [&](const Child& c) {
-      bool starting = !c.seenIdle && eccl::Clock::now() - c.spawned < std::chrono::seconds(10);
-      return c.standby && !c.exited && (idle.count(static_cast<uint64_t>(c.pid)) || starting);
+      return c.standby && !c.exited && !inView.count(static_cast<uint64_t>(c.pid));
     };
     if (refill && !jobEnding && !timedOut) {
       int pool = 0;
@@ -460,7 +458,6 @@ int main(int argc, char** argv) {
     // this one too: faster kills would leave REPLACE waiting for standbys
     // the pool never grows to hold.
     size_t unreplaced = 0;
-    auto inView = viewPids();
     for (auto& c : children) unreplaced += c.injected && inView.count(static_cast<uint64_t>(c.pid));
     bool poolCovers = unreplaced + 1 <= idle.size();
     if (chaosMs > 0 && !jobEnding && !timedOut && chaosKills < chaosMax && eccl::Clock::now() >= nextChaos &&

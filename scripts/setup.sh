@@ -16,7 +16,8 @@ packages=(cmake ninja-build ccache g++ clang pkg-config iproute2 python3 python3
   etcd-server
   # scripts/hardware.sh: the GPU bundle's run paths, and the bare Debian it is proved in
   patchelf debootstrap)
-python_pins=(torch==2.15.0 torchft-nightly==2026.10.26 pytest==9.2.0 numpy==2.4.6 parameterized==0.9.0 expecttest==0.3.0)
+python_pins=(torch==2.15.0 torchft-nightly==2026.10.26 pytest==9.2.0 numpy==2.4.6 parameterized==0.9.0 expecttest==0.3.0
+  matplotlib==3.11.2)
 venv_ok() {
   [ -x .venv/bin/python ] && .venv/bin/python - "${python_pins[@]}" <<'PY' 2>/dev/null
 import sys
