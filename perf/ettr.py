@@ -278,7 +278,7 @@ def main():
         print(f"ettr: {c}: fault-free {b['steps']} steps in {b['wall']:.2f} s ({b['step_s'] * 1000:.1f} ms/step)",
               flush=True)
     ckpt_cost = None
-    if "restart" in contenders:
+    if "restart" in contenders and not args.smoke:
         cal = analyse(run_job("restart", args, "restart-calibration", ckpt_every=5))
         costs = [e["blocking"] for e in run_job_events(args, "restart-calibration") if e["ev"] == "ckpt"]
         ckpt_cost = statistics.median(costs) if costs else 0.05
@@ -291,9 +291,7 @@ def main():
             for c in contenders:  # alternating contenders within each seed
                 t_ff = baselines[c]["step_s"]
                 mtbf_s = mtbf * t_ff if mtbf else None
-                every = young_interval(ckpt_cost, mtbf_s or 15 * t_ff, t_ff) if c == "restart" else 0
-                if args.smoke and c == "restart":
-                    every = 10
+                every = 0 if c != "restart" else 10 if args.smoke else young_interval(ckpt_cost, mtbf_s, t_ff)
                 job = run_job(c, args, f"{c}-mtbf{mtbf or 'smoke'}-seed{seed}", mtbf_s=mtbf_s, seed=seed,
                               at_step=15 if args.smoke else None, ckpt_every=every)
                 r = check(analyse(job, t_ff), baselines[c])
