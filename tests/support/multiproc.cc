@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <exception>
+#include <fstream>
 #include <mutex>
 #include <thread>
 
@@ -95,13 +96,28 @@ ProcessGroup::~ProcessGroup() {
 
 void ProcessGroup::signal(int rank, int sig) { ::kill(pids_[rank], sig); }
 
+namespace {
+
+// Whether `pid` is stopped (SIGSTOP): state 'T' in /proc/<pid>/stat.
+bool stopped(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(stat, line);
+  const size_t paren = line.rfind(')');
+  return paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] == 'T';
+}
+
+}  // namespace
+
 std::vector<RankOutcome> ProcessGroup::wait(std::chrono::milliseconds deadline) {
   waited_ = true;
+  deadline *= timeScale();  // a hang's bound, not a budget: stretched where the CPUs are emulated
   std::vector<RankOutcome> out(pids_.size());
   std::vector<std::string> messages(pids_.size());
   size_t left = pids_.size();
   auto until = std::chrono::steady_clock::now() + deadline;
   std::vector<bool> done(pids_.size(), false);
+  auto stoppedSince = std::chrono::steady_clock::now(), lastLook = stoppedSince;
   auto drain = [&](size_t i) {
     char buf[4096];
     ssize_t n;
@@ -123,7 +139,16 @@ std::vector<RankOutcome> ProcessGroup::wait(std::chrono::milliseconds deadline) 
       drain(i);
     }
     if (left == 0) break;
-    if (std::chrono::steady_clock::now() >= until) {
+    // Only stopped processes left, for 2 s: nobody will wake them (a test's
+    // SIGSTOPped victim), so the stretched deadline need not run out.
+    const auto now = std::chrono::steady_clock::now();
+    if (now - lastLook >= std::chrono::milliseconds(100)) {  // /proc, ten times a second
+      lastLook = now;
+      bool allStopped = true;
+      for (size_t i = 0; i < pids_.size() && allStopped; ++i) allStopped = done[i] || stopped(pids_[i]);
+      if (!allStopped) stoppedSince = now;
+    }
+    if (now >= until || now - stoppedSince >= std::chrono::seconds(2)) {
       for (size_t i = 0; i < pids_.size(); ++i) {
         if (done[i]) continue;
         ::kill(pids_[i], SIGCONT);

@@ -48,6 +48,16 @@ class ProcessGroup {
   bool waited_ = false;
 };
 
+// How much slower than this host the test's processes run
+// (ECCL_TEST_TIMEOUT_SCALE, default 1): the Soft-RoCE VM's emulated CPUs on
+// a loaded host set it, and tests whose short deadlines cover connecting
+// scale them by it.
+inline int timeScale() {
+  const char* v = std::getenv("ECCL_TEST_TIMEOUT_SCALE");
+  const int scale = v ? std::atoi(v) : 1;
+  return scale >= 1 ? scale : 1;
+}
+
 // Each rank leaves a file in a fresh directory once it is running (its
 // first allreduce done, say); a test signals a victim only once every
 // rank's file is there, so a slow start (a loaded host, an emulated CPU)
@@ -65,7 +75,7 @@ struct ReadyFiles {
   }
   // Whether all `n` ranks' files are there before the deadline.
   bool waitAll(int n, std::chrono::seconds deadline) const {
-    auto until = std::chrono::steady_clock::now() + deadline;
+    auto until = std::chrono::steady_clock::now() + deadline * timeScale();
     for (;;) {
       int ready = 0;
       for (int r = 0; r < n; ++r) ready += std::filesystem::exists(dir + "/" + std::to_string(r));
@@ -95,15 +105,6 @@ bool allSucceeded(const std::vector<RankOutcome>& outcomes);
                                ecclGetLastError(comm));                                           \
   } while (0)
 
-// How much slower than this host the test's processes run
-// (ECCL_TEST_TIMEOUT_SCALE, default 1): the Soft-RoCE VM's emulated CPUs on
-// a loaded host set it, and tests whose short deadlines cover connecting
-// scale them by it.
-inline int timeScale() {
-  const char* v = std::getenv("ECCL_TEST_TIMEOUT_SCALE");
-  const int scale = v ? std::atoi(v) : 1;
-  return scale >= 1 ? scale : 1;
-}
 
 inline std::string format() { return {}; }
 inline std::string format(const std::string& s) { return s; }
