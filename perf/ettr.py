@@ -279,8 +279,9 @@ def main():
               flush=True)
     ckpt_cost = None
     if "restart" in contenders and not args.smoke:
-        cal = analyse(run_job("restart", args, "restart-calibration", ckpt_every=5))
-        costs = [e["blocking"] for e in run_job_events(args, "restart-calibration") if e["ev"] == "ckpt"]
+        cal_job = run_job("restart", args, "restart-calibration", ckpt_every=5)
+        cal = analyse(cal_job)
+        costs = [e["blocking"] for e in cal_job["events"] if e["ev"] == "ckpt"]
         ckpt_cost = statistics.median(costs) if costs else 0.05
         print(f"ettr: restart: a checkpoint blocks for {ckpt_cost * 1000:.1f} ms (median of {len(costs)} saves; "
               f"{cal['step_s'] * 1000:.1f} ms/step saving every 5)", flush=True)
@@ -307,10 +308,6 @@ def main():
     for r in bad:
         print(f"ettr: {r['tag']}: {r.get('why')}")
     sys.exit(1 if bad else 0)
-
-
-def run_job_events(args, tag):
-    return read_events(os.path.join(args.out, tag, "events"))
 
 
 def line(r):

@@ -26,9 +26,16 @@ import json
 import os
 import time
 
+import sys
+
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
+
+# The replace path's state sync is the DDP example's (the most advanced
+# rank's parameters and Adam state to every rank).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "examples"))
+from ddp_elastic import sync  # noqa: E402
 
 GLOBAL_BATCH, WIDTH, HIDDEN = 64, 256, 1024
 
@@ -50,14 +57,6 @@ def build():
     for p in model.parameters():  # Adam's state made now, so a peer's can be received into it
         opt.state[p] = {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(p), "exp_avg_sq": torch.zeros_like(p)}
     return model, opt
-
-
-def state_tensors(model, opt):
-    out = [p.data for p in model.parameters()]
-    for p in model.parameters():
-        s = opt.state[p]
-        out += [s["step"], s["exp_avg"], s["exp_avg_sq"]]
-    return out
 
 
 def wrap(model):
@@ -91,19 +90,6 @@ def train_step(ddp, opt, step: int) -> float:
     loss.backward()
     opt.step()
     return loss.item() / world
-
-
-def sync(model, opt, step: int) -> int:
-    """Every rank takes the state of the lowest rank among the most advanced
-    (after a failure some survivors finished the step others failed in; a
-    newcomer brings step -1)."""
-    best = torch.tensor([step])
-    dist.all_reduce(best, op=dist.ReduceOp.MAX)
-    src = torch.tensor([dist.get_rank() if step == best.item() else dist.get_world_size()])
-    dist.all_reduce(src, op=dist.ReduceOp.MIN)
-    for t in state_tensors(model, opt):
-        dist.broadcast(t, src=int(src.item()))
-    return int(best.item())
 
 
 # --- checkpoint-restart (torchrun, Gloo, torch.distributed.checkpoint) -----
