@@ -98,8 +98,11 @@ void LaneDevice::addPeer(MemberId member, const std::string& address, const std:
     }
   }
   // A candidate's failure was nobody's (an eager standby's warm-up dial that
-  // did not get through): once the view names it, it gets a fresh start.
-  if (role == PeerRole::kViewMember && p.state == Peer::State::kFailed && candidateFailed_.erase(member)) {
+  // did not get through): once the view names it, it gets a fresh start,
+  // unless the coordinator had said it failed (a member that died right
+  // after its switchover vote, seen first while it was a candidate here).
+  if (role == PeerRole::kViewMember && p.state == Peer::State::kFailed && candidateFailed_.erase(member) &&
+      !judgedFailed_.count(member)) {
     for (auto& lane : p.lanes) closeLaneLocked(*lane), lane->opened = false, lane->saidGoodbye = false;
     p.state = Peer::State::kIdle;
     p.backend = nullptr;

@@ -142,6 +142,16 @@ bool LaneDevice::writeQueuedLocked(Lane& lane) {
       // up after another member failed has usually told us which one, and
       // that member, not this peer, is what every rank must name.
       if (!lane.reading) readLocked(lane);
+      if (lane.conduit && lane.saidGoodbye) {
+        // It closed this lane in order (it left, or switched over to a
+        // view without this member): what we still had for it is not
+        // wanted, and nobody failed.
+        failLaneSendsLocked(lane, ecclRemoteError,
+                            fmt::format("peer {} closed lane {} in order", labelLocked(lane.key.remote), lane.key.lane));
+        closeLaneLocked(lane);
+        markLeftLocked(peers_[lane.key.remote]);
+        return false;
+      }
       if (lane.conduit)
         failPeerLocked(lane.key.remote, ecclRemoteError,
                        fmt::format("peer {}: send on lane {} failed: {}", labelLocked(lane.key.remote),

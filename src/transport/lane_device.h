@@ -323,6 +323,9 @@ class LaneDevice final : public Device {
     // fails a rank while this process is still entering that view): it is
     // kept and applied when the member is added.
     if (!peers_.count(member)) failedBeforeKnown_[member] = {code, reason, neededFrom};
+    // A verdict from outside the device is final, even on a candidate: a
+    // view that names the member later must not give it a fresh start.
+    judgedFailed_.insert(member);
     // What the member sent before it died is read first: a survivor that
     // reported another's failure and then exited often raced its own
     // notice, and the notice names the real culprit.
@@ -533,6 +536,7 @@ class LaneDevice final : public Device {
   };
   std::map<MemberId, EarlyFailure> failedBeforeKnown_ ECCL_GUARDED_BY(mu_);
   std::set<MemberId> candidateFailed_ ECCL_GUARDED_BY(mu_);  // failed while only a candidate
+  std::set<MemberId> judgedFailed_ ECCL_GUARDED_BY(mu_);     // failed by failPeer: never a fresh start
   struct Parked {
     MemberId from;
     uint32_t lane;

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <set>
 #include <thread>
 #include <vector>
@@ -31,6 +32,18 @@ bool everyoneReady(ecclComm_t comm) {
   return ready == 1;
 }
 
+// Polls everyoneReady (running `eachStep` between polls) until it is true,
+// for at most 20 s scaled: bounded by time, not by a count of polls, since
+// a loaded host makes each poll quick and the preparation slow.
+void awaitEveryoneReady(ecclComm_t comm, const std::function<void(int)>& eachStep = {}) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20) * timeScale();
+  for (int step = 0; !everyoneReady(comm); ++step) {
+    RANK_CHECK(std::chrono::steady_clock::now() < until, "the preparation was not READY on every rank within 20 s");
+    if (eachStep) eachStep(step);
+    else std::this_thread::sleep_for(std::chrono::microseconds(500));
+  }
+}
+
 // A rank of the current view: joins, checks an allreduce, waits for the
 // standbys to register, has rank 0 prepare the migration of `leaver` and
 // runs until every rank sees it READY (all at the same boundary).
@@ -39,7 +52,7 @@ void joinAndPrepare(ecclComm_t* comm, int n, const ecclUniqueId& id, int index, 
   checkAllreduce(*comm);
   std::this_thread::sleep_for(std::chrono::milliseconds(standbyWaitMs));
   if (index == 0) RANK_OK(ecclCommPrepare(*comm, leaver), *comm);
-  for (int steps = 0; !everyoneReady(*comm); ++steps) RANK_CHECK(steps < 2000, "never ready");
+  awaitEveryoneReady(*comm);
 }
 
 // Until the eager standby's idle lanes are up next to the lanes to this
@@ -90,11 +103,7 @@ TEST_F(Reconfigure, ExpectedMigrationStreamsStateAndSwitchesOnlyTheDelta) {
       std::vector<uint32_t> state = stateOf(77);
       RANK_OK(ecclMigrationSend(state.data(), state.size(), ecclUint32, comm, nullptr), comm);
     }
-    int steps = 0;
-    for (; !everyoneReady(comm); ++steps) {
-      RANK_CHECK(steps < 2000, "the preparation never became ready");
-      checkAllreduce(comm, steps);  // collectives keep running on the old view
-    }
+    awaitEveryoneReady(comm, [&](int step) { checkAllreduce(comm, step); });  // the old view keeps running
     ecclCommStats_t before = statsOf(comm);
     RANK_OK(ecclCommSwitchover(comm), comm);
     ecclCommStats_t s = statsOf(comm);
@@ -224,7 +233,7 @@ TEST_F(Reconfigure, AMigrationToAnEagerStandbyOpensNoConnection) {
     waitForEagerStandbyLanes(comm, coll::latencyPeers(index, n).size());
     RANK_OK(ecclBarrier(comm), comm);  // everyone's lanes are up before anyone prepares
     if (index == 0) RANK_OK(ecclCommPrepare(comm, leaver), comm);
-    for (int steps = 0; !everyoneReady(comm); ++steps) RANK_CHECK(steps < 2000, "never ready");
+    awaitEveryoneReady(comm);
     RANK_OK(ecclCommSwitchover(comm), comm);
     if (index == leaver) {
       RANK_OK(ecclCommDestroy(comm), comm);
@@ -336,8 +345,9 @@ TEST_F(Reconfigure, AJoinerDyingAtTheSwitchoverAbortsItAndTheOldViewRunsOn) {
     if (index == n) {
       RANK_OK(ecclCommInitStandby(&comm, id, nullptr), nullptr);
       ecclPrepareState_t state = ecclPrepareNone;
-      for (int i = 0; state != ecclPrepareReady; ++i) {
-        RANK_CHECK(i < 5000, "the preparation never became ready");
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20) * timeScale();
+      while (state != ecclPrepareReady) {
+        RANK_CHECK(std::chrono::steady_clock::now() < until, "the preparation was not READY within 20 s");
         RANK_OK(ecclCommPrepareStatus(comm, &state, nullptr), comm);
         std::this_thread::sleep_for(std::chrono::milliseconds(2));
       }

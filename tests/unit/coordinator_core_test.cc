@@ -439,6 +439,53 @@ TEST(CoordinatorVote, MemberFailingDuringTheVoteDoesNotAbortAYes) {
   EXPECT_EQ(failed.back().members, std::vector<uint64_t>{3});  // still failed in the new view
 }
 
+// A member that switched over in band closes its lanes to the leaver, which
+// may take that for its failure: the leaver's report, once the vote is on,
+// fails nobody. A member of the view (or the joiner) reporting it still does.
+TEST(CoordinatorVote, ALeaversReportDuringTheVoteFailsNobody) {
+  Harness h;
+  prepareMigration(h);
+  h.say(2, CoordKind::kSwitchover, 2);
+  CoordMessage report;
+  report.kind = CoordKind::kReport;
+  report.epoch = 1;
+  report.members = {1};
+  report.neededFrom = {0};
+  report.text = "peer rank 0: send on lane 0 failed: Broken pipe";
+  h.say(2, report);
+  EXPECT_EQ(h.sentOfKind(CoordKind::kFailed), 0u);
+  EXPECT_FALSE(h.closedBy(1));
+  h.say(1, CoordKind::kSwitched, 2);
+  EXPECT_EQ(h.core.currentEpoch(), 2u);
+  EXPECT_EQ(h.core.currentView(), (std::vector<uint64_t>{1, 9, 3}));
+  report.epoch = 2;
+  report.members = {3};
+  h.say(9, report);
+  auto failed = h.to(1, CoordKind::kFailed);
+  ASSERT_EQ(failed.size(), 1u);
+  EXPECT_EQ(failed[0].members, std::vector<uint64_t>{3});
+}
+
+// A slow leaver asks about its switchover only after the vote committed and
+// a recovery moved the job on: it hears that it left, not "no such
+// reconfiguration".
+TEST(CoordinatorVote, ALeaverAskingAfterALaterRecoveryHearsItLeft) {
+  Harness h;
+  prepareMigration(h);
+  h.say(1, CoordKind::kSwitched, 2);
+  ASSERT_EQ(h.core.currentEpoch(), 2u);
+  h.closed(3);
+  h.joinStandby(10);
+  for (uint64_t m : {1, 9}) h.say(m, CoordKind::kRecover, 2, static_cast<uint32_t>(RecoverPolicy::kReplace));
+  ASSERT_EQ(h.core.currentEpoch(), 3u);
+  h.clear();
+  h.say(2, CoordKind::kSwitchover, 2);
+  EXPECT_TRUE(h.to(2, CoordKind::kError).empty());
+  auto views = h.to(2, CoordKind::kView);
+  ASSERT_EQ(views.size(), 1u);
+  EXPECT_EQ(views[0].rank, -1);
+}
+
 TEST(CoordinatorVote, EveryoneGivingUpAbortsAndRetiresTheJoiner) {
   Harness h;
   prepareMigration(h);

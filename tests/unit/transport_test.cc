@@ -644,6 +644,30 @@ TEST(TcpDevice, APeerThatLeftInOrderBeforeTheConnectIsNoFailureOfTheView) {
   expectFailsForALeaver(*d[0], more, "a receive from a member that had left completed");
 }
 
+// A member that died right after its switchover vote can be judged failed
+// by the coordinator while a joiner still holds it as a candidate: once the
+// view names it, connecting fails at once with the verdict (it once waited
+// out the whole timeout for a dial from the dead member).
+TEST(TcpDevice, AVerdictOnACandidateStandsWhenTheViewNamesIt) {
+  DeviceOptions o = loopbackOptions("tcp", 5, 1);
+  auto a = createDevice(o);
+  o.self = 2;
+  auto b = createDevice(o);
+  a->onPeerFailure = [](MemberId, ecclResult_t, const std::string&, uint64_t) {};
+  b->onPeerFailure = [](MemberId, ecclResult_t, const std::string&, uint64_t) {};
+  a->addPeer(2, b->address(), "rank 2", Device::PeerRole::kCandidate);
+  a->failPeer(2, ecclRemoteError, "the coordinator: rank 2 died", 0);
+  a->addPeer(2, b->address(), "rank 2", Device::PeerRole::kViewMember);
+  const auto start = Clock::now();
+  try {
+    a->connectNow(2, deadlineAfterMs(10000));
+    FAIL() << "connected to a member the coordinator had judged failed";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 2 died"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(2));
+}
+
 // The coordinator (or a peer) says a member that left in order was needed
 // from collective 2 on, before the leaver's data for collective 1 reached
 // this slower member: its receive of that data still completes, and only

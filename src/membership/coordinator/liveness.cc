@@ -17,6 +17,9 @@ void CoordinatorCore::dispatch(uint64_t from, const CoordMessage& msg) {
       return;
     case CoordKind::kReport:
       if (!inView(from) && !isJoiner(from)) return;  // a leaver's view of a world it left
+      // Nor is a leaver's once the vote is on: members that switched over
+      // close their lanes to it, which it may take for their failure.
+      if (pending && pending->voting && std::count(pending->leavers.begin(), pending->leavers.end(), from)) return;
       for (size_t i = 0; i < msg.members.size(); ++i) {
         uint64_t m = msg.members[i];
         if (m != from && members.count(m) && ((inView(m) && !isFailed(m)) || isJoiner(m)))

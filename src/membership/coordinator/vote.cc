@@ -126,7 +126,10 @@ void CoordinatorCore::onPrepared(uint64_t from, const CoordMessage& msg) {
 
 // A leaver at its last boundary: it learns the outcome of the vote.
 void CoordinatorCore::onSwitchover(uint64_t from, const CoordMessage& msg) {
-  if (!pending && msg.epoch == epoch && !inView(from)) return sendView(from, "left the view");  // committed already
+  // Committed already, and maybe a recovery after it: a member out of the
+  // view that asks about a past epoch left at that epoch's vote (an aborted
+  // one keeps its leaver in the view).
+  if (msg.epoch <= epoch && !inView(from) && !isJoiner(from)) return sendView(from, "left the view");
   if (!pending || msg.epoch != pending->epoch) {
     sendError(from, fmt::format("switchover to epoch {} refused: no such reconfiguration is prepared{}{}", msg.epoch,
                                 lastAbort.empty() ? "" : "; ", lastAbort));
