@@ -5,7 +5,7 @@
 # against (the torch wheel is large; it installs in about two minutes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-packages=(cmake ninja-build ccache g++ clang pkg-config iproute2 python3 python3-venv python3-dev
+packages=(cmake ninja-build ccache g++ clang pkg-config iproute2 procps python3 python3-venv python3-dev
   libibverbs-dev librdmacm-dev libhwloc-dev openmpi-bin libopenmpi-dev libgloo-dev
   libgtest-dev libbenchmark-dev libssl-dev libisal-dev libcli11-dev nlohmann-json3-dev libfmt-dev
   # scripts/rdma-vm.sh: a VM with Debian's kernel and Soft-RoCE for the verbs tests
