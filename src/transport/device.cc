@@ -251,7 +251,7 @@ void LaneDevice::installLaneLocked(Peer& peer, uint32_t index, std::unique_ptr<C
   updateEpollLocked(lane, EPOLL_CTL_ADD);
   stats_.connectionsOpened++;
   stats_.queuePairsOpened += lane.conduit->queuePairs();
-  if (closing_) queueControlLocked(lane, FrameType::kGoodbye, {});
+  if (closing_) queueControlLocked(lane, FrameType::kGoodbye, goodbyePayloadLocked());
   bool allUp = std::all_of(peer.lanes.begin(), peer.lanes.end(), [](auto& l) { return bool(l->conduit); });
   if (allUp) peer.state = Peer::State::kUp;
   cv_.notifyAll();
@@ -419,7 +419,7 @@ void LaneDevice::close(Deadline deadline) {
   closing_ = true;
   for (auto& [id, p] : peers_)
     for (auto& lane : p.lanes)
-      if (lane->conduit) queueControlLocked(*lane, FrameType::kGoodbye, {});
+      if (lane->conduit) queueControlLocked(*lane, FrameType::kGoodbye, goodbyePayloadLocked());
   for (;;) {
     bool pending = false;
     // Also wait for the peers' goodbyes: closing a socket with unread

@@ -304,10 +304,40 @@ void LaneDevice::queueControlLocked(Lane& lane, FrameType type, std::vector<uint
   if (flush) flushLocked(lane);
 }
 
+// A member that destroys its communicator says which collectives it made
+// last: a peer still in one of them, which it may never have sent anything
+// for (the root of a broadcast against an allreduce), names the
+// disagreement instead of taking its departure for the failure.
+std::vector<uint8_t> LaneDevice::goodbyePayloadLocked() const {
+  std::vector<uint8_t> out;
+  for (const auto& [seq, signature] : signatures_.recent(epoch_)) {
+    const size_t at = out.size();
+    out.resize(at + 8 + CallSignature::kWireBytes);
+    std::memcpy(out.data() + at, &seq, 8);
+    encodeSignature(signature, out.data() + at + 8);
+  }
+  return out;
+}
+
+void LaneDevice::checkGoodbyeSignaturesLocked(Lane& lane) {
+  if (lane.frame.epoch != epoch_) return;
+  constexpr size_t kEntry = 8 + CallSignature::kWireBytes;
+  for (size_t at = 0; at + kEntry <= lane.control.size(); at += kEntry) {
+    uint64_t seq;
+    std::memcpy(&seq, lane.control.data() + at, 8);
+    std::string why;
+    auto theirs = decodeSignature(lane.control.data() + at + 8, &why);
+    if (!theirs || !FrameHeader::isCollective(seq)) continue;
+    if (auto m = signatures_.remote(epoch_, seq, lane.key.remote, *theirs))
+      return callMismatchLocked(lane.key.remote, seq, m->mine, m->theirs);
+  }
+}
+
 void LaneDevice::onControlLocked(Lane& lane) {
   MemberId remote = lane.key.remote;
   Peer& p = peers_[remote];
   if (lane.frame.type == FrameType::kGoodbye) {
+    checkGoodbyeSignaturesLocked(lane);
     lane.saidGoodbye = true;
     markLeftLocked(p);
     return;

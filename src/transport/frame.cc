@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "common/crypto.h"
+#include "transport/signature.h"
 
 namespace eccl::transport {
 namespace {
@@ -98,6 +99,8 @@ std::optional<FrameHeader> decodeFrame(const uint8_t in[FrameHeader::kSize], std
     return reject(fmt::format("a chunk reference of {} bytes (not {})", h.length, ChunkRef::kBytes));
   if (h.type == FrameType::kBulkRead && h.length != 8)
     return reject(fmt::format("a bulk read report of {} bytes (not 8)", h.length));
+  if (h.type == FrameType::kGoodbye && h.length % (8 + CallSignature::kWireBytes) != 0)
+    return reject(fmt::format("a goodbye of {} bytes (not a multiple of {})", h.length, 8 + CallSignature::kWireBytes));
   if (h.type == FrameType::kNotice && h.length < 16)
     return reject("failure notice shorter than its member id and op");
   if (h.type == FrameType::kRevoke && h.length < 12)

@@ -14,7 +14,8 @@ namespace eccl::transport {
 
 enum class FrameType : uint8_t {
   kData = 1,     // payload is a chunk of a message at `offset` of `total`
-  kGoodbye = 2,  // orderly close: the sender destroyed its communicator
+  kGoodbye = 2,  // orderly close: the sender destroyed its communicator (payload: nothing, or
+                 // 24 bytes per recent collective of the frame's epoch: u64 op, its call signature)
   kNotice = 3,   // payload: u64 failed member, then a UTF-8 reason
   kPing = 4,     // liveness probe, answered by the peer's progress thread; payload: nothing, or
                  // u64 the collective the sender waits on

@@ -421,6 +421,8 @@ class LaneDevice final : public Device {
   bool revokesLocked(uint64_t seq) const ECCL_REQUIRES(mu_);
   void floodRevokeLocked(ecclResult_t code, const std::string& reason, uint64_t fromSeq) ECCL_REQUIRES(mu_);
   void checkLocalSignatureLocked(uint64_t seq, const CallSignature& mine) ECCL_REQUIRES(mu_);
+  std::vector<uint8_t> goodbyePayloadLocked() const ECCL_REQUIRES(mu_);
+  void checkGoodbyeSignaturesLocked(Lane& lane) ECCL_REQUIRES(mu_);
   void callMismatchLocked(MemberId peer, uint64_t seq, const CallSignature& mine, const CallSignature& theirs)
       ECCL_REQUIRES(mu_);
   bool pingLocked(MemberId member, uint64_t seq = 0) ECCL_REQUIRES(mu_);

@@ -11,6 +11,8 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include "eccl.h"
 
@@ -95,6 +97,14 @@ class SignatureBook {
     auto it = mine_.find({epoch, seq});
     if (it == mine_.end()) return std::nullopt;
     return it->second;
+  }
+  // This rank's recent collectives of `epoch`, oldest first (what a goodbye
+  // carries, so a peer still in one of them can name a disagreement).
+  std::vector<std::pair<uint64_t, CallSignature>> recent(uint32_t epoch) const {
+    std::vector<std::pair<uint64_t, CallSignature>> out;
+    for (auto it = mine_.lower_bound({epoch, 0}); it != mine_.end() && it->first.first == epoch; ++it)
+      out.emplace_back(it->first.second, it->second);
+    return out;
   }
   // Forgets everything before `epoch` (a new view).
   void beginEpoch(uint32_t epoch) {

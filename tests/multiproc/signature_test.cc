@@ -23,11 +23,15 @@ struct Call {
 
 struct Case {
   const char* name;
-  Call agreed, odd;  // the last rank calls `odd`, the others `agreed`
+  Call agreed, odd;  // the odd rank calls `odd`, the others `agreed`
   bool failsInTheCall;  // false: a rank may finish the call and fail the next
   // Ranks that disagree without sending each other anything (two roots of
   // a reduce) find out at the deadline, by asking each other: a short one.
   const char* timeoutMs = "20000";
+  bool oddIsFirst = false;  // rank 0 is the odd one (else the last rank)
+  // The odd rank, a pure sender whose call succeeded, destroys its
+  // communicator and exits at once: the others still name the disagreement.
+  bool oddLeaves = false;
 };
 
 std::vector<float>& buffer() {
@@ -77,6 +81,12 @@ const std::vector<Case>& cases() {
           return ecclReduceScatter(buffer().data(), buffer().data() + 256 * n, 256, ecclFloat32, ecclSum, c, nullptr);
         }},
        true},
+      // The root of a broadcast only sends: the others' allreduce must name
+      // its broadcast, whether it waits in its next call or has gone.
+      {"BroadcastAgainstAllreduce", allreduce(64, ecclFloat32, ecclSum, "allreduce(count 64, float, sum)"),
+       broadcast(64, 0, "broadcast(count 64, float, root 0)"), false, "20000", true},
+      {"BroadcastRootGone", allreduce(64, ecclFloat32, ecclSum, "allreduce(count 64, float, sum)"),
+       broadcast(64, 0, "broadcast(count 64, float, root 0)"), false, "20000", true, true},
       {"SendRecvType",
        {"recv(count 512, float)",
         [](ecclComm_t c, int rank, int n) {
@@ -116,9 +126,14 @@ TEST_P(Signatures, EveryRankGetsInvalidUsageNamingBothCalls) {
     std::vector<int64_t> v(8, rank + 1);
     RANK_OK(ecclAllReduce(v.data(), v.data(), v.size(), ecclInt64, ecclSum, comm, nullptr), comm);
     RANK_CHECK(v[0] == nranks * (nranks + 1) / 2, "the agreed allreduce gave " + std::to_string(v[0]));
-    const Call& mine = rank == nranks - 1 ? c.odd : c.agreed;
+    const bool odd = rank == (c.oddIsFirst ? 0 : nranks - 1);
+    const Call& mine = odd ? c.odd : c.agreed;
     ecclResult_t r = mine.run(comm, rank, nranks);
     std::string why = ecclGetLastError(comm);
+    if (odd && c.oddLeaves && r == ecclSuccess) {
+      RANK_OK(ecclCommDestroy(comm), nullptr);
+      return;
+    }
     if (r == ecclSuccess) {
       RANK_CHECK(!c.failsInTheCall, "the mismatched call succeeded");
       r = ecclBarrier(comm);
@@ -166,7 +181,7 @@ std::string caseName(const ::testing::TestParamInfo<std::tuple<int, size_t>>& in
 }
 
 INSTANTIATE_TEST_SUITE_P(Fields, Signatures,
-                         ::testing::Combine(::testing::Values(2, 5), ::testing::Range(size_t{0}, cases().size())),
+                         ::testing::Combine(::testing::Values(2, 3, 5), ::testing::Range(size_t{0}, cases().size())),
                          caseName);
 
 }  // namespace
