@@ -120,6 +120,17 @@ TEST(Frame, RejectsWithSpecificReasons) {
   EXPECT_NE(why.find("notice"), std::string::npos) << why;
 
   h = sample();
+  h.type = FrameType::kGoodbye;
+  h.flags = 0;
+  h.length = 25;  // not whole (op, signature) entries
+  encodeFrame(h, buf);
+  EXPECT_FALSE(decodeFrame(buf, &why));
+  EXPECT_NE(why.find("goodbye"), std::string::npos) << why;
+  h.length = 48;  // two entries
+  encodeFrame(h, buf);
+  EXPECT_TRUE(decodeFrame(buf, &why)) << why;
+
+  h = sample();
   h.type = FrameType::kClearToSend;
   h.flags = 0;
   h.length = ChunkRef::kBytes - 1;
