@@ -55,9 +55,6 @@ class EtcdLeadership {
   // Who leads now, as the candidate string it registered; empty if nobody.
   std::string holder();
 
-  const std::string& leaderKey() const { return leaderKey_; }
-  int64_t lease() const { return lease_; }
-
  private:
   // The compares of "the leader key names this candidate under its lease".
   std::vector<EtcdCompare> heldByMe() const;

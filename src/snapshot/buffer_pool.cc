@@ -38,11 +38,6 @@ void BufferPool::setCap(size_t bytes) {
   }
 }
 
-size_t BufferPool::pooledBytes() const {
-  MutexLock lock(mu_);
-  return freeBytes_;
-}
-
 std::shared_ptr<Buffer> unpooledBuffer(size_t bytes) {
   return std::make_shared<Buffer>(std::unique_ptr<uint8_t[]>(new uint8_t[bytes ? bytes : 1]), bytes,
                                   std::weak_ptr<BufferPool>());

@@ -39,7 +39,6 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
   std::shared_ptr<Buffer> take(size_t bytes);
   void give(std::unique_ptr<uint8_t[]> bytes, size_t size);
   void setCap(size_t bytes);
-  size_t pooledBytes() const;
 
  private:
   mutable Mutex mu_;
