@@ -218,6 +218,11 @@ int main(int argc, char** argv) {
                "pin each process to a core of its own (ranks, then standbys, in turn over the cores this launcher "
                "may use)");
   app.add_flag("--refill", refill, "start a new standby whenever one is promoted (keeps --standby K idle)");
+  double respawnSeconds = -1;  // never
+  app.add_option("--respawn", respawnSeconds,
+                 "SECONDS after a rank dies, start a new standby in its place (a repaired host coming back; the "
+                 "ranks take it in with ecclCommGrow)")
+      ->check(CLI::Range(0.0, 86400.0));
   app.add_option("--chaos", chaosMs, "fault injection: SIGKILL a random rank every MS milliseconds on average")
       ->check(CLI::Range(10, 3600000));
   app.add_option("--chaos-max", chaosMax, "stop the chaos after this many kills")->check(CLI::Range(1, 100000000));
@@ -426,8 +431,21 @@ int main(int argc, char** argv) {
   auto nextChaos = started + std::chrono::milliseconds(chaosMs);
   bool timedOut = false;
   bool standbysReleased = false;
+  std::vector<eccl::Clock::time_point> respawnAt;  // one per dead rank, while --respawn
   while (running > 0) {
     double elapsed = std::chrono::duration<double>(eccl::Clock::now() - started).count();
+    if (!jobEnding && !timedOut)
+      for (auto due = respawnAt.begin(); due != respawnAt.end();) {
+        if (eccl::Clock::now() < *due) {
+          ++due;
+          continue;
+        }
+        due = respawnAt.erase(due);
+        if (spawn(true)) {
+          ++running;
+          fprintf(stderr, "eccl-run: --respawn: standby %s started at %.2f s\n", children.back().label.c_str(), elapsed);
+        }
+      }
     for (auto& f : faults) {
       if (f.done || (f.pattern.empty() ? elapsed < f.seconds : !f.triggered)) continue;
       f.done = true;
@@ -570,6 +588,12 @@ int main(int argc, char** argv) {
         c.status = status;
         --running;
         if (!c.injected && WIFEXITED(status) && WEXITSTATUS(status) == 0) jobEnding = true;
+        // A rank (or a promoted standby) gone while the job runs: its host
+        // comes back after the repair. Idle standbys that end are the pool's.
+        bool wasRank = !c.standby || inView.count(static_cast<uint64_t>(pid));
+        bool died = WIFSIGNALED(status) || WEXITSTATUS(status) != 0;
+        if (respawnSeconds >= 0 && wasRank && died && !jobEnding && !timedOut)
+          respawnAt.push_back(eccl::Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(respawnSeconds * 1000)));
         const char* what = c.standby ? "standby" : "rank";
         bool failedItself = !c.injected && (WIFSIGNALED(status) || WEXITSTATUS(status) != 0);
         if (failedItself) drainExited(c);  // its last words, for the line below

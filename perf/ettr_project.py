@@ -16,7 +16,9 @@ first-order models then give ETTR at any N:
            --refill-s runs dry with probability below 1e-3 between refills;
   shrink   loses (D + R + W) / M, and while the failed data-parallel replica
            (--replica-gpus) is being repaired (--repair-s) the job runs that
-           much smaller.
+           much smaller;
+  torchft  the same, the replica group away for --replica-restart-s (it is
+           restarted on a spare node and heals from a peer).
 
 D, R and W come from the measured runs at 4 ranks. Restart's R there is a
 cold start of 4 local processes; at scale it also pays scheduling, NCCL
@@ -50,17 +52,19 @@ def per_failure_costs(runs):
         redo = [r["lost_s"]["recompute"] / r["failures"] for r in rs]
         # Steps slowed around a failure (a standby starting on the same
         # cores, a launcher's work): counted only where they cost time.
-        slow = [max(0.0, r["lost_s"]["other"]) / r["failures"] for r in rs]
+        # Here they may also be faster (fewer processes on two cores): the
+        # check uses the signed figure, the projection only a slowdown.
+        other = [(r["lost_s"]["other"] + r["lost_s"].get("grow", 0.0)) / r["failures"] for r in rs]
         out[c] = {"stop_s": statistics.median(stop), "redo_s": statistics.median(redo),
-                  "slow_s": statistics.median(slow), "runs": len(rs)}
+                  "other_s": statistics.median(other), "slow_s": max(0.0, statistics.median(other)), "runs": len(rs)}
     return out
 
 
 def predicted_measured_ettr(run, costs, baseline_step_s, ckpt_cost_s):
     """What the model says this run's ETTR should be, from its failures."""
     c = costs[run["contender"]]
-    work = run["steps"] * baseline_step_s
-    lost = run["failures"] * (c["stop_s"] + c["redo_s"] + c["slow_s"])
+    work = run.get("work_steps", run["steps"]) * baseline_step_s
+    lost = run["failures"] * (c["stop_s"] + c["redo_s"] + c["other_s"])
     if run["contender"] == "restart" and run.get("ckpt_every"):
         lost += (run["steps"] // run["ckpt_every"]) * (ckpt_cost_s or 0.0)
     return work / (work + lost)
@@ -91,9 +95,11 @@ def project(contender, gpus, args, costs, ckpt_cost_s):
         ettr = max(0.0, 1 - waste)
         return ettr, ettr * gpus / (gpus + standbys), standbys
     # shrink: the failed data-parallel replica's GPUs are missing for
-    # repair_s after each failure (all of them where one replica is the job)
+    # repair_s after each failure (all of them where one replica is the job);
+    # torchft: until the replica group is restarted elsewhere and healed
     lost_gpus = max(args.replica_gpus, args.failure_gpus)
-    shrunk = min(1.0, args.repair_s / m) * min(1.0, lost_gpus / gpus)
+    away = args.replica_restart_s if contender == "torchft" else args.repair_s
+    shrunk = min(1.0, away / m) * min(1.0, lost_gpus / gpus)
     ettr = max(0.0, 1 - waste - shrunk)
     return ettr, ettr, 0
 
@@ -107,6 +113,8 @@ def main():
     ap.add_argument("--restart-s", type=float, default=600, help="a restart's cost at scale, seconds")
     ap.add_argument("--refill-s", type=float, default=600, help="time to bring a new standby up, seconds")
     ap.add_argument("--repair-s", type=float, default=3600, help="time until a shrunk job grows back, seconds")
+    ap.add_argument("--replica-restart-s", type=float, default=300,
+                    help="torchft: time until a failed replica group runs again elsewhere and healed, seconds")
     ap.add_argument("--failure-gpus", type=int, default=8, help="GPUs one failure takes out (a host)")
     ap.add_argument("--replica-gpus", type=int, default=64,
                     help="GPUs of one data-parallel replica (tensor x pipeline parallel): what shrink drops")
@@ -127,7 +135,7 @@ def main():
     print("per failure, measured (median over runs):")
     for c, v in costs.items():
         print(f"  {c:>8}: detection+recovery {v['stop_s'] * 1000:8.1f} ms, recomputed {v['redo_s'] * 1000:8.1f} ms, "
-              f"slower steps {v['slow_s'] * 1000:8.1f} ms ({v['runs']} runs)")
+              f"steps slower by {v['other_s'] * 1000:8.1f} ms ({v['runs']} runs)")
     print(f"  checkpoint: {ckpt_cost_s * 1000:.1f} ms blocking per save")
     print("\nthe model against the measured runs:")
     print(f"{'run':>30} {'failures':>8} {'measured':>9} {'model':>7}")

@@ -12,7 +12,11 @@ ways to survive a failure:
   a standby takes the dead rank and every rank takes the state of the most
   advanced one (a data-parallel peer); nothing is written to disk;
 - shrink: under eccl-run with no standby, the survivors recover("shrink")
-  and go on with fewer ranks at the same global batch.
+  and go on with fewer ranks at the same global batch; with --grow-every K
+  (and eccl-run --respawn), every K steps while short of the job's size
+  they ask to grow by one (a collective the coordinator answers alike for
+  all: admitted, or refused while no replacement has registered) and a
+  replacement that arrived takes the state of the most advanced rank.
 
 Every process appends JSON lines to --events/<pid>.jsonl (start, ready,
 step, ckpt, fail, recovered, done); perf/ettr.py reads them.
@@ -79,7 +83,8 @@ def digest(model) -> str:
 def train_step(ddp, opt, step: int) -> float:
     """One step of the global batch; this rank takes its share. The loss is
     scaled so that DDP's mean over ranks is the global batch's mean at any
-    world size."""
+    world size; returned as this rank's part of that mean (the ranks' parts
+    sum to it)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     g = torch.Generator().manual_seed(step * 7919 + 17)
     x = torch.randn(GLOBAL_BATCH, WIDTH, generator=g)
@@ -94,14 +99,16 @@ def train_step(ddp, opt, step: int) -> float:
 
 # --- checkpoint-restart (torchrun, Gloo, torch.distributed.checkpoint) -----
 class Checkpoints:
-    def __init__(self, directory: str, every: int, events: Events):
+    def __init__(self, directory: str, every: int, events: Events, timeout_s: float):
+        from datetime import timedelta
+
         import torch.distributed.checkpoint as dcp
 
         self.dcp, self.dir, self.every, self.events = dcp, directory, every, events
         self.pending = None  # (future, step, started)
         # The background save finishes with collectives of its own: on the
         # training's group they would interleave with DDP's and hang.
-        self.group = dist.new_group(backend="gloo")
+        self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
         os.makedirs(directory, exist_ok=True)
 
     def _state(self, model, opt, step: int):
@@ -148,7 +155,7 @@ class Checkpoints:
             self._settle()
 
 
-def init_restarted_gloo():
+def init_restarted_gloo(timeout_s: float):
     """Gloo under torchrun, keyed by the restart: torch 2.15's agent keeps
     one store for the job, and workers of a restart that use it as is read
     the previous attempt's addresses (connectFullMesh: connection refused,
@@ -161,7 +168,31 @@ def init_restarted_gloo():
                           is_master=not agent_hosts and rank == 0, timeout=timedelta(seconds=60))
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     dist.init_process_group("gloo", store=dist.PrefixStore(f"/ettr/attempt_{attempt}", store), rank=rank,
-                            world_size=world)
+                            world_size=world, timeout=timedelta(seconds=timeout_s))
+
+
+def loss_fields(part: float) -> dict:
+    """What perf/ettr.py sums over ranks for the global loss: this rank's
+    rows of the global batch and the sum of their losses."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    rows = torch.tensor_split(torch.arange(GLOBAL_BATCH), world)[rank].numel()
+    return {"loss_sum": part * GLOBAL_BATCH, "rows": rows}
+
+
+def try_grow(events, step: int) -> bool:
+    """Every rank asks at the same step; the coordinator admits a
+    registered replacement or refuses all alike."""
+    import torch_eccl
+
+    started = time.time()
+    try:
+        s = torch_eccl.grow(1)
+    except RuntimeError as e:
+        if "refused" not in str(e) or "standby" not in str(e):
+            raise  # a failure, not a refusal: the recovery path takes it
+        return False
+    events("grew", rank=dist.get_rank(), world=int(s["world_size"]), step=step, seconds=time.time() - started)
+    return True
 
 
 def main():
@@ -172,6 +203,10 @@ def main():
     ap.add_argument("--events", required=True)
     ap.add_argument("--ckpt-dir")
     ap.add_argument("--ckpt-every", type=int, default=0)
+    ap.add_argument("--grow-every", type=int, default=0,
+                    help="shrink, replace: while short of the job's size, try to grow back every K steps")
+    ap.add_argument("--pg-timeout-s", type=float, default=30,
+                    help="restart: Gloo's collective timeout (how long a hung rank holds the others)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     events = Events(args.events)
@@ -179,8 +214,8 @@ def main():
            role=os.environ.get("ECCL_ROLE", "rank"))
     model, opt = build()
     if args.recovery == "restart":
-        init_restarted_gloo()
-        ckpt = Checkpoints(args.ckpt_dir, args.ckpt_every, events) if args.ckpt_dir else None
+        init_restarted_gloo(args.pg_timeout_s)
+        ckpt = Checkpoints(args.ckpt_dir, args.ckpt_every, events, args.pg_timeout_s) if args.ckpt_dir else None
         step = ckpt.load(model, opt) if ckpt else 0
     else:
         import torch_eccl
@@ -203,10 +238,15 @@ def main():
                 events("ready", rank=dist.get_rank(), world=dist.get_world_size(), step=step)
             if step >= args.steps:
                 break
+            if (args.grow_every and step % args.grow_every == 0 and full_world
+                    and dist.get_world_size() < full_world and try_grow(events, step)):
+                need_sync = True
+                continue
             started = time.monotonic()
             loss = train_step(ddp, opt, step)
             step += 1
-            events("step", rank=dist.get_rank(), world=dist.get_world_size(), step=step, loss=loss)
+            events("step", rank=dist.get_rank(), world=dist.get_world_size(), step=step, loss=loss,
+                   **loss_fields(loss))
             if ckpt:
                 ckpt.maybe_save(model, opt, step)
             pad = args.step_ms / 1000 * (full_world or dist.get_world_size()) / dist.get_world_size()
@@ -217,12 +257,16 @@ def main():
             import torch_eccl
 
             events("fail", rank=dist.get_rank(), step=step, why=str(e).splitlines()[0][:300])
-            s = torch_eccl.recover(args.recovery)
+            # More ranks lost at once than there are standbys (hung ones
+            # are found late, together): replace what can be, drop the rest,
+            # and grow back to refills (--grow-every) rather than die.
+            s = torch_eccl.recover("replace_or_shrink" if args.recovery == "replace" else args.recovery)
             events("recovered", rank=dist.get_rank(), world=int(s["world_size"]), epoch=int(s["epoch"]))
             need_sync = True
     if ckpt:
         ckpt.finish()
-    events("done", rank=dist.get_rank(), world=dist.get_world_size(), step=step, loss=loss, digest=digest(model))
+    events("done", rank=dist.get_rank(), world=dist.get_world_size(), step=step, loss=loss, digest=digest(model),
+           **loss_fields(loss))
     dist.destroy_process_group()
 
 

@@ -210,7 +210,10 @@ class CoordinatorCore {
   void onGrow(uint64_t from, const CoordMessage& msg);
   void tryRecover();
   void releaseReservations();
-  void refuseAll(const std::vector<uint64_t>& waiting, const std::string& what, const std::string& why);
+  // quiet: an answer the askers poll for (a grow before any standby came),
+  // logged at INFO rather than as a warning.
+  void refuseAll(const std::vector<uint64_t>& waiting, const std::string& what, const std::string& why,
+                 bool quiet = false);
   void commitView(std::vector<uint64_t> next, const std::vector<uint64_t>& promoted, const std::string& story,
                   const std::vector<uint64_t>& leavers, uint64_t uuid = 0);
 

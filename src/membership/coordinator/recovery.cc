@@ -33,9 +33,10 @@ void CoordinatorCore::releaseReservations() {
 }
 
 void CoordinatorCore::refuseAll(const std::vector<uint64_t>& waiting, const std::string& what,
-                                const std::string& why) {
+                                const std::string& why, bool quiet) {
   releaseReservations();
-  log::warn("coordinator: {} refused: {}", what, why);
+  if (quiet) log::info("coordinator: {} refused: {}", what, why);
+  else log::warn("coordinator: {} refused: {}", what, why);
   for (uint64_t m : waiting) {
     members.at(m).ask = Member::Ask::kNone;
     sendError(m, why);
@@ -78,7 +79,8 @@ void CoordinatorCore::onGrow(uint64_t from, const CoordMessage& msg) {
   std::vector<uint64_t> standbys = idleStandbys();
   if (count == 0 || standbys.size() < count)
     return refuseAll(*waiting, "grow",
-                     fmt::format("grow by {} needs that many registered standbys; {} are idle", count, standbys.size()));
+                     fmt::format("grow by {} needs that many registered standbys; {} are idle", count, standbys.size()),
+                     /*quiet=*/count > 0);
   standbys.resize(count);
   std::vector<uint64_t> next = view;
   next.insert(next.end(), standbys.begin(), standbys.end());

@@ -1,0 +1,163 @@
+"""The torchft contender of perf/ettr.py: the job of perf/ettr_train.py as
+torchft runs it, one replica group per process, each under torchft's
+Manager with its ProcessGroupGloo and a real torchft_lighthouse.
+
+A replica group takes its quarter of the global batch; a failed step (a
+participant died mid-allreduce) is not committed; the survivors go on in
+a smaller quorum (fewer samples per step); the driver restarts a dead
+replica group (as torchrun --max-restarts does for one), which heals from
+a peer's live state and rejoins. There is no checkpoint: the loss of every
+replica group at once is torchft's to avoid, and the injector never does
+that.
+
+    python ettr_torchft.py --replicas 4 --steps 300 --step-ms 150 --events DIR
+
+runs the lighthouse and the replica groups and exits once every replica
+group finished (0) or one failed in a way that was not an injected kill.
+Events go to DIR like ettr_train's ("step" carries the number of
+participants in `world`: perf/ettr.py counts samples, not steps).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from datetime import timedelta
+
+HERE = os.path.abspath(__file__)
+
+
+def replica_main(a) -> int:
+    import torch
+    from torchft import Manager
+    from torchft.ddp import DistributedDataParallel
+    from torchft.optim import OptimizerWrapper
+    from torchft.process_group import ProcessGroupGloo
+
+    sys.path.insert(0, os.path.dirname(HERE))
+    from ettr_train import GLOBAL_BATCH, WIDTH, Events, build, digest
+
+    torch.set_num_threads(1)
+    events = Events(a.events)
+    events("start", restart=a.attempt, role="replica")
+    model, optimizer = build()
+
+    def state_dict():
+        return {"model": model.state_dict(), "optim": optimizer.state_dict()}
+
+    def load_state_dict(sd):
+        model.load_state_dict(sd["model"])
+        optimizer.load_state_dict(sd["optim"])
+
+    timeout = timedelta(seconds=a.timeout)
+    store = torch.distributed.TCPStore("localhost", 0, is_master=True, wait_for_workers=False)
+    manager = Manager(pg=ProcessGroupGloo(timeout=timeout), load_state_dict=load_state_dict, state_dict=state_dict,
+                      min_replica_size=1, replica_id=f"replica{a.replica}", store_addr="localhost",
+                      store_port=store.port, rank=0, world_size=1, lighthouse_addr=a.lighthouse, timeout=timeout,
+                      quorum_timeout=timeout * 3, connect_timeout=timeout)
+    ddp = DistributedDataParallel(manager, model)
+    opt = OptimizerWrapper(manager, optimizer)
+    events("ready", rank=a.replica, world=a.replicas, step=manager.current_step())
+    loss = float("nan")
+    while manager.current_step() < a.steps:
+        started = time.monotonic()
+        step = manager.current_step()
+        g = torch.Generator().manual_seed(step * 7919 + 17)  # ettr_train's data for this step
+        x = torch.randn(GLOBAL_BATCH, WIDTH, generator=g)
+        y = x.roll(1, dims=1).sin()
+        xs, ys = torch.tensor_split(x, a.replicas)[a.replica], torch.tensor_split(y, a.replicas)[a.replica]
+        opt.zero_grad()
+        out = ((ddp(xs) - ys) ** 2).mean()
+        out.backward()
+        opt.step()  # commits only if every participant's allreduce succeeded
+        if a.attempt and manager.num_participants() == 1 and a.replicas > 1:
+            # Restarted after the others finished: nobody to heal from or
+            # train with (the injector never kills every replica group).
+            events("gave_up", rank=a.replica, step=manager.current_step())
+            manager.shutdown(wait=False)
+            return 0
+        if manager.current_step() > step:
+            loss = out.item()
+            events("step", rank=a.replica, world=manager.num_participants(), step=manager.current_step(), loss=loss,
+                   loss_sum=loss * xs.shape[0], rows=xs.shape[0])
+        else:
+            events("fail", rank=a.replica, step=step, why="step not committed")
+        time.sleep(max(0.0, a.step_ms / 1000 - (time.monotonic() - started)))
+    rows = torch.tensor_split(torch.arange(GLOBAL_BATCH), a.replicas)[a.replica].numel()
+    events("done", rank=a.replica, world=manager.num_participants(), step=manager.current_step(), loss=loss,
+           loss_sum=loss * rows, rows=rows, digest=digest(model))
+    manager.shutdown(wait=False)
+    return 0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def driver_main(a) -> int:
+    port = free_port()
+    lighthouse = subprocess.Popen(
+        [os.path.join(os.path.dirname(sys.executable), "torchft_lighthouse"), "--bind", f"[::]:{port}",
+         "--min_replicas", "1", "--join_timeout_ms", "500", "--quorum_tick_ms", "20", "--heartbeat_timeout_ms",
+         str(a.heartbeat_timeout_ms)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+
+    def spawn(i: int, attempt: int) -> subprocess.Popen:
+        argv = [sys.executable, HERE, "--replica", str(i), "--attempt", str(attempt), "--replicas", str(a.replicas),
+                "--steps", str(a.steps), "--step-ms", str(a.step_ms), "--events", a.events, "--timeout",
+                str(a.timeout), "--lighthouse", f"http://localhost:{port}"]
+        return subprocess.Popen(argv, start_new_session=True)
+
+    procs = {i: spawn(i, 0) for i in range(a.replicas)}
+    attempts = {i: 0 for i in procs}
+    done: set[int] = set()
+    rc = 0
+    try:
+        while len(done) < a.replicas:
+            for i, p in procs.items():
+                if i in done or p.poll() is None:
+                    continue
+                if p.returncode == 0:
+                    done.add(i)
+                elif p.returncode == -signal.SIGKILL:  # the injector's (or a watchdog's): restart it
+                    attempts[i] += 1
+                    print(f"ettr_torchft: replica {i} was killed; restart {attempts[i]}", flush=True)
+                    procs[i] = spawn(i, attempts[i])
+                else:
+                    print(f"ettr_torchft: replica {i} failed with exit {p.returncode}", flush=True)
+                    rc = 1
+                    done.add(i)
+            time.sleep(0.05)
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        lighthouse.kill()
+        lighthouse.wait()
+    return rc
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--replicas", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--step-ms", type=float, default=100)
+    ap.add_argument("--events", required=True)
+    ap.add_argument("--timeout", type=float, default=10.0, help="torchft's collective and quorum timeout, seconds")
+    ap.add_argument("--heartbeat-timeout-ms", type=int, default=1000)
+    ap.add_argument("--replica", type=int, default=-1, help=argparse.SUPPRESS)
+    ap.add_argument("--attempt", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--lighthouse", default="", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    return replica_main(a) if a.replica >= 0 else driver_main(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
