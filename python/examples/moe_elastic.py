@@ -300,10 +300,22 @@ class Trainer:
                 target = moe.place(reps, world, SLOTS)
             else:
                 target = self.placement
-            plan_to_rank, transfers = moe.plan_migration(current, [], target, EXPERTS) if not lost else ([], [])
+            # A newcomer in a rank's place counts as holding that rank's
+            # experts when the move is planned (it is sent them with the
+            # rest): the plan is then the one a run without the failure
+            # makes, and so are the sums (another expert-to-rank map would
+            # add in another order).
+            planned = [list(row) for row in current]
+            if world == len(self.placement):
+                for r in range(world):
+                    if steps[r] < 0:
+                        planned[r] = list(self.placement[r])
+            plan_to_rank, transfers = moe.plan_migration(planned, [], target, EXPERTS) if not lost else ([], [])
             placement = [None] * world
             for p, r in enumerate(plan_to_rank):
                 placement[r] = target[p]
+            if planned != current and not lost:
+                transfers = copies_to(current, placement)
             if lost:  # every rank stops with the same message
                 placement = f"experts {lost} lost every replica and every snapshot copy"
             view = "restore" if newcomers else "over" if world != len(self.placement) else None
@@ -329,6 +341,16 @@ class Trainer:
         if view or not self.snapshots:
             self.start_snapshots(view or "first")
         return len(transfers) if rebalance else -1
+
+
+def copies_to(current, placement):
+    """(expert, from, to) for every expert a rank needs and does not hold,
+    each from the lowest rank that holds it."""
+    owner = {}
+    for r, row in enumerate(current):
+        for e in row:
+            owner.setdefault(e, r)
+    return [(e, owner[e], r) for r, row in enumerate(placement) for e in sorted(set(row) - set(current[r]))]
 
 
 def adam(p, g, m, v, step):

@@ -1,6 +1,8 @@
 """The MoE example (python/examples/moe_elastic.py) under eccl-run, 4 ranks:
-failure-free; rank 2 killed with a standby (the final parameters equal the
-failure-free run's bit for bit); rank 3 killed with no standby while it
+failure-free; rank 2 killed with a standby right after step 16, where the
+experts are re-placed from the load (the final parameters equal the
+failure-free run's bit for bit: the move is planned as if the newcomer
+held rank 2's experts, so it is the failure-free run's); rank 3 killed with no standby while it
 holds the only replicas of two experts (the survivors shrink to 3, bring
 those two back from the peer-memory snapshot, re-place the experts, move
 what each lacks and train to the end with all 16 experts)."""
@@ -31,11 +33,11 @@ def test_moe_training_survives_a_killed_rank_with_and_without_a_standby(tmp_path
     rc, out = run(([], ["--out", str(base)]))
     assert rc == 0, out
     assert len(re.findall(r"re-placed from the load", out)) == 2, out
-    rc, out = run((["--standby", "1", "--kill-when", "2:step 10"], ["--out", str(standby)]))
+    rc, out = run((["--standby", "1", "--kill-when", "2:step 16 "], ["--out", str(standby), "--print-every", "1"]))
     assert rc == 0, out
     assert re.search(r"\[s0\] rank 2: joined at epoch 2", out), out
     failed = re.findall(r"rank \d: step (\d+) failed: .*rank 2", out)
-    assert len(failed) == 3 and min(int(s) for s in failed) >= 10, out
+    assert len(failed) == 3 and min(int(s) for s in failed) >= 16, out
     # No standby, and cold experts with one replica: rank 3 holds the only
     # ones of experts 0 and 1 (the planner's placement for 16 experts in 4x7
     # slots); they come back from the snapshot copies rank 0 holds.
