@@ -99,7 +99,7 @@ def command(contender, args, events, ckpt_every, ckpt_dir):
 
 
 def steps_of(contender, args) -> int:
-    return getattr(args, "steps_by", {}).get(contender, args.steps)
+    return args.steps_by.get(contender, args.steps)
 
 
 def read_events(directory):
@@ -370,6 +370,7 @@ def main():
                          "coming back); the check only")
     args = ap.parse_args()
     contenders = [c for c in args.contenders.split(",") if c]
+    args.steps_by = {}  # steps per contender where they differ (the smoke's)
     if args.smoke:
         args.steps, args.step_ms, args.run_timeout, args.fault = 40, 50, 240, "kill"
         args.steps_by, args.repair_steps, args.grow_every = {"shrink": 160, "torchft": 160}, 0, 5
@@ -424,6 +425,19 @@ def line(r):
             f"{'ok  ' if r.get('ok') else 'FAIL'} lost s: {parts}")
 
 
+def pyplot(who: str):
+    """matplotlib's pyplot for files (no display), or None, said, without it."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(f"{who}: matplotlib is not installed; no plot")
+        return None
+    return plt
+
+
 def summary(results, contenders, mtbfs, out):
     print(f"\n{'contender':>10} {'MTBF':>6} {'runs':>4} {'failures':>8} {'ETTR':>6} {'min':>6} {'max':>6}")
     medians = {}
@@ -434,13 +448,8 @@ def summary(results, contenders, mtbfs, out):
             medians[(c, m)] = statistics.median(e)
             print(f"{c:>10} {m:>6} {len(rs):>4} {statistics.median([r['failures'] for r in rs]):>8} "
                   f"{medians[(c, m)]:>6.3f} {min(e):>6.3f} {max(e):>6.3f}")
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("ettr: matplotlib is not installed; no plot")
+    plt = pyplot("ettr")
+    if not plt:
         return
     fig, ax = plt.subplots(figsize=(6, 4))
     for c in contenders:

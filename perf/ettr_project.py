@@ -40,6 +40,8 @@ import os
 import statistics
 import sys
 
+from ettr import pyplot
+
 
 def per_failure_costs(runs):
     """Median detection+recovery and recomputed seconds per failure, by contender."""
@@ -168,13 +170,8 @@ def main():
     with open(os.path.join(args.out, "ettr_projection.json"), "w") as f:
         json.dump({"assumptions": vars(args), "per_failure": costs, "checkpoint_cost_s": ckpt_cost_s,
                    "model_check": check, "projection": table}, f, indent=1)
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("ettr_project: matplotlib is not installed; no plot")
+    plt = pyplot("ettr_project")
+    if not plt:
         return
     fig, ax = plt.subplots(figsize=(6, 4))
     for c, rows in table.items():
