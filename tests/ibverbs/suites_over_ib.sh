@@ -4,7 +4,7 @@
 #
 #   scripts/rdma-vm.sh -- tests/ibverbs/suites_over_ib.sh BUILD_TESTS_DIR
 #
-# Every collective at 2 and 4 ranks up to 2 MiB in 128 KiB ring segments
+# Every collective at 2 and 4 ranks up to 1 MiB in 128 KiB ring segments
 # (each above the zero-copy threshold, several per ring step), the elastic suites
 # (replace with lazy and eager standbys, shrink, grow, migration, named
 # reconfiguration, with lane and queue-pair counts asserted; SIGSTOP),
@@ -14,9 +14,11 @@
 set -u
 dir=${1:?usage: $0 BUILD_TESTS_DIR}
 [ -n "${ECCL_RDMA_VM:-}" ] || { echo "suites_over_ib: run me inside scripts/rdma-vm.sh" >&2; exit 2; }
-# 2 MiB of float rather than 8: the same chunking and zero-copy paths in
-# half the emulated time (CI ran out of the VM's 860 s with 8 MiB).
-export ECCL_TRANSPORT=ib ECCL_SOCKET_IFNAME=lo ECCL_TEST_LARGEST_COUNT=$((512 << 10)) ECCL_RING_SEGMENT_BYTES=131072
+# 1 MiB of float rather than 8: the same chunking and zero-copy paths
+# (eight 128 KiB segments, several per ring step at 4 ranks) in a fraction
+# of the emulated time (CI ran out of the VM's 860 s with 8 MiB; at 2 MiB
+# the suite took 392 s beside the other tests, the most of any one test).
+export ECCL_TRANSPORT=ib ECCL_SOCKET_IFNAME=lo ECCL_TEST_LARGEST_COUNT=$((256 << 10)) ECCL_RING_SEGMENT_BYTES=131072
 # Heartbeats from emulated CPUs on a loaded host can miss the default 3 s
 # (CI run 19: a rank of the 4-rank collective suite was declared hung):
 # tests that time a stop set their own.
@@ -64,7 +66,10 @@ run reconfigure_test '*'
 run joining_test '*'
 run named_reconfigure_test '*'
 run faults_test '*'
-run signature_test '*'
+# The signature cases at 2 and 3 ranks: what a mismatch looks like over
+# verbs does not change with more ranks, and the 5-rank ones run over tcp
+# and shm outside the VM.
+run signature_test '-*At5Ranks'
 run pipeline_log_test '*'
 run moe_test '*'
 [ ${#retried[@]} -gt 0 ] && echo "suites over ib: passed only on a second run: ${retried[*]}"
