@@ -12,6 +12,7 @@
 #include "core/group.h"
 #include "snapshot/snapshots.h"
 
+using eccl::CallerTurn;
 using eccl::Communicator;
 using eccl::fail;
 using eccl::api::guarded;
@@ -33,7 +34,7 @@ namespace {
 
 using eccl::api::impl;
 
-using eccl::api::afterStreamWork;
+using eccl::api::Entered;
 using eccl::api::deviceStream;
 using eccl::api::submit;
 using eccl::api::submitElementwise;
@@ -49,8 +50,11 @@ void checkStream(ecclStream_t stream, const char* fn) {
 }
 
 // A collective outside a group runs now; inside one it runs at GroupEnd.
+// `f` takes the caller role itself (a CallerTurn): it runs where the role
+// is held, now in this entry point or on the stream proxy's thread, or at
+// GroupEnd on the thread that called this.
 template <typename F>
-void runOrEnqueue(Communicator& c, F&& f) {
+void runOrEnqueue(Communicator& c, F&& f) ECCL_REQUIRES(c.callerRole()) {
   if (eccl::group::active())
     eccl::group::enqueue(&c, nullptr, std::forward<F>(f));
   else
@@ -58,9 +62,10 @@ void runOrEnqueue(Communicator& c, F&& f) {
 }
 
 // A send or receive on host memory: now, or posted at GroupEnd inside a group.
-void sendOnHost(Communicator& c, const void* buf, size_t bytes, int peer, ecclDataType_t type) {
+void sendOnHost(Communicator& c, const void* buf, size_t bytes, int peer, ecclDataType_t type)
+    ECCL_REQUIRES(c.callerRole()) {
   if (peer == c.rank()) {
-    eccl::group::enqueue(&c, [=, &c] { c.pushSelfSend(buf, bytes); }, nullptr);
+    eccl::group::enqueue(&c, [=, &c] { CallerTurn turn(c.callerRole()); c.pushSelfSend(buf, bytes); }, nullptr);
     return;
   }
   if (!eccl::group::active()) {
@@ -69,12 +74,14 @@ void sendOnHost(Communicator& c, const void* buf, size_t bytes, int peer, ecclDa
   }
   auto request = std::make_shared<eccl::transport::RequestPtr>();
   eccl::group::enqueue(
-      &c, [=, &c] { *request = c.postSend(buf, bytes, peer, type); }, [=, &c] { c.waitP2p(*request, peer, true); });
+      &c, [=, &c] { CallerTurn turn(c.callerRole()); *request = c.postSend(buf, bytes, peer, type); },
+      [=, &c] { CallerTurn turn(c.callerRole()); c.waitP2p(*request, peer, true); });
 }
 
-void recvOnHost(Communicator& c, void* buf, size_t bytes, int peer, ecclDataType_t type) {
+void recvOnHost(Communicator& c, void* buf, size_t bytes, int peer, ecclDataType_t type)
+    ECCL_REQUIRES(c.callerRole()) {
   if (peer == c.rank()) {
-    eccl::group::enqueue(&c, nullptr, [=, &c] { c.popSelfRecv(buf, bytes); });
+    eccl::group::enqueue(&c, nullptr, [=, &c] { CallerTurn turn(c.callerRole()); c.popSelfRecv(buf, bytes); });
     return;
   }
   if (!eccl::group::active()) {
@@ -83,8 +90,33 @@ void recvOnHost(Communicator& c, void* buf, size_t bytes, int peer, ecclDataType
   }
   auto request = std::make_shared<eccl::transport::RequestPtr>();
   eccl::group::enqueue(
-      &c, [=, &c] { *request = c.postRecv(buf, bytes, peer, type); }, [=, &c] { c.waitP2p(*request, peer, false); },
+      &c, [=, &c] { CallerTurn turn(c.callerRole()); *request = c.postRecv(buf, bytes, peer, type); },
+      [=, &c] { CallerTurn turn(c.callerRole()); c.waitP2p(*request, peer, false); },
       /*postFirst=*/true);
+}
+
+// This rank and the group's size, read without waiting for the stream
+// work: the proxy never changes them.
+struct Shape {
+  int rank, size;
+};
+Shape shapeOf(Communicator& c) {
+  eccl::SharedCallerTurn peek(c.callerRole());
+  return {c.rank(), c.size()};
+}
+
+// Send and receive buffers that overlap give wrong results in every
+// algorithm (a ring reads what it already overwrote); in place, NCCL's
+// one allowed overlap, is the same pointer, or for allgather and
+// reducescatter this rank's block of the larger buffer.
+void checkOverlap(const void* in, size_t inBytes, const void* out, size_t outBytes, bool inPlace, const char* fn) {
+  if (!in || !out || inBytes == 0 || outBytes == 0 || inPlace) return;
+  const auto i = reinterpret_cast<uintptr_t>(in), o = reinterpret_cast<uintptr_t>(out);
+  if (i < o + outBytes && o < i + inBytes)
+    fail(ecclInvalidArgument,
+         "{}: sendbuff {} ({} bytes) and recvbuff {} ({} bytes) overlap, and the call is not in place (in place: "
+         "sendbuff == recvbuff, or for allgather and reducescatter this rank's block of the larger buffer)",
+         fn, in, inBytes, out, outBytes);
 }
 
 eccl::CommOptions optionsFrom(const ecclConfig_t* config, const char* what) {
@@ -187,31 +219,40 @@ ecclResult_t ecclCommInitStandby(ecclComm_t* comm, ecclUniqueId id, const ecclCo
 ecclResult_t ecclCommRecover(ecclComm_t comm, ecclRecoverPolicy_t policy) {
   return guarded(comm, "ecclCommRecover", [&] {
     Communicator& c = impl(comm, "ecclCommRecover");
-    afterStreamWork(comm);
+    Entered entered(comm, c.callerRole());
     c.recover(policy);
   });
 }
 
 ecclResult_t ecclCommSandbox(ecclComm_t comm, int nranks, int rank) {
-  return guarded(comm, "ecclCommSandbox", [&] { impl(comm, "ecclCommSandbox").setSandbox(nranks, rank); });
+  return guarded(comm, "ecclCommSandbox", [&] {
+    Communicator& c = impl(comm, "ecclCommSandbox");
+    Entered entered(comm, c.callerRole());
+    c.setSandbox(nranks, rank);
+  });
 }
 
 ecclResult_t ecclCommSandboxRecord(ecclComm_t comm, int calls) {
   return guarded(comm, "ecclCommSandboxRecord", [&] {
     Communicator& c = impl(comm, "ecclCommSandboxRecord");
-    afterStreamWork(comm);
+    Entered entered(comm, c.callerRole());
     c.recordSandboxCalls(calls);
   });
 }
 
 ecclResult_t ecclCommPrepare(ecclComm_t comm, int rank) {
-  return guarded(comm, "ecclCommPrepare", [&] { impl(comm, "ecclCommPrepare").prepareMigration(rank); });
+  return guarded(comm, "ecclCommPrepare", [&] {
+    Communicator& c = impl(comm, "ecclCommPrepare");
+    Entered entered(comm, c.callerRole());
+    c.prepareMigration(rank);
+  });
 }
 
 ecclResult_t ecclCommPrepareStatus(ecclComm_t comm, ecclPrepareState_t* state, int* leavingRank) {
   return guarded(comm, "ecclCommPrepareStatus", [&] {
     Communicator& c = impl(comm, "ecclCommPrepareStatus");
     if (!state) fail(ecclInvalidArgument, "ecclCommPrepareStatus: state is NULL");
+    Entered entered(comm, c.callerRole());
     std::string why;
     int leaving = -1;
     *state = c.prepareStatus(&why, &leaving);
@@ -223,7 +264,7 @@ ecclResult_t ecclCommPrepareStatus(ecclComm_t comm, ecclPrepareState_t* state, i
 ecclResult_t ecclCommSwitchover(ecclComm_t comm) {
   return guarded(comm, "ecclCommSwitchover", [&] {
     Communicator& c = impl(comm, "ecclCommSwitchover");
-    afterStreamWork(comm);
+    Entered entered(comm, c.callerRole());
     c.switchover();
   });
 }
@@ -249,8 +290,9 @@ ecclResult_t ecclCommRegisterStandby(ecclComm_t* comm, ecclUniqueId id, const ec
 
 ecclResult_t ecclCommAwaitPromotion(ecclComm_t comm, int64_t timeoutMs) {
   return guarded(comm, "ecclCommAwaitPromotion", [&] {
-    impl(comm, "ecclCommAwaitPromotion")
-        .awaitPromotion(eccl::deadlineAfterMs(timeoutMs > 0 ? timeoutMs : eccl::params::standbyTimeoutMs()));
+    Communicator& c = impl(comm, "ecclCommAwaitPromotion");
+    Entered entered(comm, c.callerRole());
+    c.awaitPromotion(eccl::deadlineAfterMs(timeoutMs > 0 ? timeoutMs : eccl::params::standbyTimeoutMs()));
   });
 }
 
@@ -259,7 +301,7 @@ ecclResult_t ecclCommReconfigure(ecclComm_t comm, const uint64_t* members, int c
   return guarded(comm, "ecclCommReconfigure", [&] {
     Communicator& c = impl(comm, "ecclCommReconfigure");
     if (!members || count < 1) fail(ecclInvalidArgument, "ecclCommReconfigure: members is NULL or count {} < 1", count);
-    afterStreamWork(comm);
+    Entered entered(comm, c.callerRole());
     c.reconfigure(std::vector<uint64_t>(members, members + count), uuid, timeoutMs);
   });
 }
@@ -271,7 +313,7 @@ ecclResult_t ecclCommRevoke(ecclComm_t comm) {
 ecclResult_t ecclCommGrow(ecclComm_t comm, int count) {
   return guarded(comm, "ecclCommGrow", [&] {
     Communicator& c = impl(comm, "ecclCommGrow");
-    afterStreamWork(comm);
+    Entered entered(comm, c.callerRole());
     c.grow(count);
   });
 }
@@ -281,7 +323,7 @@ ecclResult_t ecclMigrationSend(const void* sendbuff, size_t count, ecclDataType_
   return guarded(comm, "ecclMigrationSend", [&] {
     Communicator& c = impl(comm, "ecclMigrationSend");
     checkStream(stream, "ecclMigrationSend");
-    afterStreamWork(comm);
+    Entered entered(comm, c.callerRole());
     size_t bytes = Communicator::checkedBytes(count, datatype, 1, "ecclMigrationSend");
     Communicator::checkBuffer(sendbuff, count, "ecclMigrationSend sendbuff");
     c.migrationSend(sendbuff, bytes);
@@ -293,7 +335,7 @@ ecclResult_t ecclMigrationRecv(void* recvbuff, size_t count, ecclDataType_t data
   return guarded(comm, "ecclMigrationRecv", [&] {
     Communicator& c = impl(comm, "ecclMigrationRecv");
     checkStream(stream, "ecclMigrationRecv");
-    afterStreamWork(comm);
+    Entered entered(comm, c.callerRole());
     size_t bytes = Communicator::checkedBytes(count, datatype, 1, "ecclMigrationRecv");
     Communicator::checkBuffer(recvbuff, count, "ecclMigrationRecv recvbuff");
     c.migrationRecv(recvbuff, bytes);
@@ -303,7 +345,7 @@ ecclResult_t ecclMigrationRecv(void* recvbuff, size_t count, ecclDataType_t data
 ecclResult_t ecclLogConfigure(ecclComm_t comm, const ecclLogConfig_t* config) {
   return guarded(comm, "ecclLogConfigure", [&] {
     Communicator& c = impl(comm, "ecclLogConfigure");
-    afterStreamWork(comm);
+    Entered entered(comm, c.callerRole());
     ecclLogConfig_t off{};
     off.size = sizeof(off);
     if (config && (config->size < sizeof(size_t) || config->size > (1u << 16)))
@@ -318,7 +360,7 @@ ecclResult_t ecclLogSetTag(ecclComm_t comm, int64_t iteration, int32_t microbatc
   // Sends already on a stream are logged under the tag they were issued with.
   return guarded(comm, "ecclLogSetTag", [&] {
     Communicator& c = impl(comm, "ecclLogSetTag");
-    afterStreamWork(comm);
+    Entered entered(comm, c.callerRole());
     c.setLogTag(iteration, microbatch);
   });
 }
@@ -326,7 +368,7 @@ ecclResult_t ecclLogSetTag(ecclComm_t comm, int64_t iteration, int32_t microbatc
 ecclResult_t ecclLogTruncate(ecclComm_t comm, int64_t iteration) {
   return guarded(comm, "ecclLogTruncate", [&] {
     Communicator& c = impl(comm, "ecclLogTruncate");
-    afterStreamWork(comm);
+    Entered entered(comm, c.callerRole());
     c.truncateLog(iteration);
   });
 }
@@ -334,7 +376,7 @@ ecclResult_t ecclLogTruncate(ecclComm_t comm, int64_t iteration) {
 ecclResult_t ecclLogDiscard(ecclComm_t comm, int64_t fromIteration) {
   return guarded(comm, "ecclLogDiscard", [&] {
     Communicator& c = impl(comm, "ecclLogDiscard");
-    afterStreamWork(comm);
+    Entered entered(comm, c.callerRole());
     c.discardLog(fromIteration);
   });
 }
@@ -344,6 +386,7 @@ ecclResult_t ecclLogStats(ecclComm_t comm, ecclLogStats_t* stats) {
     Communicator& c = impl(comm, "ecclLogStats");
     if (!stats || stats->size < sizeof(size_t) || stats->size > (1u << 16))
       fail(ecclInvalidArgument, "ecclLogStats: stats is NULL or stats->size is not a valid struct size");
+    Entered entered(comm, c.callerRole());
     c.fillLogStats(stats);
   });
 }
@@ -351,7 +394,7 @@ ecclResult_t ecclLogStats(ecclComm_t comm, ecclLogStats_t* stats) {
 ecclResult_t ecclLogReplay(ecclComm_t comm, int peer, int64_t fromIteration, int64_t toIteration) {
   return guarded(comm, "ecclLogReplay", [&] {
     Communicator& c = impl(comm, "ecclLogReplay");
-    afterStreamWork(comm);
+    Entered entered(comm, c.callerRole());
     c.replayLog(peer, fromIteration, toIteration);
   });
 }
@@ -362,6 +405,7 @@ ecclResult_t ecclLogRead(ecclComm_t comm, int peer, size_t index, ecclLogRecord_
     Communicator& c = impl(comm, "ecclLogRead");
     if (!record || record->size < sizeof(size_t) || record->size > (1u << 16))
       fail(ecclInvalidArgument, "ecclLogRead: record is NULL or record->size is not a valid struct size");
+    Entered entered(comm, c.callerRole());
     c.readLog(peer, index, record, buffer, bufferBytes);
   });
 }
@@ -372,6 +416,7 @@ ecclResult_t ecclCommGetStats(ecclComm_t comm, ecclCommStats_t* stats) {
     if (!stats) fail(ecclInvalidArgument, "ecclCommGetStats: stats is NULL");
     if (stats->size < sizeof(size_t) + 8 || stats->size > (1u << 16))
       fail(ecclInvalidArgument, "ecclCommGetStats: stats->size={} is not a valid struct size", stats->size);
+    Entered entered(comm, c.callerRole());
     c.fillStats(stats);
   });
 }
@@ -404,9 +449,12 @@ ecclResult_t ecclCommInitFromEnv(ecclComm_t* comm) {
 ecclResult_t ecclCommDestroy(ecclComm_t comm) {
   return guarded(nullptr, "ecclCommDestroy", [&] {
     Communicator& c = impl(comm, "ecclCommDestroy");
-    comm->streams.reset();  // runs what the streams enqueued, then stops
-    comm->snapshots.reset();
-    c.destroy();
+    {
+      Entered entered(comm, c.callerRole());  // runs what the streams enqueued
+      comm->streams.reset();
+      comm->snapshots.reset();
+      c.destroy();
+    }
     delete comm->impl;
     delete comm;
   });
@@ -428,6 +476,7 @@ ecclResult_t ecclCommCount(const ecclComm_t comm, int* count) {
   return guarded(comm, "ecclCommCount", [&] {
     Communicator& c = impl(comm, "ecclCommCount");
     if (!count) fail(ecclInvalidArgument, "ecclCommCount: count is NULL");
+    eccl::SharedCallerTurn peek(c.callerRole());  // the proxy never changes the size
     *count = c.size();
   });
 }
@@ -436,6 +485,7 @@ ecclResult_t ecclCommUserRank(const ecclComm_t comm, int* rank) {
   return guarded(comm, "ecclCommUserRank", [&] {
     Communicator& c = impl(comm, "ecclCommUserRank");
     if (!rank) fail(ecclInvalidArgument, "ecclCommUserRank: rank is NULL");
+    eccl::SharedCallerTurn peek(c.callerRole());  // the proxy never changes the rank
     *rank = c.rank();
   });
 }
@@ -454,12 +504,20 @@ ecclResult_t ecclAllReduce(const void* in, void* out, size_t count, ecclDataType
                            ecclComm_t comm, ecclStream_t stream) {
   return guarded(comm, "ecclAllReduce", [&] {
     Communicator& c = impl(comm, "ecclAllReduce");
-    auto host = [&c, type, op](const void* i, void* o, size_t n) { runOrEnqueue(c, [=, &c] { c.allReduce(i, o, n, type, op); }); };
+    const size_t bytes = Communicator::checkedBytes(count, type, 1, "ecclAllReduce");
+    checkOverlap(in, bytes, out, bytes, in == out, "ecclAllReduce");
+    auto host = [&c, type, op](const void* i, void* o, size_t n) {
+      CallerTurn turn(c.callerRole());
+      runOrEnqueue(c, [=, &c] {
+        CallerTurn turn(c.callerRole());
+        c.allReduce(i, o, n, type, op);
+      });
+    };
     if (auto s = deviceStream(comm, stream, {in, out}, "ecclAllReduce")) {
-      Communicator::checkedBytes(count, type, 1, "ecclAllReduce");
       submitElementwise(comm, *s, in, out, count, type, host, "ecclAllReduce");
       return;
     }
+    Entered entered(comm, c.callerRole());
     host(in, out, count);
   });
 }
@@ -468,15 +526,23 @@ ecclResult_t ecclBroadcast(const void* in, void* out, size_t count, ecclDataType
                            ecclComm_t comm, ecclStream_t stream) {
   return guarded(comm, "ecclBroadcast", [&] {
     Communicator& c = impl(comm, "ecclBroadcast");
-    const bool atRoot = c.rank() == root;
-    auto host = [&c, type, root](const void* i, void* o, size_t n) { runOrEnqueue(c, [=, &c] { c.broadcast(i, o, n, type, root); }); };
+    const bool atRoot = shapeOf(c).rank == root;
+    const size_t bytes = Communicator::checkedBytes(count, type, 1, "ecclBroadcast");
+    if (atRoot) checkOverlap(in, bytes, out, bytes, in == out, "ecclBroadcast");
+    auto host = [&c, type, root](const void* i, void* o, size_t n) {
+      CallerTurn turn(c.callerRole());
+      runOrEnqueue(c, [=, &c] {
+        CallerTurn turn(c.callerRole());
+        c.broadcast(i, o, n, type, root);
+      });
+    };
     if (auto s = deviceStream(comm, stream, {atRoot ? in : nullptr, out}, "ecclBroadcast")) {
-      Communicator::checkedBytes(count, type, 1, "ecclBroadcast");
       // Off the root only the output is staged, and it is the input as well.
       submitElementwise(comm, *s, atRoot ? in : nullptr, out, count, type,
                         [host](const uint8_t* i, uint8_t* o, size_t n) { host(i ? i : o, o, n); }, "ecclBroadcast");
       return;
     }
+    Entered entered(comm, c.callerRole());
     host(in, out, count);
   });
 }
@@ -485,16 +551,22 @@ ecclResult_t ecclReduce(const void* in, void* out, size_t count, ecclDataType_t 
                         ecclComm_t comm, ecclStream_t stream) {
   return guarded(comm, "ecclReduce", [&] {
     Communicator& c = impl(comm, "ecclReduce");
-    const bool atRoot = c.rank() == root;
+    const bool atRoot = shapeOf(c).rank == root;
+    const size_t bytes = Communicator::checkedBytes(count, type, 1, "ecclReduce");
+    if (atRoot) checkOverlap(in, bytes, out, bytes, in == out, "ecclReduce");
     auto host = [&c, type, op, root](const void* i, void* o, size_t n) {
-      runOrEnqueue(c, [=, &c] { c.reduce(i, o, n, type, op, root); });
+      CallerTurn turn(c.callerRole());
+      runOrEnqueue(c, [=, &c] {
+        CallerTurn turn(c.callerRole());
+        c.reduce(i, o, n, type, op, root);
+      });
     };
     if (auto s = deviceStream(comm, stream, {in, atRoot ? out : nullptr}, "ecclReduce")) {
-      Communicator::checkedBytes(count, type, 1, "ecclReduce");
       // Off the root the output is scratch: staged, never copied back.
       submitElementwise(comm, *s, in, atRoot ? out : nullptr, count, type, host, "ecclReduce");
       return;
     }
+    Entered entered(comm, c.callerRole());
     host(in, out, count);
   });
 }
@@ -503,14 +575,24 @@ ecclResult_t ecclAllGather(const void* in, void* out, size_t sendcount, ecclData
                            ecclStream_t stream) {
   return guarded(comm, "ecclAllGather", [&] {
     Communicator& c = impl(comm, "ecclAllGather");
-    auto host = [&c, sendcount, type](const void* i, void* o) { runOrEnqueue(c, [=, &c] { c.allGather(i, o, sendcount, type); }); };
+    const Shape shape = shapeOf(c);
+    const size_t bytes = Communicator::checkedBytes(sendcount, type, 1, "ecclAllGather");
+    Communicator::checkedBytes(sendcount, type, shape.size, "ecclAllGather");
+    checkOverlap(in, bytes, out, bytes * shape.size, in == static_cast<const uint8_t*>(out) + bytes * shape.rank,
+                 "ecclAllGather");
+    auto host = [&c, sendcount, type](const void* i, void* o) {
+      CallerTurn turn(c.callerRole());
+      runOrEnqueue(c, [=, &c] {
+        CallerTurn turn(c.callerRole());
+        c.allGather(i, o, sendcount, type);
+      });
+    };
     if (auto s = deviceStream(comm, stream, {in, out}, "ecclAllGather")) {
-      size_t bytes = Communicator::checkedBytes(sendcount, type, 1, "ecclAllGather");
-      Communicator::checkedBytes(sendcount, type, c.size(), "ecclAllGather");
-      submit(comm, *s, {{in, bytes}}, {{out, bytes * c.size()}}, [host](const Ins& i, const Outs& o) { host(i[0], o[0]); },
-             "ecclAllGather");
+      submit(comm, *s, {{in, bytes}}, {{out, bytes * shape.size}},
+             [host](const Ins& i, const Outs& o) { host(i[0], o[0]); }, "ecclAllGather");
       return;
     }
+    Entered entered(comm, c.callerRole());
     host(in, out);
   });
 }
@@ -519,16 +601,24 @@ ecclResult_t ecclReduceScatter(const void* in, void* out, size_t recvcount, eccl
                                ecclComm_t comm, ecclStream_t stream) {
   return guarded(comm, "ecclReduceScatter", [&] {
     Communicator& c = impl(comm, "ecclReduceScatter");
+    const Shape shape = shapeOf(c);
+    const size_t bytes = Communicator::checkedBytes(recvcount, type, 1, "ecclReduceScatter");
+    Communicator::checkedBytes(recvcount, type, shape.size, "ecclReduceScatter");
+    checkOverlap(in, bytes * shape.size, out, bytes, out == static_cast<const uint8_t*>(in) + bytes * shape.rank,
+                 "ecclReduceScatter");
     auto host = [&c, recvcount, type, op](const void* i, void* o) {
-      runOrEnqueue(c, [=, &c] { c.reduceScatter(i, o, recvcount, type, op); });
+      CallerTurn turn(c.callerRole());
+      runOrEnqueue(c, [=, &c] {
+        CallerTurn turn(c.callerRole());
+        c.reduceScatter(i, o, recvcount, type, op);
+      });
     };
     if (auto s = deviceStream(comm, stream, {in, out}, "ecclReduceScatter")) {
-      size_t bytes = Communicator::checkedBytes(recvcount, type, 1, "ecclReduceScatter");
-      Communicator::checkedBytes(recvcount, type, c.size(), "ecclReduceScatter");
-      submit(comm, *s, {{in, bytes * c.size()}}, {{out, bytes}},
+      submit(comm, *s, {{in, bytes * shape.size}}, {{out, bytes}},
              [host](const Ins& i, const Outs& o) { host(i[0], o[0]); }, "ecclReduceScatter");
       return;
     }
+    Entered entered(comm, c.callerRole());
     host(in, out);
   });
 }
@@ -537,13 +627,22 @@ ecclResult_t ecclAllToAll(const void* in, void* out, size_t count, ecclDataType_
                           ecclStream_t stream) {
   return guarded(comm, "ecclAllToAll", [&] {
     Communicator& c = impl(comm, "ecclAllToAll");
-    auto host = [&c, count, type](const void* i, void* o) { runOrEnqueue(c, [=, &c] { c.allToAll(i, o, count, type); }); };
+    const size_t bytes = Communicator::checkedBytes(count, type, shapeOf(c).size, "ecclAllToAll");
+    // The same pointer is the core's to refuse: it says in place is not supported.
+    checkOverlap(in, bytes, out, bytes, in == out, "ecclAllToAll");
+    auto host = [&c, count, type](const void* i, void* o) {
+      CallerTurn turn(c.callerRole());
+      runOrEnqueue(c, [=, &c] {
+        CallerTurn turn(c.callerRole());
+        c.allToAll(i, o, count, type);
+      });
+    };
     if (auto s = deviceStream(comm, stream, {in, out}, "ecclAllToAll")) {
-      size_t bytes = Communicator::checkedBytes(count, type, c.size(), "ecclAllToAll");
       submit(comm, *s, {{in, bytes}}, {{out, bytes}}, [host](const Ins& i, const Outs& o) { host(i[0], o[0]); },
              "ecclAllToAll");
       return;
     }
+    Entered entered(comm, c.callerRole());
     host(in, out);
   });
 }
@@ -556,7 +655,7 @@ ecclResult_t ecclAllToAllv(const void* in, const size_t sendcounts[], const size
     if (auto s = deviceStream(comm, stream, {in, out}, "ecclAllToAllv")) {
       if (!sendcounts || !sdispls || !recvcounts || !rdispls)
         fail(ecclInvalidArgument, "ecclAllToAllv: counts and displacements must not be NULL");
-      const size_t ts = eccl::typeSize(type), n = static_cast<size_t>(c.size());
+      const size_t ts = eccl::typeSize(type), n = static_cast<size_t>(shapeOf(c).size);
       size_t inElems = 0, outElems = 0;
       for (size_t r = 0; r < n; ++r) {
         inElems = std::max(inElems, sdispls[r] + sendcounts[r]);
@@ -574,10 +673,12 @@ ecclResult_t ecclAllToAllv(const void* in, const size_t sendcounts[], const size
       for (size_t r = 0; r < n; ++r) segments.push_back({static_cast<uint8_t*>(out) + rdispls[r] * ts, recvcounts[r] * ts});
       submit(comm, *s, {{in, inElems * ts}}, std::move(segments),
              [&c, counts, n, ts, type](const Ins& i, const Outs& o) {
+               CallerTurn turn(c.callerRole());
                // Displacements within the staged segments, which start at o[0].
                auto staged = std::make_shared<std::vector<size_t>>(counts->begin(), counts->end());
                for (size_t r = 0; r < n; ++r) (*staged)[3 * n + r] = static_cast<size_t>(o[r] - o[0]) / ts;
                runOrEnqueue(c, [&c, staged, in = i[0], out = o[0], n, type] {
+                 CallerTurn turn(c.callerRole());
                  const size_t* k = staged->data();
                  c.allToAllv(in, k, k + n, out, k + 2 * n, k + 3 * n, type);
                });
@@ -585,15 +686,22 @@ ecclResult_t ecclAllToAllv(const void* in, const size_t sendcounts[], const size
              "ecclAllToAllv");
       return;
     }
-    runOrEnqueue(c, [=, &c] { c.allToAllv(in, sendcounts, sdispls, out, recvcounts, rdispls, type); });
+    Entered entered(comm, c.callerRole());
+    runOrEnqueue(c, [=, &c] {
+      CallerTurn turn(c.callerRole());
+      c.allToAllv(in, sendcounts, sdispls, out, recvcounts, rdispls, type);
+    });
   });
 }
 
 ecclResult_t ecclBarrier(ecclComm_t comm) {
   return guarded(comm, "ecclBarrier", [&] {
     Communicator& c = impl(comm, "ecclBarrier");
-    afterStreamWork(comm);
-    runOrEnqueue(c, [&c] { c.barrier(); });
+    Entered entered(comm, c.callerRole());
+    runOrEnqueue(c, [&c] {
+      CallerTurn turn(c.callerRole());
+      c.barrier();
+    });
   });
 }
 
@@ -603,14 +711,19 @@ ecclResult_t ecclSend(const void* buf, size_t count, ecclDataType_t type, int pe
     Communicator& c = impl(comm, "ecclSend");
     size_t bytes = Communicator::checkedBytes(count, type, 1, "ecclSend");
     Communicator::checkBuffer(buf, count, "ecclSend sendbuff");
-    c.checkRank(peer, "ecclSend peer");
-    if (peer == c.rank() && !eccl::group::active())
+    const Shape shape = shapeOf(c);
+    ECCL_CHECK_ARG(peer >= 0 && peer < shape.size, "ecclSend peer: rank {} is outside [0, {})", peer, shape.size);
+    if (peer == shape.rank && !eccl::group::active())
       fail(ecclInvalidUsage, "ecclSend to self (rank {}) outside a group would never complete", peer);
-    auto host = [&c, bytes, peer, type](const void* b) { sendOnHost(c, b, bytes, peer, type); };
+    auto host = [&c, bytes, peer, type](const void* b) {
+      CallerTurn turn(c.callerRole());
+      sendOnHost(c, b, bytes, peer, type);
+    };
     if (auto s = deviceStream(comm, stream, {buf}, "ecclSend")) {
       submit(comm, *s, {{buf, bytes}}, {}, [host](const Ins& i, const Outs&) { host(i[0]); }, "ecclSend");
       return;
     }
+    Entered entered(comm, c.callerRole());
     host(buf);
   });
 }
@@ -621,14 +734,19 @@ ecclResult_t ecclRecv(void* buf, size_t count, ecclDataType_t type, int peer, ec
     Communicator& c = impl(comm, "ecclRecv");
     size_t bytes = Communicator::checkedBytes(count, type, 1, "ecclRecv");
     Communicator::checkBuffer(buf, count, "ecclRecv recvbuff");
-    c.checkRank(peer, "ecclRecv peer");
-    if (peer == c.rank() && !eccl::group::active())
+    const Shape shape = shapeOf(c);
+    ECCL_CHECK_ARG(peer >= 0 && peer < shape.size, "ecclRecv peer: rank {} is outside [0, {})", peer, shape.size);
+    if (peer == shape.rank && !eccl::group::active())
       fail(ecclInvalidUsage, "ecclRecv from self (rank {}) outside a group would never complete", peer);
-    auto host = [&c, bytes, peer, type](void* b) { recvOnHost(c, b, bytes, peer, type); };
+    auto host = [&c, bytes, peer, type](void* b) {
+      CallerTurn turn(c.callerRole());
+      recvOnHost(c, b, bytes, peer, type);
+    };
     if (auto s = deviceStream(comm, stream, {buf}, "ecclRecv")) {
       submit(comm, *s, {}, {{buf, bytes}}, [host](const Ins&, const Outs& o) { host(o[0]); }, "ecclRecv");
       return;
     }
+    Entered entered(comm, c.callerRole());
     host(buf);
   });
 }

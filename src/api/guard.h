@@ -58,6 +58,31 @@ namespace eccl::api {
 
 void recordError(ecclComm_t comm, const std::string& message);
 
+// Lets the communicator's stream work run (stream_calls.cc): the stream
+// proxy holds the caller role while it runs an op.
+void afterStreamWork(ecclComm_t comm);
+
+// The way an entry point comes to hold the caller role
+// (common/caller_role.h): the stream work queued before it runs first, so
+// the proxy and the application never use the per-call state at once and
+// every rank sees one order of calls. clang's thread-safety analysis
+// rejects an entry point that uses that state without one. The calls that
+// must not wait for the streams (abort, revoke, the async error) use no
+// per-call state.
+class ECCL_SCOPED_CAPABILITY Entered {
+ public:
+  Entered(ecclComm_t comm, CallerRole& role) ECCL_ACQUIRE(role) : role_(role) {
+    afterStreamWork(comm);
+    role_.take();
+  }
+  ~Entered() ECCL_RELEASE() { role_.give(); }
+  Entered(const Entered&) = delete;
+  Entered& operator=(const Entered&) = delete;
+
+ private:
+  CallerRole& role_;
+};
+
 inline Communicator& impl(ecclComm_t comm, const char* fn) {
   if (!comm || !comm->impl) fail(ecclInvalidArgument, "{}: comm is NULL", fn);
   return *comm->impl;

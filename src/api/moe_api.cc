@@ -17,6 +17,7 @@
 
 using eccl::Communicator;
 using eccl::fail;
+using eccl::api::Entered;
 using eccl::api::guarded;
 using eccl::api::impl;
 
@@ -82,6 +83,11 @@ using eccl::api::DeviceDispatch;
 using Ins = std::vector<const uint8_t*>;
 using Outs = std::vector<uint8_t*>;
 
+int sizeOf(Communicator& c) {
+  eccl::SharedCallerTurn peek(c.callerRole());  // the proxy never changes it
+  return c.size();
+}
+
 void checkNotGrouped(const char* fn) {
   if (eccl::group::active())
     fail(ecclInvalidUsage, "{}: not inside ecclGroupStart/ecclGroupEnd (it is a group of exchanges already)", fn);
@@ -96,7 +102,7 @@ void dispatchOnDevice(ecclComm_t comm, Communicator& c, eccl::gpu::CUstream stre
   Communicator::checkedBytes(tokens, type, static_cast<size_t>(hidden), "ecclMoeDispatch x");
   Communicator::checkedBytes(tokens, ecclInt32, static_cast<size_t>(topk), "ecclMoeDispatch topkIds");
   const size_t tableBytes =
-      Communicator::checkedBytes(static_cast<size_t>(numExperts), ecclInt32, static_cast<size_t>(c.size()),
+      Communicator::checkedBytes(static_cast<size_t>(numExperts), ecclInt32, static_cast<size_t>(sizeOf(c)),
                                  "ecclMoeDispatch replicas");
   auto state = std::make_shared<DeviceDispatch>();
   state->stream = stream;
@@ -106,6 +112,7 @@ void dispatchOnDevice(ecclComm_t comm, Communicator& c, eccl::gpu::CUstream stre
       comm, stream,
       {{x, tokens * rowBytes}, {topkIds, tokens * topk * sizeof(int32_t)}, {replicas, tableBytes, tableOnHost}}, {},
       [state, &c, numTokens, topk, hidden, type, numExperts](const Ins& in, const Outs&) {
+        eccl::CallerTurn turn(c.callerRole());  // the proxy's, while it runs this
         try {
           state->finish(std::make_unique<eccl::moe::DispatchPlan>(
                             c, in[0], reinterpret_cast<const int32_t*>(in[1]), numTokens, topk, hidden, type,
@@ -148,6 +155,7 @@ void combineOnDevice(ecclComm_t comm, Communicator& c, eccl::gpu::CUstream strea
   {
     eccl::MutexLock lock(state->mu);
     eccl::moe::DispatchPlan& d = readyFor(*state, stream, "ecclMoeCombine");
+    eccl::SharedCallerTurn peek(c.callerRole());
     d.checkCombine(c, expertOutput, weights, out);
     rowsBytes = static_cast<size_t>(d.rowsReceived()) * d.rowBytes();
     const size_t choices = static_cast<size_t>(d.tokens()) * d.topk();
@@ -159,6 +167,7 @@ void combineOnDevice(ecclComm_t comm, Communicator& c, eccl::gpu::CUstream strea
   eccl::api::submit(
       comm, stream, std::move(ins), {{out, outBytes}},
       [&c, state](const Ins& in, const Outs& o) {
+        eccl::CallerTurn turn(c.callerRole());  // the proxy's, while it runs this
         builtPlan(*state)->combine(c, in[0], in.size() > 1 ? reinterpret_cast<const float*>(in[1]) : nullptr, o[0]);
       },
       "ecclMoeCombine");
@@ -171,6 +180,7 @@ void dispatchAlongOnDevice(ecclComm_t comm, Communicator& c, eccl::gpu::CUstream
   {
     eccl::MutexLock lock(state->mu);
     eccl::moe::DispatchPlan& d = readyFor(*state, stream, "ecclMoeDispatchAlong");
+    eccl::SharedCallerTurn peek(c.callerRole());
     d.checkAlong(c, rows, expertRows);
     inBytes = static_cast<size_t>(d.tokens()) * (perChoice ? d.topk() : 1) * d.rowBytes();
     outBytes = static_cast<size_t>(d.rowsReceived()) * d.rowBytes();
@@ -178,6 +188,7 @@ void dispatchAlongOnDevice(ecclComm_t comm, Communicator& c, eccl::gpu::CUstream
   eccl::api::submit(
       comm, stream, {{rows, inBytes}}, {{expertRows, outBytes}},
       [&c, state, perChoice](const Ins& in, const Outs& o) {
+        eccl::CallerTurn turn(c.callerRole());  // the proxy's, while it runs this
         builtPlan(*state)->dispatchAlong(c, in[0], perChoice, o[0]);
       },
       "ecclMoeDispatchAlong");
@@ -191,7 +202,10 @@ std::optional<eccl::gpu::CUstream> followingCall(ecclMoePlan_t plan, ecclComm_t 
   if (!plan) fail(ecclInvalidArgument, "{}: plan is NULL", fn);
   if (plan->comm != &c) fail(ecclInvalidArgument, "{}: the plan belongs to another communicator", fn);
   checkNotGrouped(fn);
-  c.checkUsable();
+  {
+    eccl::SharedCallerTurn peek(c.callerRole());
+    c.checkUsable();
+  }
   auto s = eccl::api::deviceStream(comm, stream, buffers, fn);
   if (s.has_value() != (plan->device != nullptr))
     fail(ecclInvalidArgument, "{}: the dispatch took {} buffers and this call {}; use one kind", fn,
@@ -211,11 +225,15 @@ ecclResult_t ecclMoeDispatch(const void* x, const int32_t* topkIds, int64_t numT
     if (!plan) fail(ecclInvalidArgument, "ecclMoeDispatch: plan is NULL");
     *plan = nullptr;
     checkNotGrouped("ecclMoeDispatch");
-    c.checkUsable();
+    {
+      eccl::SharedCallerTurn peek(c.callerRole());
+      c.checkUsable();
+    }
     if (auto s = eccl::api::deviceStream(comm, stream, {x, topkIds}, "ecclMoeDispatch")) {
       dispatchOnDevice(comm, c, *s, x, topkIds, numTokens, topk, hidden, datatype, replicas, numExperts, plan);
       return;
     }
+    Entered entered(comm, c.callerRole());
     auto p = std::make_unique<ecclMoePlan>();
     p->comm = &c;
     p->impl = std::make_unique<eccl::moe::DispatchPlan>(c, x, topkIds, numTokens, topk, hidden, datatype, replicas,
@@ -267,8 +285,10 @@ ecclResult_t ecclMoeCombine(ecclMoePlan_t plan, const void* expertOutput, const 
     auto s = followingCall(plan, comm, c, stream, {expertOutput, weights, out}, "ecclMoeCombine");
     if (s)
       combineOnDevice(comm, c, *s, plan->device, expertOutput, weights, out);
-    else
+    else {
+      Entered entered(comm, c.callerRole());
       plan->impl->combine(c, expertOutput, weights, out);
+    }
   });
 }
 
@@ -281,8 +301,10 @@ ecclResult_t ecclMoeDispatchAlong(ecclMoePlan_t plan, const void* rows, int perC
     auto s = followingCall(plan, comm, c, stream, {rows, expertRows}, "ecclMoeDispatchAlong");
     if (s)
       dispatchAlongOnDevice(comm, c, *s, plan->device, rows, perChoice == 1, expertRows);
-    else
+    else {
+      Entered entered(comm, c.callerRole());
       plan->impl->dispatchAlong(c, rows, perChoice == 1, expertRows);
+    }
   });
 }
 

@@ -7,6 +7,7 @@
 
 using eccl::Communicator;
 using eccl::fail;
+using eccl::api::Entered;
 using eccl::api::guarded;
 using eccl::api::impl;
 
@@ -23,10 +24,10 @@ void post(ecclComm_t comm, const char* fn, const void* buf, size_t count, ecclDa
   if (eccl::gpu::isDeviceMemory(buf))
     fail(ecclInvalidArgument, "{}: the buffer is device memory; {} takes host buffers (ecclSend/ecclRecv take device "
                               "buffers with a stream)", fn, fn);
+  if (eccl::group::active()) fail(ecclInvalidUsage, "{}: not inside ecclGroupStart/ecclGroupEnd (use ecclSend/ecclRecv)", fn);
+  Entered entered(comm, c.callerRole());
   c.checkRank(peer, fn);
   if (peer == c.rank()) fail(ecclInvalidUsage, "{}: rank {} cannot post to itself", fn, peer);
-  if (eccl::group::active()) fail(ecclInvalidUsage, "{}: not inside ecclGroupStart/ecclGroupEnd (use ecclSend/ecclRecv)", fn);
-  eccl::api::afterStreamWork(comm);
   auto r = std::make_unique<ecclRequest>();
   r->comm = comm;
   r->peer = peer;
@@ -71,7 +72,10 @@ ecclResult_t ecclTest(ecclRequest_t request, int* done) {
   if (!done) return guarded(nullptr, "ecclTest", [] { fail(ecclInvalidArgument, "ecclTest: done is NULL"); });
   *done = 0;
   ecclResult_t r = settle(request, "ecclTest", [&] {
-    return impl(request->comm, "ecclTest").testP2p(request->request, request->peer, request->isSend);
+    // A recording of sandbox calls (the proxy's too) sees the receive end.
+    Communicator& c = impl(request->comm, "ecclTest");
+    Entered entered(request->comm, c.callerRole());
+    return c.testP2p(request->request, request->peer, request->isSend);
   });
   *done = request && request->finished;
   return r;
@@ -79,7 +83,9 @@ ecclResult_t ecclTest(ecclRequest_t request, int* done) {
 
 ecclResult_t ecclWait(ecclRequest_t request) {
   return settle(request, "ecclWait", [&] {
-    impl(request->comm, "ecclWait").waitP2p(request->request, request->peer, request->isSend);
+    Communicator& c = impl(request->comm, "ecclWait");
+    Entered entered(request->comm, c.callerRole());
+    c.waitP2p(request->request, request->peer, request->isSend);
     return true;
   });
 }
@@ -90,6 +96,9 @@ ecclResult_t ecclIprobe(int* peer, int* arrived, size_t* bytes, ecclComm_t comm)
     if (!peer || !arrived || !bytes) fail(ecclInvalidArgument, "ecclIprobe: peer, arrived and bytes must not be NULL");
     *arrived = 0;
     *bytes = 0;
+    // After the stream work: a stream-ordered receive before this probe
+    // moves the sequence number the probe looks at.
+    Entered entered(comm, c.callerRole());
     if (c.sandboxed()) fail(ecclInvalidUsage, "ecclIprobe: nothing arrives in the sandbox (a standby has no rank yet)");
     if (eccl::group::active()) fail(ecclInvalidUsage, "ecclIprobe: not inside ecclGroupStart/ecclGroupEnd");
     if (*peer != ECCL_ANY_SOURCE) {

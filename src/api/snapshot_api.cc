@@ -40,19 +40,26 @@ ecclResult_t ecclSnapshotConfigure(ecclComm_t comm, const ecclSnapshotConfig_t* 
     settings.replicas = cfg.replicas || cfg.replicasSet ? cfg.replicas : static_cast<int>(params::snapshotReplicas());
     settings.maxInFlightBytes =
         cfg.maxInFlightBytes ? cfg.maxInFlightBytes : static_cast<size_t>(params::snapshotInFlightBytes());
-    if (comm->snapshots && !comm->snapshots->viewShrank())
-      fail(ecclInvalidUsage,
-           "ecclSnapshotConfigure: snapshots are configured already (again only after the view shrank; after a "
-           "replacement every rank calls ecclSnapshotRestore)");
-    api::afterStreamWork(comm);
+    api::Entered entered(comm, c.callerRole());
     if (comm->snapshots) {
+      snapshot::Snapshots& old = *comm->snapshots;
+      {
+        SharedCallerTurn same(old.callerRole());  // the role entered above, named through the snapshots
+        if (!old.viewShrank())
+          fail(ecclInvalidUsage,
+               "ecclSnapshotConfigure: snapshots are configured already (again only after the view shrank; after a "
+               "replacement every rank calls ecclSnapshotRestore)");
+      }
       // Starting over on a shrunken view: checked first, so a refused
       // configure keeps the copies the caller may still read.
       snapshot::Snapshots::checkConfig(settings, c.size());
       comm->snapshots.reset();
     }
     auto created = std::make_unique<snapshot::Snapshots>(c);
-    created->configure(settings);
+    {
+      CallerTurn same(created->callerRole());  // likewise
+      created->configure(settings);
+    }
     comm->snapshots = std::move(created);
   });
 }
@@ -109,6 +116,7 @@ ecclResult_t ecclSnapshotGet(ecclComm_t comm, const char* name, void* buff, size
     std::string n = nameArg(name, "ecclSnapshotGet");
     if (!buff && bytes) fail(ecclInvalidArgument, "ecclSnapshotGet: buff is NULL with {} bytes", bytes);
     const bool device = bytes && gpu::isDeviceMemory(buff);
+    api::Entered entered(comm, s.callerRole());
     int64_t v = s.get(n, bytes, [&](const uint8_t* from) {
       if (device) gpu::copyToDevice(buff, from, bytes, "ecclSnapshotGet");
       else std::memcpy(buff, from, bytes);
@@ -155,7 +163,7 @@ ecclResult_t ecclSnapshotGetHeld(ecclComm_t comm, int owner, const char* name, v
 ecclResult_t ecclSnapshotRestore(ecclComm_t comm, int64_t* version) {
   return api::guarded(comm, "ecclSnapshotRestore", [&] {
     auto& s = snapshots(comm, "ecclSnapshotRestore");
-    api::afterStreamWork(comm);
+    api::Entered entered(comm, s.callerRole());
     int64_t v = s.restore();
     if (version) *version = v;
   });
@@ -179,7 +187,7 @@ ecclResult_t ecclSnapshotLoad(ecclComm_t comm, const char* directory, int64_t* v
   return api::guarded(comm, "ecclSnapshotLoad", [&] {
     if (!directory) fail(ecclInvalidArgument, "ecclSnapshotLoad: directory is NULL");
     auto& s = snapshots(comm, "ecclSnapshotLoad");
-    api::afterStreamWork(comm);
+    api::Entered entered(comm, s.callerRole());
     int64_t v = s.load(directory);
     if (version) *version = v;
   });

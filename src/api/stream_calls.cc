@@ -89,7 +89,6 @@ std::optional<gpu::CUstream> deviceStream(ecclComm_t comm, ecclStream_t stream,
            "take a stream, or NULL for the default stream)",
            fn);
     noteGroupKind(comm, false, fn);
-    afterStreamWork(comm);
     return std::nullopt;
   }
   if (device != given)

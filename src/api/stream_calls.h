@@ -15,18 +15,12 @@ namespace eccl::api {
 
 // The stream to enqueue on when the call names device buffers (NULL: the
 // legacy default stream, as NCCL's stream 0); nullopt for a host call,
-// which first lets the communicator's stream work run, so calls keep one
-// order on every rank. Throws on host buffers with a stream, on a mix of
-// host and device buffers, and on a group that would mix host and device
-// buffers on one communicator.
+// whose entry point then enters the communicator (api::Entered). Throws
+// on host buffers with a stream, on a mix of host and device buffers, and
+// on a group that would mix host and device buffers on one communicator.
 std::optional<gpu::CUstream> deviceStream(ecclComm_t comm, ecclStream_t stream,
                                           std::initializer_list<const void*> buffers, const char* fn);
 gpu::StreamProxy& streams(ecclComm_t comm);
-// A call on the communicator that is not stream-ordered (host buffers,
-// membership, logs) first lets its stream work run: the proxy thread and
-// the caller must not use the communicator at once, and every rank must
-// see one order of calls.
-void afterStreamWork(ecclComm_t comm);
 
 // The entry point's host path, run on pinned copies of its buffers: in[i]
 // is input i, out[j] output j, in the order the call listed them.

@@ -20,6 +20,11 @@
 #define ECCL_EXCLUDES(...) ECCL_TSA(locks_excluded(__VA_ARGS__))
 #define ECCL_ACQUIRE(...) ECCL_TSA(acquire_capability(__VA_ARGS__))
 #define ECCL_RELEASE(...) ECCL_TSA(release_capability(__VA_ARGS__))
+#define ECCL_REQUIRES_SHARED(...) ECCL_TSA(requires_shared_capability(__VA_ARGS__))
+#define ECCL_ACQUIRE_SHARED(...) ECCL_TSA(acquire_shared_capability(__VA_ARGS__))
+#define ECCL_RELEASE_SHARED(...) ECCL_TSA(release_shared_capability(__VA_ARGS__))
+#define ECCL_RETURN_CAPABILITY(x) ECCL_TSA(lock_returned(x))
+#define ECCL_ASSERT_CAPABILITY(x) ECCL_TSA(assert_capability(x))
 
 namespace eccl {
 

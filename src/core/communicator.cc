@@ -29,17 +29,18 @@ class Communicator::OpLinks final : public coll::Links {
  public:
   OpLinks(Communicator& c, uint64_t seq, const char* name, const transport::CallSignature* signature)
       : comm_(c), seq_(seq), name_(name), signature_(signature), deadline_(deadlineAfterMs(c.timeoutMs_)) {}
-  int rank() const override { return comm_.rank_; }
-  int size() const override { return comm_.size(); }
-  transport::RequestPtr isend(int peer, uint32_t tag, const void* buf, size_t bytes) override {
+  // Called only inside runCollective, which holds the role.
+  int rank() const override ECCL_REQUIRES(comm_.caller_) { return comm_.rank_; }
+  int size() const override ECCL_REQUIRES(comm_.caller_) { return comm_.size(); }
+  transport::RequestPtr isend(int peer, uint32_t tag, const void* buf, size_t bytes) override ECCL_REQUIRES(comm_.caller_) {
     return comm_.device_->isend(comm_.view_.rankToMember[peer], seq_, tag, buf, bytes, nullptr, signature_);
   }
-  transport::RequestPtr irecv(int peer, uint32_t tag, void* buf, size_t bytes) override {
+  transport::RequestPtr irecv(int peer, uint32_t tag, void* buf, size_t bytes) override ECCL_REQUIRES(comm_.caller_) {
     return comm_.device_->irecv(comm_.view_.rankToMember[peer], seq_, tag, buf, bytes, signature_);
   }
   // The op's label is formatted only when a wait fails: small ops are a
   // few microseconds and a string per op shows up in their profile.
-  void wait(const transport::RequestPtr& r) override {
+  void wait(const transport::RequestPtr& r) override ECCL_REQUIRES(comm_.caller_) {
     try {
       comm_.device_->wait(r, deadline_, {});
     } catch (const Error& e) {
@@ -47,7 +48,7 @@ class Communicator::OpLinks final : public coll::Links {
     }
   }
   size_t segmentBytes() const override { return comm_.segmentBytes_; }
-  uint8_t* scratch(int slot, size_t bytes) override { return comm_.scratch(slot, bytes); }
+  uint8_t* scratch(int slot, size_t bytes) override ECCL_REQUIRES(comm_.caller_) { return comm_.scratch(slot, bytes); }
 
  private:
   Communicator& comm_;
@@ -59,6 +60,7 @@ class Communicator::OpLinks final : public coll::Links {
 
 Communicator::Communicator(int nranks, const ecclUniqueId& id, int rank, const CommOptions& o)
     : timeoutMs_(o.timeoutMs > 0 ? o.timeoutMs : params::timeoutMs()) {
+  CallerTurn turn(caller_);  // nobody else can reach this object yet
   ECCL_CHECK_ARG(nranks >= 1, "ecclCommInitRank: nranks={} must be at least 1", nranks);
   ECCL_CHECK_ARG(rank >= 0 && rank < nranks, "ecclCommInitRank: rank {} is outside [0, {})", rank, nranks);
   join(id, membership::Role::kRank, rank, nranks, o);
@@ -82,6 +84,7 @@ Communicator::Communicator(int nranks, const ecclUniqueId& id, int rank, const C
 
 Communicator::Communicator(const ecclUniqueId& id, const CommOptions& o, int64_t promotionTimeoutMs, bool wait)
     : timeoutMs_(o.timeoutMs > 0 ? o.timeoutMs : params::timeoutMs()) {
+  CallerTurn turn(caller_);  // nobody else can reach this object yet
   eager_ = params::prepareEager();
   standby_ = true;
   startedAsStandby_ = true;
@@ -409,7 +412,10 @@ void Communicator::popSelfRecv(void* buf, size_t bytes) {
   if (n) std::memmove(buf, src, n);
 }
 
-void Communicator::abort() { device_->abort(fmt::format("rank {}: communicator aborted by the application", rank_)); }
+// Any thread: the rank is the caller's state, the member id is not.
+void Communicator::abort() {
+  device_->abort(fmt::format("member {:016x}: communicator aborted by the application", self_));
+}
 
 void Communicator::destroy() {
   if (feed_) feed_->stop();
@@ -511,9 +517,9 @@ void Communicator::allReduce(const void* in, void* out, size_t count, ecclDataTy
   checkBuffer(in, count, "allreduce sendbuff");
   checkBuffer(out, count, "allreduce recvbuff");
   const auto signature = signatureOf(transport::CallKind::kAllReduce, count, type, op);
-  if (sandboxed()) return sandboxCall(signature, out, bytes, [&] { sandboxCopy(in, out, bytes); });
-  runCollective("allreduce", signature, [&](OpLinks& links) {
-    reduceWide(in, count, out, count, type, op, size(), true, [&](const void* i, void* o, ecclDataType_t t) {
+  if (sandboxed()) return sandboxCall(signature, out, bytes, [&]() ECCL_REQUIRES(caller_) { sandboxCopy(in, out, bytes); });
+  runCollective("allreduce", signature, [&](OpLinks& links) ECCL_REQUIRES(caller_) {
+    reduceWide(in, count, out, count, type, op, size(), true, [&](const void* i, void* o, ecclDataType_t t) ECCL_REQUIRES(caller_) {
       if (bytes > smallAllreduceBytes_)
         coll::allreduceRing(links, i, o, count, t, op);
       else if (smallAllreduceDoubling_ || size() == 2)  // at two ranks: one exchange with the ring neighbour
@@ -531,8 +537,8 @@ void Communicator::broadcast(const void* in, void* out, size_t count, ecclDataTy
   checkBuffer(out, count, "broadcast recvbuff");
   const auto signature = signatureOf(transport::CallKind::kBroadcast, count, type, -1, root);
   if (sandboxed())
-    return sandboxCall(signature, out, bytes, [&] { rank_ == root ? sandboxCopy(in, out, bytes) : sandboxZero(out, bytes); });
-  runCollective("broadcast", signature, [&](OpLinks& links) { coll::broadcastChain(links, in, out, bytes, root); }, out,
+    return sandboxCall(signature, out, bytes, [&]() ECCL_REQUIRES(caller_) { rank_ == root ? sandboxCopy(in, out, bytes) : sandboxZero(out, bytes); });
+  runCollective("broadcast", signature, [&](OpLinks& links) ECCL_REQUIRES(caller_) { coll::broadcastChain(links, in, out, bytes, root); }, out,
                 bytes);
 }
 
@@ -545,10 +551,10 @@ void Communicator::reduce(const void* in, void* out, size_t count, ecclDataType_
   const auto signature = signatureOf(transport::CallKind::kReduce, count, type, op, root);
   const size_t outBytes = rank_ == root ? reduceBytes : 0;
   if (sandboxed())
-    return sandboxCall(signature, out, outBytes, [&] { if (outBytes) sandboxCopy(in, out, reduceBytes); });
-  runCollective("reduce", signature, [&](OpLinks& links) {
+    return sandboxCall(signature, out, outBytes, [&]() ECCL_REQUIRES(caller_) { if (outBytes) sandboxCopy(in, out, reduceBytes); });
+  runCollective("reduce", signature, [&](OpLinks& links) ECCL_REQUIRES(caller_) {
     reduceWide(in, count, out, count, type, op, size(), rank_ == root,
-               [&](const void* i, void* o, ecclDataType_t t) { coll::reduceChain(links, i, o, count, t, op, root); });
+               [&](const void* i, void* o, ecclDataType_t t) ECCL_REQUIRES(caller_) { coll::reduceChain(links, i, o, count, t, op, root); });
   }, out, outBytes);
 }
 
@@ -559,11 +565,11 @@ void Communicator::allGather(const void* in, void* out, size_t sendCount, ecclDa
   checkBuffer(out, sendCount, "allgather recvbuff");
   const auto signature = signatureOf(transport::CallKind::kAllGather, sendCount, type);
   if (sandboxed())
-    return sandboxCall(signature, out, bytes * size(), [&] {
+    return sandboxCall(signature, out, bytes * size(), [&]() ECCL_REQUIRES(caller_) {
       sandboxZero(out, bytes * size());
       sandboxCopy(in, static_cast<uint8_t*>(out) + bytes * rank_, bytes);
     });
-  runCollective("allgather", signature, [&](OpLinks& links) { coll::allGatherRing(links, in, out, bytes); }, out,
+  runCollective("allgather", signature, [&](OpLinks& links) ECCL_REQUIRES(caller_) { coll::allGatherRing(links, in, out, bytes); }, out,
                 bytes * size());
 }
 
@@ -575,12 +581,12 @@ void Communicator::reduceScatter(const void* in, void* out, size_t recvCount, ec
   checkBuffer(out, recvCount, "reducescatter recvbuff");
   const auto signature = signatureOf(transport::CallKind::kReduceScatter, recvCount, type, op);
   if (sandboxed())
-    return sandboxCall(signature, out, scatterBytes, [&] {
+    return sandboxCall(signature, out, scatterBytes, [&]() ECCL_REQUIRES(caller_) {
       sandboxCopy(static_cast<const uint8_t*>(in) + scatterBytes * rank_, out, scatterBytes);
     });
-  runCollective("reducescatter", signature, [&](OpLinks& links) {
+  runCollective("reducescatter", signature, [&](OpLinks& links) ECCL_REQUIRES(caller_) {
     reduceWide(in, recvCount * size(), out, recvCount, type, op, size(), true,
-               [&](const void* i, void* o, ecclDataType_t t) { coll::reduceScatterRing(links, i, o, recvCount, t, op); });
+               [&](const void* i, void* o, ecclDataType_t t) ECCL_REQUIRES(caller_) { coll::reduceScatterRing(links, i, o, recvCount, t, op); });
   }, out, scatterBytes);
 }
 
@@ -594,11 +600,11 @@ void Communicator::allToAll(const void* in, void* out, size_t count, ecclDataTyp
   for (int r = 0; r < size(); ++r) offsets[r] = bytes * r;
   const auto signature = signatureOf(transport::CallKind::kAllToAll, count, type);
   if (sandboxed())
-    return sandboxCall(signature, out, bytes * size(), [&] {
+    return sandboxCall(signature, out, bytes * size(), [&]() ECCL_REQUIRES(caller_) {
       sandboxZero(out, bytes * size());
       sandboxCopy(static_cast<const uint8_t*>(in) + offsets[rank_], static_cast<uint8_t*>(out) + offsets[rank_], bytes);
     });
-  runCollective("alltoall", signature, [&](OpLinks& links) {
+  runCollective("alltoall", signature, [&](OpLinks& links) ECCL_REQUIRES(caller_) {
     coll::allToAllvPairwise(links, in, sizes.data(), offsets.data(), out, sizes.data(), offsets.data());
   }, out, bytes * size());
 }
@@ -626,12 +632,12 @@ void Communicator::allToAllv(const void* in, const size_t* sendCounts, const siz
   // Recorded by signature only: its blocks need not tile the buffer.
   const auto signature = signatureOf(transport::CallKind::kAllToAllv, 0, type);
   if (sandboxed())
-    return sandboxCall(signature, nullptr, 0, [&] {
+    return sandboxCall(signature, nullptr, 0, [&]() ECCL_REQUIRES(caller_) {
       for (int r = 0; r < size(); ++r) sandboxZero(static_cast<uint8_t*>(out) + ro[r], rb[r]);
       sandboxCopy(static_cast<const uint8_t*>(in) + so[rank_], static_cast<uint8_t*>(out) + ro[rank_], sb[rank_]);
     });
   // Counts differ per pair by design; each message's size is checked.
-  runCollective("alltoallv", signature, [&](OpLinks& links) {
+  runCollective("alltoallv", signature, [&](OpLinks& links) ECCL_REQUIRES(caller_) {
     coll::allToAllvPairwise(links, in, sb.data(), so.data(), out, rb.data(), ro.data());
   });
 }

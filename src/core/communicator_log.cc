@@ -29,11 +29,11 @@ void Communicator::replayLog(int peer, int64_t fromIteration, int64_t toIteratio
   Deadline deadline = deadlineAfterMs(timeoutMs_);
   size_t sent = sendLog_.replay(
       peer, fromIteration, toIteration,
-      [&](const uint8_t* payload, size_t bytes, const uint32_t* crc) {
+      [&](const uint8_t* payload, size_t bytes, const uint32_t* crc) ECCL_REQUIRES(caller_) {
         uint64_t seq = transport::FrameHeader::kP2pBit | ++sendSeq_[peer];
         return device_->isend(view_.rankToMember[peer], seq, 0, payload, bytes, crc);
       },
-      [&](const transport::RequestPtr& request, const std::string& what) {
+      [&](const transport::RequestPtr& request, const std::string& what) ECCL_REQUIRES(caller_) {
         device_->wait(request, deadline, fmt::format("{} (rank {}, epoch {})", what, rank_, view_.epoch));
       });
   log::info("rank {}: replayed {} record(s) of iterations [{}, {}] to rank {}", rank_, sent, fromIteration,

@@ -69,7 +69,7 @@ void Communicator::sandboxZero(void* out, size_t bytes) {
 }
 
 transport::RequestPtr Communicator::sandboxPointToPoint(const transport::CallSignature& s, void* out, size_t bytes) {
-  sandboxCall(s, out, out ? bytes : 0, [&] { if (out) sandboxZero(out, bytes); });
+  sandboxCall(s, out, out ? bytes : 0, [&]() ECCL_REQUIRES(caller_) { if (out) sandboxZero(out, bytes); });
   auto done = std::make_shared<transport::Request>();
   done->bytes = bytes;
   done->state.store(transport::Request::kDone);

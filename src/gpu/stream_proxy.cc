@@ -256,6 +256,9 @@ void StreamProxy::run() {
     try {
       if (!job->op) throw Error(ecclSystemError, "the op could not be enqueued on its stream");
       auto* host = static_cast<uint8_t*>(job->staging->host);
+      // This thread is the communicator's caller while the op runs: entry
+      // points drain this queue before they take the role (api::Entered).
+      CallerTurn turn(comm_.callerRole());
       (*job->op)(host + job->chunk.inOffset, host + job->outBase + job->chunk.outOffset, job->index);
     } catch (const Error& e) {
       comm_.recordAsyncError(e.code(), fmt::format("{} (stream-ordered, chunk {}): {}", job->what, job->index, e.what()));

@@ -121,7 +121,8 @@ DispatchPlan::DispatchPlan(Communicator& comm, const void* x, const int32_t* top
     std::copy_n(gathered.begin() + static_cast<ptrdiff_t>(j * stride), nexperts,
                 all.begin() + static_cast<ptrdiff_t>(j) * nexperts);
   ScheduleInput in{n, nexperts, all.data(), replicas};
-  schedule_ = invalidToEccl("ecclMoeDispatch", [&] { return computeSchedule(in, comm.rank()); });
+  const int rank = comm.rank();
+  schedule_ = invalidToEccl("ecclMoeDispatch", [&] { return computeSchedule(in, rank); });
   permute_ = invalidToEccl("ecclMoeDispatch", [&] { return planPermute(topk, tokens, k, schedule_, nexperts); });
   layout_ = planReceive(schedule_);
   uint8_t* sendBuf = scratch(kSendSide, static_cast<size_t>(permute_.sendRows) * rowBytes_);

@@ -17,21 +17,22 @@ class DispatchPlan {
  public:
   // Collective over `comm`; replicas[e * nranks + j] must be the same on every rank.
   DispatchPlan(Communicator& comm, const void* x, const int32_t* topk, int64_t tokens, int k, int64_t hidden,
-               ecclDataType_t type, const int32_t* replicas, int nexperts);
+               ecclDataType_t type, const int32_t* replicas, int nexperts) ECCL_REQUIRES(comm.callerRole());
   // The checks that need no data, as the constructor makes them; returns the bytes of one row.
   static size_t checkArguments(const void* x, const int32_t* topk, int64_t tokens, int k, int64_t hidden,
                                ecclDataType_t type, const int32_t* replicas, int nexperts);
   // The checks combine makes before any data moves.
-  void checkCombine(const Communicator& comm, const void* expertOutput, const float* weights, const void* out) const;
+  void checkCombine(const Communicator& comm, const void* expertOutput, const float* weights, const void* out) const
+      ECCL_REQUIRES_SHARED(comm.callerRole());
   // Expert outputs in the expert-major layout of expertInput(); collective.
   // weights NULL: out is [tokens][k] rows, each choice's result unweighted
   // (zeros for no choice), for any element type.
-  void combine(Communicator& comm, const void* expertOutput, const float* weights, void* out);
+  void combine(Communicator& comm, const void* expertOutput, const float* weights, void* out) ECCL_REQUIRES(comm.callerRole());
   // Rows routed along this plan with no new counts (the backward of
   // combine): per token like x, or per choice ([tokens][k] rows); the
   // result lands in expertMajor, laid out like expertInput(). Collective.
-  void checkAlong(const Communicator& comm, const void* rows, const void* expertMajor) const;
-  void dispatchAlong(Communicator& comm, const void* rows, bool perChoice, void* expertMajor);
+  void checkAlong(const Communicator& comm, const void* rows, const void* expertMajor) const ECCL_REQUIRES_SHARED(comm.callerRole());
+  void dispatchAlong(Communicator& comm, const void* rows, bool perChoice, void* expertMajor) ECCL_REQUIRES(comm.callerRole());
 
   void* expertInput() { return grouped_.get(); }
   const std::vector<int32_t>& localExperts() const { return schedule_.localExperts; }
@@ -47,11 +48,11 @@ class DispatchPlan {
   size_t rowBytes() const { return rowBytes_; }
 
  private:
-  void checkEpoch(const Communicator& comm, const char* fn) const;
+  void checkEpoch(const Communicator& comm, const char* fn) const ECCL_REQUIRES_SHARED(comm.callerRole());
   // The send buffer (send-buffer order) to the expert-major rows, and back.
-  void exchangeForward(Communicator& comm, const uint8_t* sendBuf, void* expertMajor);
+  void exchangeForward(Communicator& comm, const uint8_t* sendBuf, void* expertMajor) ECCL_REQUIRES(comm.callerRole());
   // The rows in send-buffer order, in this thread's receive scratch.
-  const uint8_t* exchangeBackward(Communicator& comm, const void* expertMajor);
+  const uint8_t* exchangeBackward(Communicator& comm, const void* expertMajor) ECCL_REQUIRES(comm.callerRole());
 
   int64_t tokens_, hidden_;
   int k_;

@@ -23,14 +23,14 @@ struct RankInfo {
   std::string hostKey() const { return std::string(host, strnlen(host, sizeof(host))); }
 };
 
-inline std::vector<RankInfo> gatherRecords(Communicator& comm, const RankInfo& mine) {
+inline std::vector<RankInfo> gatherRecords(Communicator& comm, const RankInfo& mine) ECCL_REQUIRES(comm.callerRole()) {
   std::vector<RankInfo> all(static_cast<size_t>(comm.size()));
   comm.allGather(&mine, all.data(), sizeof(RankInfo), ecclUint8);
   return all;
 }
 
 inline std::vector<RankInfo> gatherInfo(Communicator& comm, int replicas, bool fresh, int64_t committed,
-                                        uint64_t generation, const std::string& hostKey) {
+                                        uint64_t generation, const std::string& hostKey) ECCL_REQUIRES(comm.callerRole()) {
   RankInfo mine;
   mine.replicas = replicas;
   mine.fresh = fresh ? 1 : 0;
@@ -41,7 +41,7 @@ inline std::vector<RankInfo> gatherInfo(Communicator& comm, int replicas, bool f
 }
 
 // `bytes` from `root` to every rank (size first).
-inline void broadcastBytes(Communicator& comm, int root, std::vector<uint8_t>& bytes) {
+inline void broadcastBytes(Communicator& comm, int root, std::vector<uint8_t>& bytes) ECCL_REQUIRES(comm.callerRole()) {
   uint64_t size = bytes.size();
   comm.broadcast(&size, &size, 1, ecclUint64, root);
   bytes.resize(size);

@@ -36,6 +36,9 @@ struct Config {
 class Snapshots {
  public:
   explicit Snapshots(Communicator& comm);
+  // Its communicator's caller role (common/caller_role.h): what the
+  // collective calls below require.
+  CallerRole& callerRole() const ECCL_RETURN_CAPABILITY(comm_.callerRole()) { return comm_.callerRole(); }
   ~Snapshots();
   Snapshots(const Snapshots&) = delete;
   Snapshots& operator=(const Snapshots&) = delete;
@@ -43,7 +46,7 @@ class Snapshots {
   // Collective over the view for its members (they agree on the replica
   // count and learn each other's hosts); local for a member that came as a
   // standby, whose restore() does the same with the others.
-  void configure(const Config& config);
+  void configure(const Config& config) ECCL_REQUIRES(callerRole());
   // Copies `bytes` into version `version`: `fill` writes them into the
   // snapshot's own buffer (one copy, from host or device memory).
   void put(int64_t version, const std::string& name, size_t bytes, const std::function<void(uint8_t*)>& fill);
@@ -56,7 +59,7 @@ class Snapshots {
   std::vector<std::pair<std::string, Entry>> list() const;
   // Hands this rank's committed copy of `name` (`bytes` long, checked) to
   // `read`; returns the version it comes from.
-  int64_t get(const std::string& name, size_t bytes, const std::function<void(const uint8_t*)>& read) const;
+  int64_t get(const std::string& name, size_t bytes, const std::function<void(const uint8_t*)>& read) const ECCL_REQUIRES(callerRole());
   // The replicas this rank holds (owner: a rank of the snapshots' view,
   // which a view change leaves in place until restore or a new configure).
   struct Held {
@@ -69,18 +72,18 @@ class Snapshots {
                   const std::function<void(const uint8_t*)>& read) const;
   // The communicator's view is smaller than the snapshots' (a recovery
   // shrank it): the snapshots may start over on it (a new configure).
-  bool viewShrank() const;
+  bool viewShrank() const ECCL_REQUIRES_SHARED(callerRole());
   // ecclInvalidArgument unless `config` suits a view of `size` ranks.
   static void checkConfig(const Config& config, int size);
   // Collective over the current view after a view change: the ranks agree
   // on the newest committed version, a member that came as a standby gets
   // its rank's shards from the survivors, every rank fetches the replicas
   // it now holds, and replication resumes at the new epoch.
-  int64_t restore();
+  int64_t restore() ECCL_REQUIRES(callerRole());
   // Second level (persist.cc).
   void persist(const std::string& directory);
   int64_t waitPersisted(int64_t timeoutMs);
-  int64_t load(const std::string& directory);
+  int64_t load(const std::string& directory) ECCL_REQUIRES(callerRole());
 
   // For tests: corrupts this rank's held copies of `owner`'s shards.
   void corruptHeldForTesting(int owner);
@@ -94,13 +97,13 @@ class Snapshots {
     std::string name;
     Entry entry;
   };
-  int64_t redistribute(std::vector<CatalogDelta> catalog, int64_t newest, bool fresh);
+  int64_t redistribute(std::vector<CatalogDelta> catalog, int64_t newest, bool fresh) ECCL_REQUIRES(callerRole());
   std::vector<std::string> fetch(const std::vector<Need>& needs, const std::vector<RankInfo>& plan);
   void checkUsableLocked(const char* what) const ECCL_REQUIRES(mu_);
   void openLocked(int64_t version, const char* what) ECCL_REQUIRES(mu_);
   std::string pendingRanksLocked(int64_t version) const ECCL_REQUIRES(mu_);
   // Takes the view the ranks gathered in (replica counts must agree).
-  void adoptView(const std::vector<RankInfo>& infos, const char* what);
+  void adoptView(const std::vector<RankInfo>& infos, const char* what) ECCL_REQUIRES(callerRole());
   void startEngine();
   void stopEngine();
   void engineMain();

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
@@ -149,6 +150,55 @@ TEST(Sandbox, AStandbyTrainsLocallyThenTheSameHandleBecomesTheRank) {
     realAllReduceThenDestroy(comm, index, "after the replacement: ");
   });
   expectOnlyTheSandboxRankKilled(group.wait(std::chrono::seconds(90)));
+}
+
+// A stream-ordered call in the sandbox, its stream still busy, then the
+// standby leaves the sandbox: the call answers in the sandbox, as it was
+// made there (before the caller role, ecclCommSandbox changed the sandbox
+// while the stream proxy still had the call to run, which then went to the
+// network as a standby's and failed).
+// The emulation's driver entry point (host_cuda.cc): delays a stream.
+extern "C" int cuLaunchHostFunc(void* stream, void (*fn)(void*), void* data);
+
+TEST(Sandbox, ASandboxCallComesAfterTheStreamWorkBeforeIt) {
+  setenv("ECCL_CUDA_DRIVER", ECCL_HOST_CUDA, 1);
+  setJobEnvironment();
+  ReadyFiles ready;
+  const std::string dir = ready.dir;
+  ProcessGroup group(2, [dir](int index, int, const ecclUniqueId& id) {
+    ecclComm_t comm;
+    if (index == 0) {
+      RANK_OK(ecclCommInitRank(&comm, 1, id, 0), nullptr);
+      for (int i = 0; i < 3000 && !std::filesystem::exists(dir + "/1"); ++i) usleep(10 * 1000);
+      RANK_CHECK(std::filesystem::exists(dir + "/1"), "the standby never finished");
+      RANK_OK(ecclCommDestroy(comm), comm);
+      return;
+    }
+    RANK_OK(ecclCommRegisterStandby(&comm, id, nullptr), nullptr);
+    void* stream = hostCudaStreamCreate();
+    auto* devIn = static_cast<float*>(hostCudaMalloc(kCount * sizeof(float)));
+    auto* devOut = static_cast<float*>(hostCudaMalloc(kCount * sizeof(float)));
+    for (int round = 0; round < 3; ++round) {
+      for (int i = 0; i < kCount; ++i) devIn[i] = float(i + round), devOut[i] = -1.0f;
+      RANK_OK(ecclCommSandbox(comm, kRanks, kSandboxRank), comm);
+      RANK_CHECK(cuLaunchHostFunc(stream, [](void*) { usleep(200 * 1000); }, nullptr) == 0, "delaying the stream");
+      RANK_OK(ecclAllReduce(devIn, devOut, kCount, ecclFloat32, ecclSum, comm, stream), comm);
+      RANK_OK(ecclCommSandbox(comm, 0, 0), comm);
+      RANK_CHECK(hostCudaStreamSynchronize(stream) == 0, "stream");
+      ecclResult_t async = ecclSuccess;
+      RANK_OK(ecclCommGetAsyncError(comm, &async), comm);
+      RANK_CHECK(async == ecclSuccess, std::string("the sandboxed call failed: ") + ecclGetLastError(comm));
+      RANK_CHECK(devOut[0] == float(round) && devOut[kCount - 1] == float(kCount - 1 + round),
+                 "the sandboxed allreduce did not answer with its own input");
+    }
+    hostCudaFree(devIn);
+    hostCudaFree(devOut);
+    hostCudaStreamDestroy(stream);
+    ReadyFiles::mark(dir, 1);
+    RANK_OK(ecclCommDestroy(comm), comm);
+  });
+  auto outcomes = group.wait(std::chrono::seconds(60));
+  EXPECT_TRUE(allSucceeded(outcomes)) << describe(outcomes);
 }
 
 // The step the ranks run in the replay test, `s` its number: rank r's input

@@ -194,6 +194,88 @@ TEST_P(StreamPath, HostCallsRunAfterTheStreamWorkBeforeThem) {
   EXPECT_TRUE(allSucceeded(outcomes)) << describe(outcomes);
 }
 
+// A stream-ordered receive, its stream still busy, then a probe on the
+// host: the probe looks past the message the receive takes, as it would
+// had the receive been a host call (without the caller role the probe read
+// the receive sequence while the proxy thread moved it, and named the
+// stream's message).
+TEST_P(StreamPath, AProbeComesAfterTheStreamOrderedReceiveBeforeIt) {
+  ProcessGroup group(GetParam(), [](int rank, int n, const ecclUniqueId& id) {
+    ecclComm_t comm;
+    RANK_OK(ecclCommInitRank(&comm, n, id, rank), nullptr);
+    const size_t count = 3000;
+    int small[7] = {1, 2, 3, 4, 5, 6, 7};
+    for (int round = 0; round < 3 && rank < 2; ++round) {
+      if (rank == 0) {
+        std::vector<float> big(count, float(round));
+        RANK_OK(ecclSend(big.data(), count, ecclFloat32, 1, comm, nullptr), comm);
+        RANK_OK(ecclSend(small, 7, ecclInt32, 1, comm, nullptr), comm);
+        continue;
+      }
+      void* stream = hostCudaStreamCreate();
+      DeviceBuffer d(count * sizeof(float));
+      RANK_CHECK(cuLaunchHostFunc(stream, [](void*) { usleep(200 * 1000); }, nullptr) == 0, "delaying the stream");
+      RANK_OK(ecclRecv(d.p, count, ecclFloat32, 0, comm, stream), comm);
+      int peer = 0, arrived = 0;
+      size_t bytes = 0;
+      for (int i = 0; i < 5000 && !arrived; ++i) {
+        peer = 0;
+        RANK_OK(ecclIprobe(&peer, &arrived, &bytes, comm), comm);
+        if (!arrived) usleep(1000);
+      }
+      RANK_CHECK(arrived && bytes == sizeof(small),
+                 "the probe saw " + std::to_string(bytes) + " bytes, not the 28 after the stream's receive");
+      int got[7] = {};
+      RANK_OK(ecclRecv(got, 7, ecclInt32, 0, comm, nullptr), comm);
+      RANK_CHECK(got[6] == 7, "the small message");
+      RANK_CHECK(read(stream, d, count)[count - 1] == float(round), "the stream's receive");
+      hostCudaStreamDestroy(stream);
+    }
+    checkNoAsyncError(comm, "probe after a stream receive");
+    RANK_OK(ecclBarrier(comm), comm);
+    RANK_OK(ecclCommDestroy(comm), nullptr);
+  });
+  auto outcomes = group.wait(std::chrono::seconds(60));
+  EXPECT_TRUE(allSucceeded(outcomes)) << describe(outcomes);
+}
+
+// ecclTest and ecclWait during a recording of sandbox calls: the stream's
+// recorded collective and the caller's receive both touch the recording;
+// the caller's come after the stream work before it (TSan checks the
+// recording is never shared; the results are checked here).
+TEST_P(StreamPath, TestAndWaitDuringARecordingComeAfterTheStreamWork) {
+  ProcessGroup group(GetParam(), [](int rank, int n, const ecclUniqueId& id) {
+    ecclComm_t comm;
+    RANK_OK(ecclCommInitRank(&comm, n, id, rank), nullptr);
+    void* stream = hostCudaStreamCreate();
+    const size_t count = 5000;
+    DeviceBuffer d(count * sizeof(float));
+    RANK_OK(ecclCommSandboxRecord(comm, 16), comm);
+    for (int round = 0; round < 3; ++round) {
+      std::fill(d.f(), d.f() + count, 1.0f);
+      int mine = rank + round, theirs = -1;
+      ecclRequest_t send, recv;
+      RANK_OK(ecclIrecv(&theirs, 1, ecclInt32, (rank + n - 1) % n, comm, &recv), comm);
+      RANK_CHECK(cuLaunchHostFunc(stream, [](void*) { usleep(100 * 1000); }, nullptr) == 0, "delaying the stream");
+      RANK_OK(ecclAllReduce(d.p, d.p, count, ecclFloat32, ecclSum, comm, stream), comm);
+      int done = 0;
+      RANK_OK(ecclTest(recv, &done), comm);
+      RANK_OK(ecclIsend(&mine, 1, ecclInt32, (rank + 1) % n, comm, &send), comm);
+      RANK_OK(ecclWait(recv), comm);
+      RANK_OK(ecclWait(send), comm);
+      RANK_OK(ecclRequestFree(send), comm);
+      RANK_OK(ecclRequestFree(recv), comm);
+      RANK_CHECK(theirs == (rank + n - 1) % n + round, "the receive during the recording");
+      RANK_CHECK(read(stream, d, count)[count - 1] == static_cast<float>(n), "the recorded stream allreduce");
+    }
+    checkNoAsyncError(comm, "test and wait during a recording");
+    hostCudaStreamDestroy(stream);
+    RANK_OK(ecclCommDestroy(comm), nullptr);
+  });
+  auto outcomes = group.wait(std::chrono::seconds(60));
+  EXPECT_TRUE(allSucceeded(outcomes)) << describe(outcomes);
+}
+
 TEST_P(StreamPath, GroupedCallsRunTogetherOnEveryStreamTheyName) {
   ProcessGroup group(GetParam(), [](int rank, int n, const ecclUniqueId& id) {
     ecclComm_t comm;

@@ -4,7 +4,9 @@
 
 #include <chrono>
 #include <cstring>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "tests/support/collectives.h"
 #include "tests/support/multiproc.h"
@@ -27,6 +29,42 @@ TEST_P(Threads, EveryTypeAndOp) {
   runThreads(GetParam(), [](int, ecclComm_t comm) {
     checkEveryTypeAndOp(comm, 37);     // tree
     checkEveryTypeAndOp(comm, 300000);  // ring: past the 256 KiB crossover for every type
+  });
+}
+
+// Send and receive buffers that overlap without being in place are the
+// caller's error on every rank (ecclInvalidArgument, naming both); the
+// communicator goes on (in place itself: checkEveryCollective). Broadcast
+// and reduce check at their root only, so they are tried at one rank.
+TEST_P(Threads, OverlappingBuffersAreRefusedExceptInPlace) {
+  setenv("ECCL_SOCKET_IFNAME", "lo", 1);
+  runThreads(GetParam(), [](int rank, ecclComm_t comm) {
+    int n = 0;
+    ASSERT_EQ(ecclCommCount(comm, &n), ecclSuccess);
+    const size_t count = 64;
+    std::vector<float> buf(count * (n + 1), 1.0f);
+    auto refused = [&](ecclResult_t r, const char* what) {
+      EXPECT_EQ(r, ecclInvalidArgument) << what;
+      EXPECT_NE(std::string(ecclGetLastError(comm)).find("overlap"), std::string::npos)
+          << what << ": " << ecclGetLastError(comm);
+    };
+    float* b = buf.data();
+    refused(ecclAllReduce(b, b + 1, count, ecclFloat32, ecclSum, comm, nullptr), "allreduce");
+    refused(ecclAllGather(b + 1, b, count, ecclFloat32, comm, nullptr), "allgather");
+    refused(ecclReduceScatter(b, b + 1, count, ecclFloat32, ecclSum, comm, nullptr), "reducescatter");
+    refused(ecclAllToAll(b, b + 1, count / n, ecclFloat32, comm, nullptr), "alltoall");
+    if (n == 1) {
+      refused(ecclBroadcast(b + 3, b, count, ecclFloat32, 0, comm, nullptr), "broadcast");
+      refused(ecclReduce(b, b + 3, count, ecclFloat32, ecclSum, 0, comm, nullptr), "reduce");
+    }
+    // Nothing was sent: the next calls match on every rank.
+    std::vector<float> out(count);
+    ASSERT_EQ(ecclAllReduce(b, out.data(), count, ecclFloat32, ecclSum, comm, nullptr), ecclSuccess)
+        << ecclGetLastError(comm);
+    EXPECT_EQ(out[count - 1], float(n));
+    ASSERT_EQ(ecclAllReduce(b, b, count, ecclFloat32, ecclSum, comm, nullptr), ecclSuccess);
+    EXPECT_EQ(b[0], float(n));
+    (void)rank;
   });
 }
 
