@@ -77,10 +77,19 @@ struct BackendSpec {
   // In the default list, one that cannot start here (no RDMA device) is
   // left out quietly even though it reaches other hosts: another does too.
   bool needsHardware = false;
+  // Used only where named (ECCL_TRANSPORT, DeviceOptions::backends), never
+  // in the default list: a test's own back end (registerBackend).
+  bool onlyByName = false;
 };
 
-// Every back end this build has, in the order a dial tries them.
+// Every back end this build has, in the order a dial tries them, then any
+// this process registered.
 const std::vector<BackendSpec>& registeredBackends();
+// Adds a back end after the build's, by a name none has: the extension
+// point a test's fault-injecting back end (tests/support/fault_backend.h)
+// comes in by, so production code has no test branches. Call it before
+// any device exists (the registry is read without a lock).
+void registerBackend(const BackendSpec& spec);
 // The registered names, comma-separated ("shm,tcp"): for error messages.
 std::string registeredBackendNames();
 // Parses ECCL_TRANSPORT's syntax: "auto" (every registered back end) or a

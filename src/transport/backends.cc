@@ -14,13 +14,25 @@
 
 namespace eccl::transport {
 
-const std::vector<BackendSpec>& registeredBackends() {
+namespace {
+
+std::vector<BackendSpec>& registry() {
 #define ECCL_BACKEND(name) name::backendSpec(),
-  static const std::vector<BackendSpec> specs = {
+  static std::vector<BackendSpec> specs = {
 #include "transport_backends.inc"
   };
 #undef ECCL_BACKEND
   return specs;
+}
+
+}  // namespace
+
+const std::vector<BackendSpec>& registeredBackends() { return registry(); }
+
+void registerBackend(const BackendSpec& spec) {
+  for (const BackendSpec& b : registry())
+    if (std::string(b.name) == spec.name) fail(ecclInvalidArgument, "a back end named '{}' is registered already", spec.name);
+  registry().push_back(spec);
 }
 
 std::string registeredBackendNames() {
@@ -32,7 +44,8 @@ std::string registeredBackendNames() {
 std::vector<std::string> parseBackendList(const std::string& spec) {
   std::vector<std::string> chosen;
   if (spec == "auto" || spec.empty()) {
-    for (const BackendSpec& b : registeredBackends()) chosen.push_back(b.name);
+    for (const BackendSpec& b : registeredBackends())
+      if (!b.onlyByName) chosen.push_back(b.name);
     return chosen;
   }
   for (size_t begin = 0; begin <= spec.size();) {

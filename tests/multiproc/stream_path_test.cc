@@ -240,9 +240,11 @@ TEST_P(StreamPath, AProbeComesAfterTheStreamOrderedReceiveBeforeIt) {
 }
 
 // ecclTest and ecclWait during a recording of sandbox calls: the stream's
-// recorded collective and the caller's receive both touch the recording;
-// the caller's come after the stream work before it (TSan checks the
-// recording is never shared; the results are checked here).
+// recorded collective and the caller's receive both touch the recording,
+// and the caller's now come after the stream work before it. Only the
+// results can be checked: TSan does not see the two threads share the
+// recording without the caller role, because both also take the device's
+// lock, which orders them for it (the clang analysis is what rejects it).
 TEST_P(StreamPath, TestAndWaitDuringARecordingComeAfterTheStreamWork) {
   ProcessGroup group(GetParam(), [](int rank, int n, const ecclUniqueId& id) {
     ecclComm_t comm;

@@ -1,0 +1,50 @@
+// A back end that injects faults: it wraps tcp or shm (registered as
+// "fault-tcp" and "fault-shm" through transport::registerBackend, so a
+// device or a communicator uses it by name, ECCL_TRANSPORT=fault-tcp) and
+// follows a script of rules on the frames each member writes: after N
+// frames, close the lane, stall it, answer EAGAIN, report an error, write
+// one byte at a time, or flip a byte of a header or a payload. The paths
+// between "peer alive" and "peer dead" are then driven on purpose, in one
+// process, deterministically (tests/unit/fault_test.cc).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "transport/transport.h"
+
+namespace eccl::test {
+
+enum class FaultKind {
+  kClose,        // the lane breaks (writes and reads fail from then on)
+  kStall,        // nothing fits for forMs, then writes go on
+  kAgain,        // writes fail with EAGAIN for forMs
+  kError,        // writes fail with an error the back end names
+  kOneByte,      // one byte per write for forMs
+  kFlipHeader,   // one byte of the frame's header flipped
+  kFlipPayload,  // one byte of the frame's payload flipped (the next frame that has one)
+};
+const char* faultName(FaultKind kind);
+
+constexpr transport::MemberId kAnyMember = ~transport::MemberId{0};
+
+struct FaultRule {
+  transport::MemberId member = kAnyMember;  // whose writes (the writing device's self)
+  int afterFrames = 0;                      // frames this lane writes, from now, before the fault
+  FaultKind kind = FaultKind::kClose;
+  int forMs = 0;                            // stall, again, one byte
+  int times = 1;                            // lanes it strikes
+};
+
+// Registers fault-tcp and fault-shm once per process; they behave as tcp
+// and shm until a rule strikes.
+void registerFaultBackends();
+// Adds a rule (any thread): every lane of the member counts its frames
+// from the moment it first writes after this call.
+void addFault(const FaultRule& rule);
+// Drops every rule not yet used up; lanes in a fault stay in it.
+void clearFaults();
+// How many times rules struck since the process started.
+int faultsStruck();
+
+}  // namespace eccl::test

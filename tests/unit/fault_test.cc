@@ -1,0 +1,278 @@
+// Faults a script injects into the lanes (tests/support/fault_backend.h),
+// over tcp and shm, in one process: each lands where the script says, so
+// what eccl does between "peer alive" and "peer dead" is tested on
+// purpose. Device pairs first; then collectives of thread ranks through
+// the same back end, chosen by ECCL_TRANSPORT like any other.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <numeric>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/crypto.h"
+#include "common/error.h"
+#include "tests/support/collectives.h"
+#include "tests/support/fault_backend.h"
+#include "tests/support/multiproc.h"
+#include "transport/device.h"
+
+namespace eccl::test {
+namespace {
+
+using transport::Request;
+using transport::RequestPtr;
+
+// Two devices over a fault back end; member 0 writes what the rules strike.
+struct FaultyPair {
+  std::mutex mu;
+  std::string failureAtA, failureAtB;  // outlive the devices, whose threads may still report
+  std::unique_ptr<transport::Device> a, b;
+  explicit FaultyPair(const std::string& backend, int lanes = 1) {
+    registerFaultBackends();
+    transport::DeviceOptions o;
+    o.backends = {backend};
+    o.ringBytes = 64 << 10;
+    o.jobId = o.commId = 11;
+    o.secret.fill(4);
+    o.lanes = lanes;
+    o.ifname = "lo";
+    o.handshakeTimeoutMs = 2000;
+    o.self = 0;
+    a = transport::createDevice(o);
+    o.self = 1;
+    b = transport::createDevice(o);
+    a->onPeerFailure = [this](transport::MemberId, ecclResult_t, const std::string& why, uint64_t) {
+      std::lock_guard<std::mutex> lock(mu);
+      failureAtA = why;
+    };
+    b->onPeerFailure = [this](transport::MemberId, ecclResult_t, const std::string& why, uint64_t) {
+      std::lock_guard<std::mutex> lock(mu);
+      failureAtB = why;
+    };
+    a->addPeer(1, b->address(), "rank 1");
+    b->addPeer(0, a->address(), "rank 0");
+    a->setEpoch(1);
+    b->setEpoch(1);
+  }
+  ~FaultyPair() { clearFaults(); }
+};
+
+std::vector<uint8_t> pattern(size_t bytes, uint32_t seed) {
+  std::vector<uint8_t> v(bytes);
+  for (size_t i = 0; i < bytes; ++i) v[i] = static_cast<uint8_t>(i * 131 + seed);
+  return v;
+}
+
+// One message from a to b, both requests ended before the buffers go.
+struct Exchange {
+  std::vector<uint8_t> sent, got;
+  RequestPtr send, recv;
+  Exchange(FaultyPair& p, size_t bytes, uint64_t seq, const uint32_t* crc = nullptr)
+      : sent(pattern(bytes, static_cast<uint32_t>(seq))), got(bytes, 0) {
+    recv = p.b->irecv(0, seq, 0, got.data(), got.size());
+    send = p.a->isend(1, seq, 0, sent.data(), sent.size(), crc);
+  }
+  // The receive's failure, empty when it completed.
+  std::string receive(FaultyPair& p, int64_t ms) {
+    try {
+      p.b->wait(recv, deadlineAfterMs(ms), "recv");
+      return {};
+    } catch (const Error& e) {
+      return e.what();
+    }
+  }
+  void finish(FaultyPair& p) {
+    try {
+      p.a->wait(send, deadlineAfterMs(5000), "send");
+    } catch (const Error&) {
+    }
+    if (recv->state.load() == Request::kPending) p.b->cancel(recv, "test over");
+    if (send->state.load() == Request::kPending) p.a->cancel(send, "test over");
+  }
+};
+
+// One message through before any rule: the lanes are open and counting.
+bool warm(FaultyPair& p) {
+  Exchange first(p, 64, 1);
+  const bool ok = first.receive(p, 5000).empty() && first.got == first.sent;
+  first.finish(p);
+  return ok;
+}
+
+class Faults : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Faults, AShortStallOnlyDelays) {
+  FaultyPair p(GetParam());
+  ASSERT_TRUE(warm(p));
+  addFault({0, 0, FaultKind::kStall, 300});
+  const auto start = Clock::now();
+  Exchange x(p, 256 << 10, 2);
+  EXPECT_EQ(x.receive(p, 10000), "");
+  EXPECT_GE(Clock::now() - start, std::chrono::milliseconds(250));
+  EXPECT_EQ(x.got, x.sent);
+  x.finish(p);
+  EXPECT_EQ(p.failureAtB, "");
+}
+
+TEST_P(Faults, EagainForAWhileOnlyDelays) {
+  FaultyPair p(GetParam());
+  ASSERT_TRUE(warm(p));
+  const int before = faultsStruck();
+  addFault({0, 0, FaultKind::kAgain, 200});
+  Exchange x(p, 100 << 10, 2);
+  EXPECT_EQ(x.receive(p, 10000), "");
+  EXPECT_EQ(x.got, x.sent);
+  x.finish(p);
+  EXPECT_EQ(faultsStruck(), before + 1);
+  EXPECT_EQ(p.failureAtB, "");
+}
+
+TEST_P(Faults, OneByteWritesDeliverEveryByte) {
+  FaultyPair p(GetParam());
+  ASSERT_TRUE(warm(p));
+  addFault({0, 0, FaultKind::kOneByte, 300});
+  Exchange x(p, 20000, 2);
+  EXPECT_EQ(x.receive(p, 10000), "");
+  EXPECT_EQ(x.got, x.sent);
+  x.finish(p);
+}
+
+// The third frame after the rule: two messages arrive whole, the third
+// fails at the receiver naming the peer, and the sender's side names the
+// back end's reason.
+TEST_P(Faults, AnErrorAfterTwoFramesFailsThePeerWithTheBackEndsReason) {
+  FaultyPair p(GetParam());
+  ASSERT_TRUE(warm(p));
+  addFault({0, 2, FaultKind::kError});
+  Exchange one(p, 100, 2), two(p, 100, 3);
+  EXPECT_EQ(one.receive(p, 5000), "");
+  EXPECT_EQ(two.receive(p, 5000), "");
+  Exchange three(p, 100, 4);
+  const std::string why = three.receive(p, 5000);
+  EXPECT_NE(why.find("rank 0"), std::string::npos) << why;
+  one.finish(p), two.finish(p), three.finish(p);
+  std::lock_guard<std::mutex> lock(p.mu);
+  EXPECT_NE(p.failureAtA.find("injected fault: error after 2 frames"), std::string::npos) << p.failureAtA;
+}
+
+TEST_P(Faults, AClosedLaneFailsThePeerOnBothSides) {
+  FaultyPair p(GetParam());
+  ASSERT_TRUE(warm(p));
+  addFault({0, 0, FaultKind::kClose});
+  Exchange x(p, 1000, 2);
+  const std::string why = x.receive(p, 5000);
+  EXPECT_NE(why.find("rank 0"), std::string::npos) << why;
+  x.finish(p);
+  std::lock_guard<std::mutex> lock(p.mu);
+  EXPECT_NE(p.failureAtA.find("injected fault: close"), std::string::npos) << p.failureAtA;
+}
+
+// A stall past the receiver's deadline: the wait ends at its deadline
+// naming the peer, not before and not never.
+TEST_P(Faults, AStallLongerThanTheDeadlineEndsTheWaitNamingThePeer) {
+  FaultyPair p(GetParam());
+  ASSERT_TRUE(warm(p));
+  addFault({0, 0, FaultKind::kStall, 3000});
+  Exchange x(p, 1000, 2);
+  const auto start = Clock::now();
+  const std::string why = x.receive(p, 800);
+  EXPECT_GE(Clock::now() - start, std::chrono::milliseconds(700));
+  EXPECT_LT(Clock::now() - start, std::chrono::milliseconds(2900));
+  EXPECT_NE(why.find("rank 0"), std::string::npos) << why;
+  x.finish(p);
+}
+
+// A header whose checksum fails is refused: the frame is never delivered,
+// the receiver names the peer and counts the rejection.
+TEST_P(Faults, AFlippedHeaderIsRefusedAndNamed) {
+  FaultyPair p(GetParam());
+  ASSERT_TRUE(warm(p));
+  addFault({0, 0, FaultKind::kFlipHeader});
+  Exchange x(p, 1000, 2);
+  const std::string why = x.receive(p, 5000);
+  EXPECT_NE(why, "");
+  EXPECT_NE(why.find("rank 0"), std::string::npos) << why;
+  EXPECT_GE(p.b->stats().framesRejected, 1u);
+  EXPECT_NE(x.got, x.sent);
+  x.finish(p);
+}
+
+// A flipped payload byte: a message that carries its checksum fails it at
+// the receiver; one without is delivered as it came (eccl checksums only
+// what its caller asks for: the boundary log's replays, snapshots).
+TEST_P(Faults, AFlippedPayloadFailsItsChecksumAndPassesWithoutOne) {
+  FaultyPair p(GetParam());
+  ASSERT_TRUE(warm(p));
+  addFault({0, 0, FaultKind::kFlipPayload});
+  {
+    Exchange unchecked(p, 1000, 2);
+    EXPECT_EQ(unchecked.receive(p, 5000), "");
+    EXPECT_NE(unchecked.got, unchecked.sent);
+    EXPECT_EQ(unchecked.got[0], unchecked.sent[0] ^ 0x5a);
+    unchecked.finish(p);
+  }
+  addFault({0, 0, FaultKind::kFlipPayload});
+  std::vector<uint8_t> body = pattern(1000, 3);
+  const uint32_t crc = crc32c(body.data(), body.size());
+  Exchange checked(p, 1000, 3, &crc);
+  const std::string why = checked.receive(p, 5000);
+  EXPECT_NE(why.find("checksum"), std::string::npos) << why;
+  checked.finish(p);
+}
+
+INSTANTIATE_TEST_SUITE_P(Lanes, Faults, ::testing::Values("fault-tcp", "fault-shm"),
+                         [](const auto& info) { return info.param == "fault-tcp" ? "tcp" : "shm"; });
+
+// Every collective of three thread ranks through the fault back end, with
+// one-byte writes and short stalls struck on every member's lanes as they
+// go: the results are exact and nobody is judged failed.
+TEST(FaultyLanes, CollectivesSurviveStallsAndOneByteWrites) {
+  registerFaultBackends();
+  setenv("ECCL_SOCKET_IFNAME", "lo", 1);
+  for (const char* backend : {"fault-tcp", "fault-shm"}) {
+    SCOPED_TRACE(backend);
+    setenv("ECCL_TRANSPORT", backend, 1);
+    const int before = faultsStruck();
+    for (int i = 0; i < 6; ++i) addFault({kAnyMember, 3 + 5 * i, i % 2 ? FaultKind::kStall : FaultKind::kOneByte, 50, 2});
+    runThreads(3, [](int, ecclComm_t comm) {
+      for (size_t count : {size_t(1), size_t(1000), size_t(70001)}) checkEveryCollective(comm, count, false);
+    });
+    EXPECT_GT(faultsStruck(), before);
+    clearFaults();
+  }
+  unsetenv("ECCL_TRANSPORT");
+}
+
+// A lane that breaks under a collective: every rank's call fails, the
+// survivors name the member whose lane broke or a peer that reported it.
+TEST(FaultyLanes, ALaneBrokenUnderACollectiveFailsEveryRankNamingAPeer) {
+  registerFaultBackends();
+  setenv("ECCL_SOCKET_IFNAME", "lo", 1);
+  setenv("ECCL_TRANSPORT", "fault-tcp", 1);
+  setenv("ECCL_TIMEOUT_MS", "5000", 1);
+  std::atomic<int> failed{0}, warm{0};
+  runThreads(3, [&](int rank, ecclComm_t comm) {
+    std::vector<float> v(50000, 1.0f);
+    ASSERT_EQ(ecclAllReduce(v.data(), v.data(), v.size(), ecclFloat32, ecclSum, comm, nullptr), ecclSuccess);
+    warm++;
+    if (rank == 0) {  // once every rank is past the first allreduce
+      for (int i = 0; i < 1000 && warm.load() < 3; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      addFault({kAnyMember, 0, FaultKind::kClose});
+    }
+    ecclResult_t r = ecclSuccess;
+    for (int i = 0; i < 20 && r == ecclSuccess; ++i)
+      r = ecclAllReduce(v.data(), v.data(), v.size(), ecclFloat32, ecclSum, comm, nullptr);
+    EXPECT_NE(r, ecclSuccess) << "rank " << rank << " never saw the broken lane";
+    EXPECT_NE(std::string(ecclGetLastError(comm)).find("rank"), std::string::npos) << ecclGetLastError(comm);
+    if (r != ecclSuccess) failed++;
+  });
+  EXPECT_EQ(failed.load(), 3);
+  clearFaults();
+  unsetenv("ECCL_TRANSPORT");
+  unsetenv("ECCL_TIMEOUT_MS");
+}
+
+}  // namespace
+}  // namespace eccl::test
