@@ -367,12 +367,15 @@ def main():
     ap.add_argument("--grow-every", type=int, default=10, help="shrink: steps between the ranks' asks to grow")
     ap.add_argument("--smoke", action="store_true",
                     help="one kill per contender at step 15 of 40 (torchft and shrink: of 160, the killed rank "
-                         "coming back); the check only")
+                         "coming back), at 3 ranks; the check only")
     args = ap.parse_args()
     contenders = [c for c in args.contenders.split(",") if c]
     args.steps_by = {}  # steps per contender where they differ (the smoke's)
     if args.smoke:
-        args.steps, args.step_ms, args.run_timeout, args.fault = 40, 50, 240, "kill"
+        # Three ranks: every contender's path (a shrink to two and back, two
+        # replica groups healing one) with a quarter fewer processes to start
+        # than four, which is most of the smoke's time (CI: 258 s at four).
+        args.steps, args.step_ms, args.run_timeout, args.fault, args.ranks = 40, 50, 240, "kill", 3
         args.steps_by, args.repair_steps, args.grow_every = {"shrink": 160, "torchft": 160}, 0, 5
     os.makedirs(args.out, exist_ok=True)
     results, baselines = [], {}

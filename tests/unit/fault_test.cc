@@ -101,9 +101,9 @@ bool warm(FaultyPair& p) {
   return ok;
 }
 
-class Faults : public ::testing::TestWithParam<std::string> {};
+class LaneFaults : public ::testing::TestWithParam<std::string> {};
 
-TEST_P(Faults, AShortStallOnlyDelays) {
+TEST_P(LaneFaults, AShortStallOnlyDelays) {
   FaultyPair p(GetParam());
   ASSERT_TRUE(warm(p));
   addFault({0, 0, FaultKind::kStall, 300});
@@ -116,7 +116,7 @@ TEST_P(Faults, AShortStallOnlyDelays) {
   EXPECT_EQ(p.failureAtB, "");
 }
 
-TEST_P(Faults, EagainForAWhileOnlyDelays) {
+TEST_P(LaneFaults, EagainForAWhileOnlyDelays) {
   FaultyPair p(GetParam());
   ASSERT_TRUE(warm(p));
   const int before = faultsStruck();
@@ -129,7 +129,7 @@ TEST_P(Faults, EagainForAWhileOnlyDelays) {
   EXPECT_EQ(p.failureAtB, "");
 }
 
-TEST_P(Faults, OneByteWritesDeliverEveryByte) {
+TEST_P(LaneFaults, OneByteWritesDeliverEveryByte) {
   FaultyPair p(GetParam());
   ASSERT_TRUE(warm(p));
   addFault({0, 0, FaultKind::kOneByte, 300});
@@ -142,7 +142,7 @@ TEST_P(Faults, OneByteWritesDeliverEveryByte) {
 // The third frame after the rule: two messages arrive whole, the third
 // fails at the receiver naming the peer, and the sender's side names the
 // back end's reason.
-TEST_P(Faults, AnErrorAfterTwoFramesFailsThePeerWithTheBackEndsReason) {
+TEST_P(LaneFaults, AnErrorAfterTwoFramesFailsThePeerWithTheBackEndsReason) {
   FaultyPair p(GetParam());
   ASSERT_TRUE(warm(p));
   addFault({0, 2, FaultKind::kError});
@@ -157,7 +157,7 @@ TEST_P(Faults, AnErrorAfterTwoFramesFailsThePeerWithTheBackEndsReason) {
   EXPECT_NE(p.failureAtA.find("injected fault: error after 2 frames"), std::string::npos) << p.failureAtA;
 }
 
-TEST_P(Faults, AClosedLaneFailsThePeerOnBothSides) {
+TEST_P(LaneFaults, AClosedLaneFailsThePeerOnBothSides) {
   FaultyPair p(GetParam());
   ASSERT_TRUE(warm(p));
   addFault({0, 0, FaultKind::kClose});
@@ -171,7 +171,7 @@ TEST_P(Faults, AClosedLaneFailsThePeerOnBothSides) {
 
 // A stall past the receiver's deadline: the wait ends at its deadline
 // naming the peer, not before and not never.
-TEST_P(Faults, AStallLongerThanTheDeadlineEndsTheWaitNamingThePeer) {
+TEST_P(LaneFaults, AStallLongerThanTheDeadlineEndsTheWaitNamingThePeer) {
   FaultyPair p(GetParam());
   ASSERT_TRUE(warm(p));
   addFault({0, 0, FaultKind::kStall, 3000});
@@ -186,7 +186,7 @@ TEST_P(Faults, AStallLongerThanTheDeadlineEndsTheWaitNamingThePeer) {
 
 // A header whose checksum fails is refused: the frame is never delivered,
 // the receiver names the peer and counts the rejection.
-TEST_P(Faults, AFlippedHeaderIsRefusedAndNamed) {
+TEST_P(LaneFaults, AFlippedHeaderIsRefusedAndNamed) {
   FaultyPair p(GetParam());
   ASSERT_TRUE(warm(p));
   addFault({0, 0, FaultKind::kFlipHeader});
@@ -202,7 +202,7 @@ TEST_P(Faults, AFlippedHeaderIsRefusedAndNamed) {
 // A flipped payload byte: a message that carries its checksum fails it at
 // the receiver; one without is delivered as it came (eccl checksums only
 // what its caller asks for: the boundary log's replays, snapshots).
-TEST_P(Faults, AFlippedPayloadFailsItsChecksumAndPassesWithoutOne) {
+TEST_P(LaneFaults, AFlippedPayloadFailsItsChecksumAndPassesWithoutOne) {
   FaultyPair p(GetParam());
   ASSERT_TRUE(warm(p));
   addFault({0, 0, FaultKind::kFlipPayload});
@@ -222,7 +222,7 @@ TEST_P(Faults, AFlippedPayloadFailsItsChecksumAndPassesWithoutOne) {
   checked.finish(p);
 }
 
-INSTANTIATE_TEST_SUITE_P(Lanes, Faults, ::testing::Values("fault-tcp", "fault-shm"),
+INSTANTIATE_TEST_SUITE_P(Over, LaneFaults, ::testing::Values("fault-tcp", "fault-shm"),
                          [](const auto& info) { return info.param == "fault-tcp" ? "tcp" : "shm"; });
 
 // Every collective of three thread ranks through the fault back end, with
