@@ -23,6 +23,8 @@ endif()
 function(eccl_sanitize target)
   if(ECCL_SANITIZE_FLAGS)
     target_compile_options(${target} PRIVATE ${ECCL_SANITIZE_FLAGS} ${ECCL_SANITIZE_COMPILE_ONLY})
+    # The lock order (common/mutex.h) is checked where the suites run sanitized.
+    target_compile_definitions(${target} PRIVATE ECCL_LOCK_ORDER_CHECKS)
     target_link_options(${target} PRIVATE ${ECCL_SANITIZE_FLAGS})
     foreach(flag ${ECCL_SANITIZE_C_LINK})
       target_link_options(${target} PRIVATE $<$<LINK_LANGUAGE:C>:${flag}>)

@@ -28,14 +28,50 @@
 
 namespace eccl {
 
+// The lock order, outermost first: a thread that holds a ranked mutex
+// takes only mutexes of a higher rank. The device calls up into the
+// communicator (peer failures) with its lock held, and the communicator
+// reports to the coordinator client under its reporter lock; nothing goes
+// the other way. clang checks ACQUIRED_AFTER only within one function,
+// and a layer cannot name another's mutex (the device's is private to the
+// transport), so the order is checked at run time instead, in the
+// sanitizer builds, where every suite runs (common/lock_order.cc): a
+// mutex taken out of order aborts naming both. Mutexes that nest with
+// none of these stay unranked.
+enum class LockRank : uint8_t {
+  kNone = 0,
+  kDevice = 10,           // transport::LaneDevice::mu_
+  kCompletionQueue = 20,  // transport::ibverbs::SharedCompletions::mu_
+  kVerbsContext = 30,     // transport::ibverbs::Context::asyncMu_
+  kReporter = 40,         // Communicator::reporterMu_
+  kCommError = 50,        // Communicator::errorMu_
+  kCoordClient = 60,      // membership::CoordClient::mu_
+};
+
+namespace lock_order {
+// No-ops unless the build checks the order (ECCL_LOCK_ORDER_CHECKS).
+void acquiring(LockRank rank);
+void released(LockRank rank);
+const char* name(LockRank rank);
+}  // namespace lock_order
+
 class ECCL_CAPABILITY("mutex") Mutex {
  public:
-  void lock() ECCL_ACQUIRE() { mu_.lock(); }
-  void unlock() ECCL_RELEASE() { mu_.unlock(); }
+  Mutex() = default;
+  explicit Mutex(LockRank rank) : rank_(rank) {}
+  void lock() ECCL_ACQUIRE() {
+    if (rank_ != LockRank::kNone) lock_order::acquiring(rank_);
+    mu_.lock();
+  }
+  void unlock() ECCL_RELEASE() {
+    mu_.unlock();
+    if (rank_ != LockRank::kNone) lock_order::released(rank_);
+  }
   std::mutex& native() { return mu_; }
 
  private:
   std::mutex mu_;
+  const LockRank rank_ = LockRank::kNone;
 };
 
 class ECCL_SCOPED_CAPABILITY MutexLock {

@@ -205,7 +205,7 @@ class Communicator {
   std::string lastWhy_ ECCL_GUARDED_BY(caller_);
   std::unique_ptr<transport::Device> device_;
   std::unique_ptr<membership::CoordClient> client_;
-  Mutex reporterMu_;
+  Mutex reporterMu_{LockRank::kReporter};
   membership::CoordClient* reporter_ ECCL_GUARDED_BY(reporterMu_) = nullptr;
   bool eager_ = false;          // a standby keeping connections to the members open
   bool standby_ ECCL_GUARDED_BY(caller_) = false;        // registered as a standby and not yet in a view
@@ -257,7 +257,7 @@ class Communicator {
   std::vector<std::pair<const void*, size_t>> selfSends_ ECCL_GUARDED_BY(caller_);
   size_t selfRecvIndex_ ECCL_GUARDED_BY(caller_) = 0;
 
-  mutable Mutex errorMu_;
+  mutable Mutex errorMu_{LockRank::kCommError};
   std::string lastError_ ECCL_GUARDED_BY(errorMu_);
   ecclResult_t asyncError_ ECCL_GUARDED_BY(errorMu_) = ecclSuccess;
   // The ranks disagreed about a call: nothing recovers this communicator.

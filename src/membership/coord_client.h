@@ -119,7 +119,7 @@ class CoordClient {
   int wakeFd_ = -1;
   std::thread thread_;
 
-  mutable Mutex mu_;
+  mutable Mutex mu_{LockRank::kCoordClient};
   CondVar cv_;
   bool stopping_ ECCL_GUARDED_BY(mu_) = false;
   std::deque<CoordMessage> outbox_ ECCL_GUARDED_BY(mu_);

@@ -515,7 +515,7 @@ class LaneDevice final : public Device {
     std::shared_ptr<std::atomic<bool>> finished;
   };
 
-  mutable Mutex mu_;
+  mutable Mutex mu_{LockRank::kDevice};  // the outermost of the ranked mutexes (common/mutex.h)
   CondVar cv_;
   uint32_t epoch_ ECCL_GUARDED_BY(mu_) = 0;
   uint64_t incarnations_ ECCL_GUARDED_BY(mu_) = 0;  // Peer::incarnation's last

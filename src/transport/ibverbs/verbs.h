@@ -77,7 +77,7 @@ class Context {
   bool ethernet_ = false;
   std::string name_, gidText_;
   std::atomic<uint64_t> queuePairsCreated_{0}, queuePairsDestroyed_{0}, completionQueuesOpen_{0};
-  mutable Mutex asyncMu_;
+  mutable Mutex asyncMu_{LockRank::kVerbsContext};
   std::string portFailure_ ECCL_GUARDED_BY(asyncMu_);
   std::map<uint32_t, std::string> queuePairFailures_ ECCL_GUARDED_BY(asyncMu_);
   friend class QueuePair;
@@ -143,7 +143,7 @@ class SharedCompletions {
   void pollLocked() ECCL_REQUIRES(mu_);
   CompletionQueue cq_;
   const uint32_t capacity_;
-  Mutex mu_;
+  Mutex mu_{LockRank::kCompletionQueue};
   uint32_t reserved_ ECCL_GUARDED_BY(mu_) = 0;
   std::map<uint32_t, Sink*> sinks_ ECCL_GUARDED_BY(mu_);
   std::vector<ibv_wc> undelivered_ ECCL_GUARDED_BY(mu_);  // polled, for sinks not attached yet
