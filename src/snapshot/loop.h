@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <functional>
 #include <map>
 #include <memory>
@@ -107,7 +108,17 @@ class Loop {
         it = ops_.erase(it);
       }
     }
-    for (auto& op : finished) op.done(*op.request);
+    // Every completion is handled even when one handler fails (a post to a
+    // member the view no longer has); the first failure is rethrown after.
+    std::exception_ptr first;
+    for (auto& op : finished) {
+      try {
+        op.done(*op.request);
+      } catch (...) {
+        if (!first) first = std::current_exception();
+      }
+    }
+    if (first) std::rethrow_exception(first);
   }
   // Lets the sends posted so far go (a notice others wait for), up to
   // `until`; receives are left to cancelAll.

@@ -43,8 +43,13 @@ void Snapshots::engineMain() {
   }();
   std::map<std::pair<int, int64_t>, Incoming> incoming;
 
+  // Once the view changed, the members this engine knows may be gone from
+  // the device (the switchover removes a failed one): nothing more is
+  // posted, and restore starts a new engine over the new view.
+  auto viewChanged = [&] { return comm_.currentEpoch() != epoch_; };
   auto sendTo = [&](int peer, Stream s, std::shared_ptr<std::vector<uint8_t>> bytes, bool bulk,
                     Loop::Done done) {
+    if (viewChanged()) return;
     uint64_t seq = loop.nextSend(peer, s);
     auto r = bulk ? device.isendBulk(members_[peer], seq, s, bytes->data(), bytes->size())
                   : device.isend(members_[peer], seq, s, bytes->data(), bytes->size());
@@ -85,6 +90,7 @@ void Snapshots::engineMain() {
   };
 
   std::function<void()> postNoticeHead = [&] {
+    if (viewChanged()) return;
     auto head = std::make_shared<NoticeHead>();
     uint64_t seq = loop.nextRecv(left, kNoticeHead);
     auto r = device.irecv(members_[left], seq, kNoticeHead, head.get(), sizeof(NoticeHead));
@@ -104,6 +110,7 @@ void Snapshots::engineMain() {
         record(*head, *body);
         return;
       }
+      if (viewChanged()) return;
       uint64_t bodySeq = loop.nextRecv(left, kNoticeBody);
       auto r2 = device.irecv(members_[left], bodySeq, kNoticeBody, body->data(), body->size());
       loop.add(std::move(r2), [&, head, body](const transport::Request& got) {
@@ -122,6 +129,7 @@ void Snapshots::engineMain() {
 
   // Holder side: shards of `owner`, head then data, acknowledged per version.
   std::function<void(int)> postShardHead = [&](int owner) {
+    if (viewChanged()) return;
     auto head = std::make_shared<ShardHead>();
     uint64_t seq = loop.nextRecv(owner, kShardHead);
     auto r = device.irecv(members_[owner], seq, kShardHead, head.get(), sizeof(ShardHead));
@@ -149,6 +157,7 @@ void Snapshots::engineMain() {
         sendTo(owner, kAck, podBytes(ack), false, ignore);
       };
       if (head->bytes == 0) return landed(true);
+      if (viewChanged()) return;
       uint64_t dataSeq = loop.nextRecv(owner, kShardData);
       auto r2 = device.irecv(members_[owner], dataSeq, kShardData, data->data(), data->size());
       loop.add(std::move(r2), [landed](const transport::Request& got) {
@@ -162,7 +171,7 @@ void Snapshots::engineMain() {
     if (!job || job->done) return;
     for (size_t h = 0; h < job->holders.size(); ++h) {
       const int holder = job->holders[h];
-      while (job->next[h] < job->shards.size()) {
+      while (job->next[h] < job->shards.size() && !viewChanged()) {
         const Copy& copy = job->shards[job->next[h]].second;
         if (job->inFlight > 0 && job->inFlight + copy.entry.bytes > cap) return;
         ShardHead head{copy.entry.version, copy.entry.bytes, copy.entry.crc,
@@ -217,12 +226,16 @@ void Snapshots::engineMain() {
     }
   };
 
-  for (int owner = 0; owner < size_; ++owner)
-    if (owner != rank_) {
-      auto holders = holdersOf(owner);
-      if (std::find(holders.begin(), holders.end(), rank_) != holders.end()) postShardHead(owner);
-    }
-  if (size_ > 1) postNoticeHead();
+  try {
+    for (int owner = 0; owner < size_; ++owner)
+      if (owner != rank_) {
+        auto holders = holdersOf(owner);
+        if (std::find(holders.begin(), holders.end(), rank_) != holders.end()) postShardHead(owner);
+      }
+    if (size_ > 1) postNoticeHead();
+  } catch (const Error& e) {
+    log::warn("{}: {}", self, e.what());  // the view changed as it started; restore starts another
+  }
 
   while (!stopping_.load()) {
     if (comm_.currentEpoch() != epoch_) {
@@ -238,8 +251,8 @@ void Snapshots::engineMain() {
       MutexLock lock(mu_);
       if (brokenWhy_.empty() && replicating_ && (!job || job->version != *replicating_)) handed = replicating_;
     }
-    if (handed) startJob(*handed);
     try {
+      if (handed) startJob(*handed);
       pump();
       if (job && !job->done && job->acksDue.empty() && std::all_of(job->next.begin(), job->next.end(), [&](size_t n) {
             return n == job->shards.size();
@@ -255,13 +268,24 @@ void Snapshots::engineMain() {
         failJob(fmt::format("no replica made progress for {} ms", comm_.timeoutMs()));
       loop.runOnce(Clock::now() + std::chrono::milliseconds(100));
     } catch (const Error& e) {
-      failJob(e.what());
-      loop.runOnce(Clock::now() + std::chrono::milliseconds(100));
+      // This thread has no caller to hand an error to: it fails the version
+      // (every rank learns why) and goes on, and whatever fails while it
+      // says so (the right neighbour gone with the view) is only logged.
+      try {
+        failJob(e.what());
+      } catch (const Error& again) {
+        log::warn("{}: {}", self, again.what());
+      }
+      if (job) job->done = true;
     }
   }
   // A notice others wait for must go; a peer that stopped must not hold a
   // teardown for long.
-  loop.drainSends(deadlineAfterMs(std::min<int64_t>(comm_.timeoutMs(), 2000)));
+  try {
+    loop.drainSends(deadlineAfterMs(std::min<int64_t>(comm_.timeoutMs(), 2000)));
+  } catch (const Error& e) {
+    log::warn("{}: while its last sends went: {}", self, e.what());
+  }
   loop.cancelAll("snapshot replication stopped");
 }
 
