@@ -21,6 +21,9 @@ class Conduit {
  public:
   virtual ~Conduit() = default;
   virtual const char* kind() const = 0;  // "tcp", "shm": names the lane in logs and stats
+  // The device says whose lane this is once it installs it (a back end
+  // that keys behaviour or statistics by peer and lane listens).
+  virtual void attachedTo(MemberId peer, uint32_t lane) { (void)peer, (void)lane; }
   // Why the lane broke, when write() or read() said so and the back end
   // knows more than errno does (a failed completion, a port that went
   // down); empty otherwise.

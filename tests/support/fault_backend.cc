@@ -27,6 +27,7 @@ const char* faultName(FaultKind kind) {
     case FaultKind::kOneByte: return "one byte";
     case FaultKind::kFlipHeader: return "flip header";
     case FaultKind::kFlipPayload: return "flip payload";
+    case FaultKind::kReorder: return "reorder";
   }
   return "?";
 }
@@ -48,6 +49,7 @@ struct Script {
   std::vector<Entry> rules;
   uint64_t generation = 0;
   std::atomic<int> struck{0};
+  std::atomic<int> swapped{0};  // reorders that put a frame behind the next one (not alone, late)
 };
 Script& script() {
   static Script s;
@@ -89,6 +91,19 @@ struct FrameCursor {
       if (bodyLeft == 0) endFrame();
     }
   }
+  // How many of the n bytes at p finish the frame being written.
+  size_t toFrameEnd(const uint8_t* p, size_t n) const {
+    FrameCursor dry = *this;
+    size_t used = 0;
+    while (used < n && dry.frames == frames) {
+      size_t step = dry.headerHave < FrameHeader::kSize ? FrameHeader::kSize - dry.headerHave : dry.bodyLeft;
+      step = std::min(step, n - used);
+      dry.feed(p + used, step);
+      used += step;
+    }
+    return used;
+  }
+  bool atBoundary() const { return headerHave == 0; }
   void startBody() {
     uint32_t length = 0;
     uint8_t flags = header[7];
@@ -106,10 +121,25 @@ struct FrameCursor {
   }
 };
 
+// kReorder. Holding: frame N's bytes are taken and kept; passing: frame
+// N+1 goes on the lane; flushing: frame N follows it. With no frame N+1
+// within forMs (its sender may be waiting for an answer to frame N),
+// frame N goes alone, late.
+struct Reorder {
+  enum Phase { kHolding, kPassing, kFlushing } phase = kHolding;
+  uint64_t frame = 0;
+  Clock::time_point due{};
+};
+
 class FaultyConduit final : public transport::Conduit {
  public:
   FaultyConduit(std::unique_ptr<transport::Conduit> inner, MemberId self) : inner_(std::move(inner)), self_(self) {}
   const char* kind() const override { return inner_->kind(); }
+  void attachedTo(MemberId peer, uint32_t lane) override {
+    peer_ = peer;
+    lane_ = static_cast<int>(lane);
+    inner_->attachedTo(peer, lane);
+  }
   std::string failure() const override {
     if (active_ && (active_->kind == FaultKind::kError || active_->kind == FaultKind::kClose))
       return fmt::format("injected fault: {} after {} frames", faultName(active_->kind), active_->afterFrames);
@@ -117,15 +147,22 @@ class FaultyConduit final : public transport::Conduit {
   }
   int pollFd() const override { return inner_->pollFd(); }
   bool writableByPoll() const override { return inner_->writableByPoll(); }
-  bool pollsMemory() const override { return inner_->pollsMemory() || faulting(); }
+  // Looked at on every pass, whatever the inner lane: a stalled write or
+  // a held frame must go on when its time is up, with nothing to wake the
+  // device but the device itself.
+  bool pollsMemory() const override { return true; }
   void onPollReady() override { inner_->onPollReady(); }
-  bool armWakeup(bool wantSpace) override { return !faulting() && inner_->armWakeup(wantSpace); }
+  bool armWakeup(bool wantSpace) override {
+    if (flushHeldIfDue() < 0) return false;
+    return !faulting() && !reorder_ && inner_->armWakeup(wantSpace);
+  }
   bool seesPeerReads() const override { return inner_->seesPeerReads(); }
   bool roomForBulk() const override { return inner_->roomForBulk(); }
   bool armBulkWakeup() override { return inner_->armBulkWakeup(); }
   // No zero-copy: every byte goes through write(), where the script reads it.
 
   ssize_t read(void* into, size_t n) override {
+    flushHeldIfDue();  // a failure shows on the next write, or in the inner read
     if (broken()) {
       errno = active_->kind == FaultKind::kClose ? ECONNRESET : EIO;
       return -1;
@@ -150,6 +187,13 @@ class FaultyConduit final : public transport::Conduit {
     for (int i = 0; i < count; ++i)
       flat_.insert(flat_.end(), static_cast<const uint8_t*>(iov[i].iov_base),
                    static_cast<const uint8_t*>(iov[i].iov_base) + iov[i].iov_len);
+    if (reorder_) {
+      if (reorder_->phase == Reorder::kHolding) return hold();
+      if (reorder_->phase == Reorder::kPassing && !(cursor_.atBoundary() && Clock::now() >= reorder_->due))
+        return pass();
+      reorder_->phase = Reorder::kFlushing;
+      if (int rc = flushHeld(); rc <= 0) return rc;  // the held frame goes before anything else
+    }
     size_t n = flat_.size();
     if (pending_ && (pending_->kind == FaultKind::kFlipHeader || pending_->kind == FaultKind::kFlipPayload)) flip();
     if (active_ && active_->kind == FaultKind::kOneByte && Clock::now() < until_) n = std::min<size_t>(n, 1);
@@ -172,12 +216,15 @@ class FaultyConduit final : public transport::Conduit {
   // Takes new rules for this member; strikes one whose frame count is
   // reached, at a frame boundary.
   void pickUp() {
+    if (reorder_) return;  // one fault at a time
     Script& s = script();
     std::lock_guard<std::mutex> lock(s.mu);
     if (!pending_) {
       for (auto& e : s.rules) {
         if (e.generation <= seenGeneration_ || e.left == 0) continue;
         if (e.rule.member != kAnyMember && e.rule.member != self_) continue;
+        if (e.rule.peer != kAnyMember && e.rule.peer != peer_) continue;
+        if (e.rule.lane >= 0 && e.rule.lane != lane_) continue;
         pending_ = e.rule;
         pendingGeneration_ = e.generation;
         startFrames_ = cursor_.frames + (cursor_.headerHave > 0 ? 1 : 0);
@@ -192,6 +239,50 @@ class FaultyConduit final : public transport::Conduit {
     strike(s);
   }
 
+  ssize_t hold() {
+    const size_t take = cursor_.toFrameEnd(flat_.data(), flat_.size());
+    held_.insert(held_.end(), flat_.begin(), flat_.begin() + static_cast<std::ptrdiff_t>(take));
+    cursor_.feed(flat_.data(), take);
+    written_ += take;
+    if (cursor_.frames > reorder_->frame) reorder_->phase = Reorder::kPassing;
+    return static_cast<ssize_t>(take);
+  }
+  ssize_t pass() {
+    iovec all{flat_.data(), flat_.size()};
+    ssize_t wrote = inner_->write(&all, 1);
+    if (wrote <= 0) return wrote;
+    cursor_.feed(flat_.data(), static_cast<size_t>(wrote));
+    written_ += static_cast<uint64_t>(wrote);
+    if (cursor_.frames > reorder_->frame + 1) {
+      script().swapped++;
+      reorder_->phase = Reorder::kFlushing;
+      flushHeld();  // or on the next write, read or look
+    }
+    return wrote;
+  }
+  // 1: the held frame is out (the reorder is over), 0: not all of it fit,
+  // -1: the lane broke (errno set).
+  int flushHeld() {
+    while (heldDone_ < held_.size()) {
+      iovec rest{held_.data() + heldDone_, held_.size() - heldDone_};
+      ssize_t wrote = inner_->write(&rest, 1);
+      if (wrote < 0) return -1;
+      if (wrote == 0) return 0;
+      heldDone_ += static_cast<size_t>(wrote);
+    }
+    held_.clear();
+    heldDone_ = 0;
+    reorder_.reset();
+    active_.reset();
+    return 1;
+  }
+  int flushHeldIfDue() {
+    if (!reorder_) return 1;
+    if (reorder_->phase == Reorder::kPassing && cursor_.atBoundary() && Clock::now() >= reorder_->due)
+      reorder_->phase = Reorder::kFlushing;
+    return reorder_->phase == Reorder::kFlushing ? flushHeld() : 0;
+  }
+
   void strike(Script& s) {
     auto it = std::find_if(s.rules.begin(), s.rules.end(), [&](auto& e) { return e.generation == pendingGeneration_; });
     if (it == s.rules.end() || it->left == 0) {  // cleared, or used up on other lanes
@@ -203,6 +294,11 @@ class FaultyConduit final : public transport::Conduit {
     active_ = pending_;
     until_ = Clock::now() + std::chrono::milliseconds(active_->forMs);
     pending_.reset();
+    if (active_->kind == FaultKind::kReorder) {
+      reorder_.emplace();
+      reorder_->frame = cursor_.frames;
+      reorder_->due = until_;
+    }
   }
 
   // Flips one byte of the frame the pending rule names in the copy being
@@ -233,7 +329,12 @@ class FaultyConduit final : public transport::Conduit {
 
   std::unique_ptr<transport::Conduit> inner_;
   const MemberId self_;
+  MemberId peer_ = kAnyMember;  // until the device attaches the lane
+  int lane_ = -1;
   FrameCursor cursor_;
+  std::optional<Reorder> reorder_;
+  std::vector<uint8_t> held_;
+  size_t heldDone_ = 0;
   std::vector<uint8_t> flat_;
   uint64_t seenGeneration_ = 0, pendingGeneration_ = 0, startFrames_ = 0;
   uint64_t written_ = 0;  // bytes this lane wrote
@@ -306,5 +407,6 @@ void clearFaults() {
 }
 
 int faultsStruck() { return script().struck.load(); }
+int framesSwapped() { return script().swapped.load(); }
 
 }  // namespace eccl::test

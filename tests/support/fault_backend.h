@@ -3,7 +3,9 @@
 // device or a communicator uses it by name, ECCL_TRANSPORT=fault-tcp) and
 // follows a script of rules on the frames each member writes: after N
 // frames, close the lane, stall it, answer EAGAIN, report an error, write
-// one byte at a time, or flip a byte of a header or a payload. The paths
+// one byte at a time, flip a byte of a header or a payload, or swap two
+// frames; on every lane of a member, on its lanes to one peer, or on one
+// lane index. The paths
 // between "peer alive" and "peer dead" are then driven on purpose, in one
 // process, deterministically (tests/unit/fault_test.cc).
 #pragma once
@@ -23,6 +25,7 @@ enum class FaultKind {
   kOneByte,      // one byte per write for forMs
   kFlipHeader,   // one byte of the frame's header flipped
   kFlipPayload,  // one byte of the frame's payload flipped (the next frame that has one)
+  kReorder,      // the frame held back and written after the next one (or after forMs with no next one)
 };
 const char* faultName(FaultKind kind);
 
@@ -32,8 +35,10 @@ struct FaultRule {
   transport::MemberId member = kAnyMember;  // whose writes (the writing device's self)
   int afterFrames = 0;                      // frames this lane writes, from now, before the fault
   FaultKind kind = FaultKind::kClose;
-  int forMs = 0;                            // stall, again, one byte
+  int forMs = 0;                            // stall, again, one byte; reorder: the longest hold
   int times = 1;                            // lanes it strikes
+  transport::MemberId peer = kAnyMember;    // only lanes to this member
+  int lane = -1;                            // only this lane index (-1: any)
 };
 
 // Registers fault-tcp and fault-shm once per process; they behave as tcp
@@ -46,5 +51,7 @@ void addFault(const FaultRule& rule);
 void clearFaults();
 // How many times rules struck since the process started.
 int faultsStruck();
+// How many reorder rules put their frame behind the next one.
+int framesSwapped();
 
 }  // namespace eccl::test

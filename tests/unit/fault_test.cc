@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <functional>
+#include <mutex>
 #include <numeric>
 #include <string>
 #include <thread>
@@ -222,24 +224,96 @@ TEST_P(LaneFaults, AFlippedPayloadFailsItsChecksumAndPassesWithoutOne) {
   checked.finish(p);
 }
 
+// Two messages, the first frame held back behind the second; then two
+// chunks of one bulk message swapped: everything lands whole and in place
+// (frames name their message and offset; the lane's order is no promise).
+TEST_P(LaneFaults, SwappedFramesStillLandWholeAndInPlace) {
+  FaultyPair p(GetParam());
+  ASSERT_TRUE(warm(p));
+  const int swapped = framesSwapped();
+  addFault({0, 0, FaultKind::kReorder, 3000});
+  {
+    Exchange first(p, 1000, 2), second(p, 3000, 3);
+    EXPECT_EQ(second.receive(p, 5000), "");
+    EXPECT_EQ(first.receive(p, 5000), "");
+    EXPECT_EQ(first.got, first.sent);
+    EXPECT_EQ(second.got, second.sent);
+    first.finish(p);
+    second.finish(p);
+  }
+  EXPECT_EQ(framesSwapped(), swapped + 1);
+
+  addFault({0, 1, FaultKind::kReorder, 3000});  // the second and third of its chunks
+  auto sent = pattern(4 * transport::Device::kBulkFrameBytes + 100, 9);
+  std::vector<uint8_t> got(sent.size(), 0);
+  RequestPtr recv = p.b->irecv(0, 4, 0, got.data(), got.size());
+  RequestPtr send = p.a->isendBulk(1, 4, 0, sent.data(), sent.size());
+  EXPECT_NO_THROW(p.b->wait(recv, deadlineAfterMs(5000), "recv"));
+  EXPECT_NO_THROW(p.a->wait(send, deadlineAfterMs(5000), "send"));
+  EXPECT_EQ(got, sent);
+  EXPECT_EQ(framesSwapped(), swapped + 2);
+}
+
+// A held frame whose sender sends nothing after it goes alone once its
+// time is up: a reorder never turns into a hang.
+TEST_P(LaneFaults, AHeldFrameWithNothingBehindItGoesLate) {
+  FaultyPair p(GetParam());
+  ASSERT_TRUE(warm(p));
+  const int swapped = framesSwapped(), struck = faultsStruck();
+  addFault({0, 0, FaultKind::kReorder, 200});
+  Exchange only(p, 500, 2);
+  const auto start = Clock::now();
+  EXPECT_EQ(only.receive(p, 5000), "");
+  EXPECT_GE(Clock::now() - start, std::chrono::milliseconds(150));
+  EXPECT_EQ(only.got, only.sent);
+  only.finish(p);
+  EXPECT_EQ(faultsStruck(), struck + 1);
+  EXPECT_EQ(framesSwapped(), swapped);
+}
+
+// A rule keyed by peer and lane strikes only there: with two lanes to
+// each of two peers, closing lane 1 to one peer leaves the other peer's
+// lanes and its own lane 0 alone until the device fails that peer.
+TEST_P(LaneFaults, ARuleForOnePeersLaneStrikesOnlyThere) {
+  FaultyPair p(GetParam(), /*lanes=*/2);
+  ASSERT_TRUE(warm(p));
+  const int struck = faultsStruck();
+  addFault({0, 0, FaultKind::kClose, 0, 1, /*peer=*/7, /*lane=*/1});  // no such peer: never strikes
+  EXPECT_TRUE(warm(p));
+  Exchange striped(p, 1 << 20, 5);  // both lanes
+  EXPECT_EQ(striped.receive(p, 5000), "");
+  striped.finish(p);
+  EXPECT_EQ(faultsStruck(), struck);
+  addFault({0, 0, FaultKind::kClose, 0, 1, /*peer=*/1, /*lane=*/1});
+  Exchange broken(p, 1 << 20, 6);
+  std::string why = broken.receive(p, 5000);
+  broken.finish(p);
+  EXPECT_NE(why, "");
+  EXPECT_NE(why.find("rank 0"), std::string::npos) << why;
+  EXPECT_EQ(faultsStruck(), struck + 1);
+}
+
 INSTANTIATE_TEST_SUITE_P(Over, LaneFaults, ::testing::Values("fault-tcp", "fault-shm"),
                          [](const auto& info) { return info.param == "fault-tcp" ? "tcp" : "shm"; });
 
 // Every collective of three thread ranks through the fault back end, with
-// one-byte writes and short stalls struck on every member's lanes as they
-// go: the results are exact and nobody is judged failed.
-TEST(FaultyLanes, CollectivesSurviveStallsAndOneByteWrites) {
+// one-byte writes, short stalls and swapped frames struck on every
+// member's lanes as they go: the results are exact and nobody is judged
+// failed.
+TEST(FaultyLanes, CollectivesSurviveStallsOneByteWritesAndSwappedFrames) {
   registerFaultBackends();
   setenv("ECCL_SOCKET_IFNAME", "lo", 1);
   for (const char* backend : {"fault-tcp", "fault-shm"}) {
     SCOPED_TRACE(backend);
     setenv("ECCL_TRANSPORT", backend, 1);
-    const int before = faultsStruck();
-    for (int i = 0; i < 6; ++i) addFault({kAnyMember, 3 + 5 * i, i % 2 ? FaultKind::kStall : FaultKind::kOneByte, 50, 2});
+    const int before = faultsStruck(), swapped = framesSwapped();
+    const FaultKind kinds[] = {FaultKind::kOneByte, FaultKind::kStall, FaultKind::kReorder};
+    for (int i = 0; i < 9; ++i) addFault({kAnyMember, 3 + 5 * i, kinds[i % 3], 50, 2});
     runThreads(3, [](int, ecclComm_t comm) {
       for (size_t count : {size_t(1), size_t(1000), size_t(70001)}) checkEveryCollective(comm, count, false);
     });
     EXPECT_GT(faultsStruck(), before);
+    EXPECT_GT(framesSwapped(), swapped);
     clearFaults();
   }
   unsetenv("ECCL_TRANSPORT");
@@ -272,6 +346,98 @@ TEST(FaultyLanes, ALaneBrokenUnderACollectiveFailsEveryRankNamingAPeer) {
   clearFaults();
   unsetenv("ECCL_TRANSPORT");
   unsetenv("ECCL_TIMEOUT_MS");
+}
+
+// The reconfiguration through the fault back end, in one process: a rank
+// whose lanes stall for good (what SIGSTOP does to a process) cannot
+// answer a ping, so the others' collective fails naming it, the
+// coordinator fences it on their report, and a standby thread takes its
+// rank; the new view's collectives are exact. The stalled rank's own call
+// fails (it is fenced) and never holds the others.
+TEST(FaultyLanes, AStalledRankIsFencedAndAStandbyTakesItsRank) {
+  registerFaultBackends();
+  setenv("ECCL_SOCKET_IFNAME", "lo", 1);
+  setenv("ECCL_TRANSPORT", "fault-tcp", 1);
+  setenv("ECCL_TIMEOUT_MS", "1500", 1);
+  constexpr int kRanks = 3, kVictim = 2;
+  ecclUniqueId id;
+  ASSERT_EQ(ecclGetUniqueId(&id), ecclSuccess);
+  std::mutex mu;
+  std::vector<std::string> problems;
+  auto problem = [&](int who, const std::string& what) {
+    std::lock_guard<std::mutex> lock(mu);
+    problems.push_back("rank " + std::to_string(who) + ": " + what);
+  };
+  std::atomic<int> ready{0};
+  std::atomic<bool> armed{false};
+  std::atomic<uint64_t> victimMember{0};
+  auto waitFor = [](const std::function<bool()>& done) {
+    for (int i = 0; i < 2000 && !done(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    return done();
+  };
+  auto sumOfRanks = [&](ecclComm_t comm, int rank, int who) {
+    std::vector<float> v(4096, float(rank + 1));
+    if (ecclAllReduce(v.data(), v.data(), v.size(), ecclFloat32, ecclSum, comm, nullptr) != ecclSuccess)
+      return problem(who, std::string("allreduce in the new view: ") + ecclGetLastError(comm));
+    for (float x : v)
+      if (x != float(kRanks * (kRanks + 1) / 2)) return problem(who, "allreduce in the new view: " + std::to_string(x));
+  };
+
+  std::thread standby([&] {
+    ecclComm_t comm = nullptr;
+    if (ecclCommRegisterStandby(&comm, id, nullptr) != ecclSuccess) return problem(-1, "register standby");
+    ready++;
+    if (ecclCommAwaitPromotion(comm, 30000) != ecclSuccess) {
+      problem(-1, std::string("promotion: ") + ecclGetLastError(comm));
+      ecclCommAbort(comm);
+      return;
+    }
+    int rank = -1;
+    ecclCommUserRank(comm, &rank);
+    if (rank != kVictim) problem(-1, "the standby took rank " + std::to_string(rank));
+    sumOfRanks(comm, rank, -1);
+    ecclCommDestroy(comm);
+  });
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < kRanks; ++r)
+    ranks.emplace_back([&, r] {
+      ecclComm_t comm = nullptr;
+      if (ecclCommInitRank(&comm, kRanks, id, r) != ecclSuccess) return problem(r, "init");
+      std::vector<float> v(4096, 1.0f);
+      if (ecclAllReduce(v.data(), v.data(), v.size(), ecclFloat32, ecclSum, comm, nullptr) != ecclSuccess)
+        problem(r, std::string("first allreduce: ") + ecclGetLastError(comm));
+      if (r == kVictim) {
+        uint64_t m = 0;
+        ecclCommMemberId(comm, &m);
+        victimMember = m;
+      }
+      ready++;
+      if (r == 0 && waitFor([&] { return ready.load() == kRanks + 1; })) {
+        addFault({victimMember.load(), 0, FaultKind::kStall, 60000, 16});
+        armed = true;
+      }
+      if (!waitFor([&] { return armed.load(); })) return problem(r, "never armed"), (void)ecclCommAbort(comm);
+      ecclResult_t rc = ecclAllReduce(v.data(), v.data(), v.size(), ecclFloat32, ecclSum, comm, nullptr);
+      const std::string why = rc == ecclSuccess ? "" : ecclGetLastError(comm);
+      if (r == kVictim) {
+        if (rc == ecclSuccess) problem(r, "the stalled rank's allreduce succeeded");
+        ecclCommAbort(comm);
+        return;
+      }
+      if (rc == ecclSuccess || why.find("rank 2") == std::string::npos)
+        problem(r, "the allreduce under a stalled rank 2 ended with: " + (rc == ecclSuccess ? "success" : why));
+      if (ecclCommRecover(comm, ecclRecoverReplace) != ecclSuccess)
+        problem(r, std::string("recover: ") + ecclGetLastError(comm));
+      else
+        sumOfRanks(comm, r, r);
+      ecclCommDestroy(comm);
+    });
+  for (auto& t : ranks) t.join();
+  standby.join();
+  clearFaults();
+  unsetenv("ECCL_TRANSPORT");
+  unsetenv("ECCL_TIMEOUT_MS");
+  EXPECT_TRUE(problems.empty()) << ::testing::PrintToString(problems);
 }
 
 }  // namespace
