@@ -61,6 +61,25 @@ void runOrEnqueue(Communicator& c, F&& f) ECCL_REQUIRES(c.callerRole()) {
     f();
 }
 
+// A collective's argument checks at its entry point: a refusal still takes
+// the op's number and tells the other ranks (Communicator::refuseCollective),
+// in this rank's call order (inside a group, where the op would have run).
+template <typename Checks>
+auto refusingAtEntry(ecclComm_t comm, Communicator& c, Checks&& checks) {
+  try {
+    return checks();
+  } catch (const eccl::Error& e) {
+    if (e.code() == ecclInvalidArgument) {
+      Entered entered(comm, c.callerRole());
+      runOrEnqueue(c, [&c, why = std::string(e.what())] {
+        CallerTurn turn(c.callerRole());
+        c.refuseCollective(why);
+      });
+    }
+    throw;
+  }
+}
+
 // A send or receive on host memory: now, or posted at GroupEnd inside a group.
 void sendOnHost(Communicator& c, const void* buf, size_t bytes, int peer, ecclDataType_t type)
     ECCL_REQUIRES(c.callerRole()) {
@@ -504,8 +523,10 @@ ecclResult_t ecclAllReduce(const void* in, void* out, size_t count, ecclDataType
                            ecclComm_t comm, ecclStream_t stream) {
   return guarded(comm, "ecclAllReduce", [&] {
     Communicator& c = impl(comm, "ecclAllReduce");
-    const size_t bytes = Communicator::checkedBytes(count, type, 1, "ecclAllReduce");
-    checkOverlap(in, bytes, out, bytes, in == out, "ecclAllReduce");
+    refusingAtEntry(comm, c, [&] {
+      const size_t bytes = Communicator::checkedBytes(count, type, 1, "ecclAllReduce");
+      checkOverlap(in, bytes, out, bytes, in == out, "ecclAllReduce");
+    });
     auto host = [&c, type, op](const void* i, void* o, size_t n) {
       CallerTurn turn(c.callerRole());
       runOrEnqueue(c, [=, &c] {
@@ -527,8 +548,10 @@ ecclResult_t ecclBroadcast(const void* in, void* out, size_t count, ecclDataType
   return guarded(comm, "ecclBroadcast", [&] {
     Communicator& c = impl(comm, "ecclBroadcast");
     const bool atRoot = shapeOf(c).rank == root;
-    const size_t bytes = Communicator::checkedBytes(count, type, 1, "ecclBroadcast");
-    if (atRoot) checkOverlap(in, bytes, out, bytes, in == out, "ecclBroadcast");
+    refusingAtEntry(comm, c, [&] {
+      const size_t bytes = Communicator::checkedBytes(count, type, 1, "ecclBroadcast");
+      if (atRoot) checkOverlap(in, bytes, out, bytes, in == out, "ecclBroadcast");
+    });
     auto host = [&c, type, root](const void* i, void* o, size_t n) {
       CallerTurn turn(c.callerRole());
       runOrEnqueue(c, [=, &c] {
@@ -552,8 +575,10 @@ ecclResult_t ecclReduce(const void* in, void* out, size_t count, ecclDataType_t 
   return guarded(comm, "ecclReduce", [&] {
     Communicator& c = impl(comm, "ecclReduce");
     const bool atRoot = shapeOf(c).rank == root;
-    const size_t bytes = Communicator::checkedBytes(count, type, 1, "ecclReduce");
-    if (atRoot) checkOverlap(in, bytes, out, bytes, in == out, "ecclReduce");
+    refusingAtEntry(comm, c, [&] {
+      const size_t bytes = Communicator::checkedBytes(count, type, 1, "ecclReduce");
+      if (atRoot) checkOverlap(in, bytes, out, bytes, in == out, "ecclReduce");
+    });
     auto host = [&c, type, op, root](const void* i, void* o, size_t n) {
       CallerTurn turn(c.callerRole());
       runOrEnqueue(c, [=, &c] {
@@ -576,10 +601,13 @@ ecclResult_t ecclAllGather(const void* in, void* out, size_t sendcount, ecclData
   return guarded(comm, "ecclAllGather", [&] {
     Communicator& c = impl(comm, "ecclAllGather");
     const Shape shape = shapeOf(c);
-    const size_t bytes = Communicator::checkedBytes(sendcount, type, 1, "ecclAllGather");
-    Communicator::checkedBytes(sendcount, type, shape.size, "ecclAllGather");
-    checkOverlap(in, bytes, out, bytes * shape.size, in == static_cast<const uint8_t*>(out) + bytes * shape.rank,
-                 "ecclAllGather");
+    const size_t bytes = refusingAtEntry(comm, c, [&] {
+      const size_t bytes = Communicator::checkedBytes(sendcount, type, 1, "ecclAllGather");
+      Communicator::checkedBytes(sendcount, type, shape.size, "ecclAllGather");
+      checkOverlap(in, bytes, out, bytes * shape.size, in == static_cast<const uint8_t*>(out) + bytes * shape.rank,
+                   "ecclAllGather");
+      return bytes;
+    });
     auto host = [&c, sendcount, type](const void* i, void* o) {
       CallerTurn turn(c.callerRole());
       runOrEnqueue(c, [=, &c] {
@@ -602,10 +630,13 @@ ecclResult_t ecclReduceScatter(const void* in, void* out, size_t recvcount, eccl
   return guarded(comm, "ecclReduceScatter", [&] {
     Communicator& c = impl(comm, "ecclReduceScatter");
     const Shape shape = shapeOf(c);
-    const size_t bytes = Communicator::checkedBytes(recvcount, type, 1, "ecclReduceScatter");
-    Communicator::checkedBytes(recvcount, type, shape.size, "ecclReduceScatter");
-    checkOverlap(in, bytes * shape.size, out, bytes, out == static_cast<const uint8_t*>(in) + bytes * shape.rank,
-                 "ecclReduceScatter");
+    const size_t bytes = refusingAtEntry(comm, c, [&] {
+      const size_t bytes = Communicator::checkedBytes(recvcount, type, 1, "ecclReduceScatter");
+      Communicator::checkedBytes(recvcount, type, shape.size, "ecclReduceScatter");
+      checkOverlap(in, bytes * shape.size, out, bytes, out == static_cast<const uint8_t*>(in) + bytes * shape.rank,
+                   "ecclReduceScatter");
+      return bytes;
+    });
     auto host = [&c, recvcount, type, op](const void* i, void* o) {
       CallerTurn turn(c.callerRole());
       runOrEnqueue(c, [=, &c] {
@@ -627,9 +658,12 @@ ecclResult_t ecclAllToAll(const void* in, void* out, size_t count, ecclDataType_
                           ecclStream_t stream) {
   return guarded(comm, "ecclAllToAll", [&] {
     Communicator& c = impl(comm, "ecclAllToAll");
-    const size_t bytes = Communicator::checkedBytes(count, type, shapeOf(c).size, "ecclAllToAll");
     // The same pointer is the core's to refuse: it says in place is not supported.
-    checkOverlap(in, bytes, out, bytes, in == out, "ecclAllToAll");
+    const size_t bytes = refusingAtEntry(comm, c, [&] {
+      const size_t bytes = Communicator::checkedBytes(count, type, shapeOf(c).size, "ecclAllToAll");
+      checkOverlap(in, bytes, out, bytes, in == out, "ecclAllToAll");
+      return bytes;
+    });
     auto host = [&c, count, type](const void* i, void* o) {
       CallerTurn turn(c.callerRole());
       runOrEnqueue(c, [=, &c] {
@@ -653,15 +687,17 @@ ecclResult_t ecclAllToAllv(const void* in, const size_t sendcounts[], const size
   return guarded(comm, "ecclAllToAllv", [&] {
     Communicator& c = impl(comm, "ecclAllToAllv");
     if (auto s = deviceStream(comm, stream, {in, out}, "ecclAllToAllv")) {
-      if (!sendcounts || !sdispls || !recvcounts || !rdispls)
-        fail(ecclInvalidArgument, "ecclAllToAllv: counts and displacements must not be NULL");
       const size_t ts = eccl::typeSize(type), n = static_cast<size_t>(shapeOf(c).size);
       size_t inElems = 0, outElems = 0;
-      for (size_t r = 0; r < n; ++r) {
-        inElems = std::max(inElems, sdispls[r] + sendcounts[r]);
-        outElems = std::max(outElems, rdispls[r] + recvcounts[r]);
-      }
-      Communicator::checkedBytes(std::max(inElems, outElems), type, 1, "ecclAllToAllv");
+      refusingAtEntry(comm, c, [&] {
+        if (!sendcounts || !sdispls || !recvcounts || !rdispls)
+          fail(ecclInvalidArgument, "ecclAllToAllv: counts and displacements must not be NULL");
+        for (size_t r = 0; r < n; ++r) {
+          inElems = std::max(inElems, sdispls[r] + sendcounts[r]);
+          outElems = std::max(outElems, rdispls[r] + recvcounts[r]);
+        }
+        Communicator::checkedBytes(std::max(inElems, outElems), type, 1, "ecclAllToAllv");
+      });
       // The counts are the caller's arrays: copied now, as the op runs later.
       auto counts = std::make_shared<std::vector<size_t>>(sendcounts, sendcounts + n);
       counts->insert(counts->end(), sdispls, sdispls + n);

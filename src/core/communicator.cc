@@ -470,6 +470,22 @@ void Communicator::runCollective(const char* name, const transport::CallSignatur
   recordForSandbox(signature, out, outBytes);
 }
 
+void Communicator::refuseCollective(const std::string& why) {
+  if (standby_ || sandboxed() || size() < 2) return;  // nobody waits for this rank's part
+  const uint64_t seq = ++collSeq_;
+  device_->refuseCall(seq, fmt::format("rank {} refused its part of collective op {} (epoch {}): {}", rank_, seq,
+                                       epoch(), why));
+}
+
+void Communicator::refusing(const std::function<void()>& checks) {
+  try {
+    checks();
+  } catch (const Error& e) {
+    if (e.code() == ecclInvalidArgument) refuseCollective(e.what());
+    throw;
+  }
+}
+
 namespace {
 
 transport::CallSignature signatureOf(transport::CallKind kind, size_t count, int type = -1, int op = -1,
@@ -512,10 +528,13 @@ void reduceWide(const void* in, size_t inCount, void* out, size_t outCount, eccl
 }  // namespace
 
 void Communicator::allReduce(const void* in, void* out, size_t count, ecclDataType_t type, ecclRedOp_t op) {
-  size_t bytes = checkedBytes(count, type, 1, "allreduce");
-  checkOp(op, "allreduce");
-  checkBuffer(in, count, "allreduce sendbuff");
-  checkBuffer(out, count, "allreduce recvbuff");
+  size_t bytes = 0;
+  refusing([&]() ECCL_REQUIRES(caller_) {
+    bytes = checkedBytes(count, type, 1, "allreduce");
+    checkOp(op, "allreduce");
+    checkBuffer(in, count, "allreduce sendbuff");
+    checkBuffer(out, count, "allreduce recvbuff");
+  });
   const auto signature = signatureOf(transport::CallKind::kAllReduce, count, type, op);
   if (sandboxed()) return sandboxCall(signature, out, bytes, [&]() ECCL_REQUIRES(caller_) { sandboxCopy(in, out, bytes); });
   runCollective("allreduce", signature, [&](OpLinks& links) ECCL_REQUIRES(caller_) {
@@ -531,10 +550,13 @@ void Communicator::allReduce(const void* in, void* out, size_t count, ecclDataTy
 }
 
 void Communicator::broadcast(const void* in, void* out, size_t count, ecclDataType_t type, int root) {
-  size_t bytes = checkedBytes(count, type, 1, "broadcast");
-  checkRank(root, "broadcast root");
-  if (rank_ == root) checkBuffer(in, count, "broadcast sendbuff");
-  checkBuffer(out, count, "broadcast recvbuff");
+  size_t bytes = 0;
+  refusing([&]() ECCL_REQUIRES(caller_) {
+    bytes = checkedBytes(count, type, 1, "broadcast");
+    checkRank(root, "broadcast root");
+    if (rank_ == root) checkBuffer(in, count, "broadcast sendbuff");
+    checkBuffer(out, count, "broadcast recvbuff");
+  });
   const auto signature = signatureOf(transport::CallKind::kBroadcast, count, type, -1, root);
   if (sandboxed())
     return sandboxCall(signature, out, bytes, [&]() ECCL_REQUIRES(caller_) { rank_ == root ? sandboxCopy(in, out, bytes) : sandboxZero(out, bytes); });
@@ -543,11 +565,14 @@ void Communicator::broadcast(const void* in, void* out, size_t count, ecclDataTy
 }
 
 void Communicator::reduce(const void* in, void* out, size_t count, ecclDataType_t type, ecclRedOp_t op, int root) {
-  size_t reduceBytes = checkedBytes(count, type, 1, "reduce");
-  checkOp(op, "reduce");
-  checkRank(root, "reduce root");
-  checkBuffer(in, count, "reduce sendbuff");
-  if (rank_ == root) checkBuffer(out, count, "reduce recvbuff");
+  size_t reduceBytes = 0;
+  refusing([&]() ECCL_REQUIRES(caller_) {
+    reduceBytes = checkedBytes(count, type, 1, "reduce");
+    checkOp(op, "reduce");
+    checkRank(root, "reduce root");
+    checkBuffer(in, count, "reduce sendbuff");
+    if (rank_ == root) checkBuffer(out, count, "reduce recvbuff");
+  });
   const auto signature = signatureOf(transport::CallKind::kReduce, count, type, op, root);
   const size_t outBytes = rank_ == root ? reduceBytes : 0;
   if (sandboxed())
@@ -559,10 +584,13 @@ void Communicator::reduce(const void* in, void* out, size_t count, ecclDataType_
 }
 
 void Communicator::allGather(const void* in, void* out, size_t sendCount, ecclDataType_t type) {
-  size_t bytes = checkedBytes(sendCount, type, 1, "allgather");
-  checkedBytes(sendCount, type, size(), "allgather");
-  checkBuffer(in, sendCount, "allgather sendbuff");
-  checkBuffer(out, sendCount, "allgather recvbuff");
+  size_t bytes = 0;
+  refusing([&]() ECCL_REQUIRES(caller_) {
+    bytes = checkedBytes(sendCount, type, 1, "allgather");
+    checkedBytes(sendCount, type, size(), "allgather");
+    checkBuffer(in, sendCount, "allgather sendbuff");
+    checkBuffer(out, sendCount, "allgather recvbuff");
+  });
   const auto signature = signatureOf(transport::CallKind::kAllGather, sendCount, type);
   if (sandboxed())
     return sandboxCall(signature, out, bytes * size(), [&]() ECCL_REQUIRES(caller_) {
@@ -574,11 +602,14 @@ void Communicator::allGather(const void* in, void* out, size_t sendCount, ecclDa
 }
 
 void Communicator::reduceScatter(const void* in, void* out, size_t recvCount, ecclDataType_t type, ecclRedOp_t op) {
-  size_t scatterBytes = checkedBytes(recvCount, type, 1, "reducescatter");
-  checkedBytes(recvCount, type, size(), "reducescatter");
-  checkOp(op, "reducescatter");
-  checkBuffer(in, recvCount, "reducescatter sendbuff");
-  checkBuffer(out, recvCount, "reducescatter recvbuff");
+  size_t scatterBytes = 0;
+  refusing([&]() ECCL_REQUIRES(caller_) {
+    scatterBytes = checkedBytes(recvCount, type, 1, "reducescatter");
+    checkedBytes(recvCount, type, size(), "reducescatter");
+    checkOp(op, "reducescatter");
+    checkBuffer(in, recvCount, "reducescatter sendbuff");
+    checkBuffer(out, recvCount, "reducescatter recvbuff");
+  });
   const auto signature = signatureOf(transport::CallKind::kReduceScatter, recvCount, type, op);
   if (sandboxed())
     return sandboxCall(signature, out, scatterBytes, [&]() ECCL_REQUIRES(caller_) {
@@ -591,11 +622,14 @@ void Communicator::reduceScatter(const void* in, void* out, size_t recvCount, ec
 }
 
 void Communicator::allToAll(const void* in, void* out, size_t count, ecclDataType_t type) {
-  size_t bytes = checkedBytes(count, type, 1, "alltoall");
-  checkedBytes(count, type, size(), "alltoall");
-  checkBuffer(in, count, "alltoall sendbuff");
-  checkBuffer(out, count, "alltoall recvbuff");
-  ECCL_CHECK_ARG(in != out || count == 0 || size() == 1, "alltoall: in-place operation is not supported");
+  size_t bytes = 0;
+  refusing([&]() ECCL_REQUIRES(caller_) {
+    bytes = checkedBytes(count, type, 1, "alltoall");
+    checkedBytes(count, type, size(), "alltoall");
+    checkBuffer(in, count, "alltoall sendbuff");
+    checkBuffer(out, count, "alltoall recvbuff");
+    ECCL_CHECK_ARG(in != out || count == 0 || size() == 1, "alltoall: in-place operation is not supported");
+  });
   std::vector<size_t> sizes(size(), bytes), offsets(size());
   for (int r = 0; r < size(); ++r) offsets[r] = bytes * r;
   const auto signature = signatureOf(transport::CallKind::kAllToAll, count, type);
@@ -611,24 +645,25 @@ void Communicator::allToAll(const void* in, void* out, size_t count, ecclDataTyp
 
 void Communicator::allToAllv(const void* in, const size_t* sendCounts, const size_t* sendDispls, void* out,
                              const size_t* recvCounts, const size_t* recvDispls, ecclDataType_t type) {
-  ECCL_CHECK_ARG(sendCounts && sendDispls && recvCounts && recvDispls,
-                 "alltoallv: counts and displacements must not be NULL");
-  size_t es = checkedBytes(1, type, 1, "alltoallv");
   std::vector<size_t> sb(size()), so(size()), rb(size()), ro(size());
-  size_t anySend = 0, anyRecv = 0;
-  for (int r = 0; r < size(); ++r) {
-    sb[r] = checkedBytes(sendCounts[r], type, 1, "alltoallv sendcounts");
-    rb[r] = checkedBytes(recvCounts[r], type, 1, "alltoallv recvcounts");
-    so[r] = checkedBytes(sendDispls[r], type, 1, "alltoallv sdispls");
-    ro[r] = checkedBytes(recvDispls[r], type, 1, "alltoallv rdispls");
-    anySend += sendCounts[r];
-    anyRecv += recvCounts[r];
-  }
-  ECCL_CHECK_ARG(sb[rank_] == rb[rank_], "alltoallv: rank {} sends itself {} elements but expects {}", rank_,
-                 sendCounts[rank_], recvCounts[rank_]);
-  checkBuffer(in, anySend, "alltoallv sendbuff");
-  checkBuffer(out, anyRecv, "alltoallv recvbuff");
-  (void)es;
+  refusing([&]() ECCL_REQUIRES(caller_) {
+    ECCL_CHECK_ARG(sendCounts && sendDispls && recvCounts && recvDispls,
+                   "alltoallv: counts and displacements must not be NULL");
+    checkedBytes(1, type, 1, "alltoallv");
+    size_t anySend = 0, anyRecv = 0;
+    for (int r = 0; r < size(); ++r) {
+      sb[r] = checkedBytes(sendCounts[r], type, 1, "alltoallv sendcounts");
+      rb[r] = checkedBytes(recvCounts[r], type, 1, "alltoallv recvcounts");
+      so[r] = checkedBytes(sendDispls[r], type, 1, "alltoallv sdispls");
+      ro[r] = checkedBytes(recvDispls[r], type, 1, "alltoallv rdispls");
+      anySend += sendCounts[r];
+      anyRecv += recvCounts[r];
+    }
+    ECCL_CHECK_ARG(sb[rank_] == rb[rank_], "alltoallv: rank {} sends itself {} elements but expects {}", rank_,
+                   sendCounts[rank_], recvCounts[rank_]);
+    checkBuffer(in, anySend, "alltoallv sendbuff");
+    checkBuffer(out, anyRecv, "alltoallv recvbuff");
+  });
   // Recorded by signature only: its blocks need not tile the buffer.
   const auto signature = signatureOf(transport::CallKind::kAllToAllv, 0, type);
   if (sandboxed())

@@ -87,6 +87,12 @@ class Communicator {
   // first to arrive), and its size; -1 when none has.
   int probe(int peer, size_t* bytes) ECCL_REQUIRES(caller_);
 
+  // This rank refuses the collective it was called for (its arguments
+  // failed a check, `why`): the op still takes its number, and the other
+  // ranks' parts of it fail naming this rank and why (the device passes
+  // the word on), so none waits for data that never comes and every
+  // rank's next call matches. Inside a group it runs where the op would.
+  void refuseCollective(const std::string& why) ECCL_REQUIRES(caller_);
   // Throws the stored failure if the communicator is revoked.
   // Shared: what it reads, the proxy never changes.
   void checkUsable() const ECCL_REQUIRES_SHARED(caller_);
@@ -162,6 +168,9 @@ class Communicator {
   // Runs `body` under an OpLinks for the next collective sequence number;
   // every message of it carries `signature` (ECCL_CHECK_CALLS).
   // `out` (outBytes) is the call's output here, for a sandbox recording.
+  // A collective's argument checks: an ecclInvalidArgument from them is
+  // a refusal (refuseCollective), then thrown on.
+  void refusing(const std::function<void()>& checks) ECCL_REQUIRES(caller_);
   void runCollective(const char* name, const transport::CallSignature& signature,
                      const std::function<void(OpLinks&)>& body, const void* out = nullptr, size_t outBytes = 0) ECCL_REQUIRES(caller_);
   void onPeerFailure(transport::MemberId member, ecclResult_t code, const std::string& reason, uint64_t neededFrom);

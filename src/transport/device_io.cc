@@ -247,6 +247,10 @@ RequestPtr LaneDevice::postSend(MemberId member, uint64_t seq, uint32_t tag, con
     completeLocked(r, revokedCode_, revokedReason_);
     return r;
   }
+  if (const std::string* refused = refusalOfLocked(seq)) {
+    completeLocked(r, ecclInvalidUsage, *refused);
+    return r;
+  }
   if (failIfPeerGoneLocked(r, p)) return r;
   const size_t lanes = p.lanes.size();
   size_t chunk = len;
@@ -322,6 +326,10 @@ RequestPtr LaneDevice::postRecv(MemberId member, uint64_t seq, uint32_t tag, voi
     callMismatchLocked(member, seq, *signature, *it->second.sent);
   if (revokesLocked(seq)) {
     completeLocked(r, revokedCode_, revokedReason_);
+    return r;
+  }
+  if (const std::string* refused = refusalOfLocked(seq)) {
+    completeLocked(r, ecclInvalidUsage, *refused);
     return r;
   }
   if (it != inbox_.end()) {

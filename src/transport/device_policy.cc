@@ -73,6 +73,11 @@ void LaneDevice::revokeLocked(ecclResult_t code, const std::string& reason, uint
   revokedCode_ = code;
   revokedReason_ = reason;
   revokedFromSeq_ = fromSeq;
+  failOpsLocked([this](uint64_t seq) ECCL_REQUIRES(mu_) { return revokesLocked(seq); }, code, reason);
+}
+
+void LaneDevice::failOpsLocked(const std::function<bool(uint64_t seq)>& dies, ecclResult_t code,
+                               const std::string& reason) {
   // Failed sends must never read their buffers again: drop queued data
   // frames. A half-written one is finished from a private copy of its tail,
   // so the lane stays whole and is inherited by the next view (the receiver
@@ -83,7 +88,7 @@ void LaneDevice::revokeLocked(ecclResult_t code, const std::string& reason, uint
     for (auto& lane : p.lanes) {
       std::deque<SendItem> keep;
       for (auto& item : lane->sendQueue) {
-        if (!item.request || !revokesLocked(item.request->seq)) {
+        if (!item.request || !dies(item.request->seq)) {
           keep.push_back(std::move(item));
           continue;
         }
@@ -95,7 +100,7 @@ void LaneDevice::revokeLocked(ecclResult_t code, const std::string& reason, uint
       }
       lane->sendQueue = std::move(keep);
       for (auto item = lane->bulkQueue.begin(); item != lane->bulkQueue.end();) {  // none started
-        if (!item->request || !revokesLocked(item->request->seq)) {
+        if (!item->request || !dies(item->request->seq)) {
           ++item;
           continue;
         }
@@ -103,36 +108,61 @@ void LaneDevice::revokeLocked(ecclResult_t code, const std::string& reason, uint
         item = lane->bulkQueue.erase(item);
       }
       for (SendItem& item : lane->awaitingClearance)
-        if (item.request && revokesLocked(item.request->seq)) completeLocked(item.request, code, reason), item.detach();
+        if (item.request && dies(item.request->seq)) completeLocked(item.request, code, reason), item.detach();
       for (SendItem& item : lane->zeroCopyWrites)  // written from the pinned pages
-        if (item.request && revokesLocked(item.request->seq))
+        if (item.request && dies(item.request->seq))
           completeLocked(item.request, code, reason), item.request.reset();
     }
   }
   // Buffers of failed receives must never be written again.
   for (auto box = inbox_.begin(); box != inbox_.end();) {
-    bool dies = box->second.request && revokesLocked(box->second.request->seq);
-    box = dies ? dropBoxLocked(box, code, reason) : std::next(box);
+    bool dropped = box->second.request && dies(box->second.request->seq);
+    box = dropped ? dropBoxLocked(box, code, reason) : std::next(box);
   }
   discardOrphanedPayloadsLocked();
 }
 
 void LaneDevice::floodRevokeLocked(ecclResult_t code, const std::string& reason, uint64_t fromSeq) {
+  std::vector<uint8_t> payload(12 + reason.size());
+  std::memcpy(payload.data(), &fromSeq, 8);
+  auto c = static_cast<uint32_t>(code);
+  std::memcpy(payload.data() + 8, &c, 4);
+  std::memcpy(payload.data() + 12, reason.data(), reason.size());
+  floodControlLocked(FrameType::kRevoke, std::move(payload), std::nullopt);
+}
+
+// Every copy is queued before any is written: writing to a peer that has
+// gone fails that peer, whose own notice must then come second.
+void LaneDevice::floodControlLocked(FrameType type, std::vector<uint8_t> payload, std::optional<MemberId> except) {
+  if (payload.size() > FrameHeader::kMaxControlPayload) payload.resize(FrameHeader::kMaxControlPayload);
   std::vector<Lane*> queued;
   for (auto& [id, other] : peers_) {
-    if (other.state == Peer::State::kFailed || other.lanes.empty() || other.role == PeerRole::kCandidate) continue;
+    if (id == except || other.state == Peer::State::kFailed || other.lanes.empty() ||
+        other.role == PeerRole::kCandidate)
+      continue;
     Lane& lane = *other.lanes[0];
     if (!lane.conduit) continue;
-    std::vector<uint8_t> payload(12 + reason.size());
-    std::memcpy(payload.data(), &fromSeq, 8);
-    auto c = static_cast<uint32_t>(code);
-    std::memcpy(payload.data() + 8, &c, 4);
-    std::memcpy(payload.data() + 12, reason.data(), reason.size());
-    if (payload.size() > FrameHeader::kMaxControlPayload) payload.resize(FrameHeader::kMaxControlPayload);
-    queueControlLocked(lane, FrameType::kRevoke, std::move(payload), /*flush=*/false);
+    queueControlLocked(lane, type, payload, /*flush=*/false);
     queued.push_back(&lane);
   }
   for (Lane* lane : queued) flushLocked(*lane);
+}
+
+void LaneDevice::refusedLocked(uint64_t seq, const std::string& reason, std::optional<MemberId> from) {
+  if (!FrameHeader::isCollective(seq) || !refusedOps_.emplace(seq, reason).second) return;  // known: not again
+  log::warn("member {}: {}", opt_.self, reason);
+  failOpsLocked([seq](uint64_t s) { return s == seq; }, ecclInvalidUsage, reason);
+  // On to every connected peer (a view's links connect it): a rank that
+  // never exchanges with the refuser waits on one that does.
+  std::vector<uint8_t> payload(8 + reason.size());
+  std::memcpy(payload.data(), &seq, 8);
+  std::memcpy(payload.data() + 8, reason.data(), reason.size());
+  floodControlLocked(FrameType::kRefused, std::move(payload), from);
+}
+
+const std::string* LaneDevice::refusalOfLocked(uint64_t seq) const {
+  auto it = refusedOps_.find(seq);
+  return it == refusedOps_.end() ? nullptr : &it->second;
 }
 
 // Each collective enters this rank's signature as it starts; a peer's
@@ -223,25 +253,12 @@ void LaneDevice::failPeerLocked(MemberId member, ecclResult_t code, const std::s
 
 // Tells everyone we are connected to, so ranks that wait on a live
 // neighbour of the failed member learn its name at once.
-// Every notice is queued before any is written: writing to a peer that
-// has gone fails that peer, whose own notice must then come second.
 void LaneDevice::floodNoticeLocked(MemberId member, const std::string& reason, uint64_t fromSeq) {
-  std::vector<Lane*> queued;
-  for (auto& [id, other] : peers_) {
-    if (id == member || other.state == Peer::State::kFailed || other.lanes.empty() ||
-        other.role == PeerRole::kCandidate)
-      continue;
-    Lane& lane = *other.lanes[0];
-    if (!lane.conduit) continue;
-    std::vector<uint8_t> payload(16 + reason.size());
-    std::memcpy(payload.data(), &member, 8);
-    std::memcpy(payload.data() + 8, &fromSeq, 8);
-    std::memcpy(payload.data() + 16, reason.data(), reason.size());
-    if (payload.size() > FrameHeader::kMaxControlPayload) payload.resize(FrameHeader::kMaxControlPayload);
-    queueControlLocked(lane, FrameType::kNotice, std::move(payload), /*flush=*/false);
-    queued.push_back(&lane);
-  }
-  for (Lane* lane : queued) flushLocked(*lane);
+  std::vector<uint8_t> payload(16 + reason.size());
+  std::memcpy(payload.data(), &member, 8);
+  std::memcpy(payload.data() + 8, &fromSeq, 8);
+  std::memcpy(payload.data() + 16, reason.data(), reason.size());
+  floodControlLocked(FrameType::kNotice, std::move(payload), member);
 }
 
 void LaneDevice::markLeftLocked(Peer& p) {
@@ -356,6 +373,14 @@ void LaneDevice::onControlLocked(Lane& lane) {
     p.lastPong = Clock::now();
     onPongSignatureLocked(lane);
     cv_.notifyAll();
+    return;
+  }
+  if (lane.frame.type == FrameType::kRefused) {
+    uint64_t seq;
+    std::memcpy(&seq, lane.control.data(), 8);
+    if (lane.frame.epoch != epoch_) return;  // another view's op
+    refusedLocked(seq, std::string(reinterpret_cast<char*>(lane.control.data()) + 8, lane.control.size() - 8),
+                  remote);
     return;
   }
   if (lane.frame.type == FrameType::kRevoke) {

@@ -66,7 +66,7 @@ std::optional<FrameHeader> decodeFrame(const uint8_t in[FrameHeader::kSize], std
     return reject("a call signature checksum without its flag");
   FrameHeader h;
   uint8_t type = get<uint8_t>(in + 6);
-  if (type < 1 || type > static_cast<uint8_t>(FrameType::kBulkRead)) return reject(fmt::format("unknown frame type {}", type));
+  if (type < 1 || type > static_cast<uint8_t>(FrameType::kRefused)) return reject(fmt::format("unknown frame type {}", type));
   h.type = static_cast<FrameType>(type);
   h.flags = get<uint8_t>(in + 7);
   h.epoch = get<uint32_t>(in + 8);
@@ -105,6 +105,8 @@ std::optional<FrameHeader> decodeFrame(const uint8_t in[FrameHeader::kSize], std
     return reject("failure notice shorter than its member id and op");
   if (h.type == FrameType::kRevoke && h.length < 12)
     return reject("revocation notice shorter than its op and result code");
+  if (h.type == FrameType::kRefused && h.length < 8)
+    return reject("refusal notice shorter than its op");
   return h;
 }
 

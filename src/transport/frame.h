@@ -38,6 +38,12 @@ enum class FrameType : uint8_t {
   // this lane so far; the sender's bulk admission on a back end that cannot
   // see its peer's reads (LaneDevice::bulkRoomLocked).
   kBulkRead = 12,
+  // A rank refused its part of a collective (its arguments failed a check
+  // there) and took the op's number: payload u64 op, then a UTF-8 reason.
+  // Each receiver fails its own part of that op with the reason and passes
+  // the word on to its peers, so no rank waits for data that never comes
+  // and every rank's next call still matches.
+  kRefused = 13,
 };
 
 // Names one chunk of a message (the data frame's epoch, op, tag, offset and

@@ -18,6 +18,7 @@
 #include <cerrno>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -281,6 +282,7 @@ class LaneDevice final : public Device {
   }
   void setEpoch(uint32_t epoch) override {
     MutexLock lock(mu_);
+    if (epoch != epoch_) refusedOps_.clear();  // op numbers start over
     epoch_ = epoch;
   }
   void setLabel(const std::string& label) override {
@@ -309,6 +311,10 @@ class LaneDevice final : public Device {
   void beginCall(uint64_t seq, const CallSignature& signature) override {
     MutexLock lock(mu_);
     checkLocalSignatureLocked(seq, signature);
+  }
+  void refuseCall(uint64_t seq, const std::string& reason) override {
+    MutexLock lock(mu_);
+    refusedLocked(seq, reason, std::nullopt);
   }
   void wait(const RequestPtr& request, Deadline deadline, const std::string& opName) override;
   bool test(const RequestPtr& request, const std::string& opName) override;
@@ -418,6 +424,17 @@ class LaneDevice final : public Device {
   // fromSeq > 0: collectives numbered below it are unaffected (every rank
   // has sent its part of them), so ranks still finishing one complete it.
   void revokeLocked(ecclResult_t code, const std::string& reason, uint64_t fromSeq = 0) ECCL_REQUIRES(mu_);
+  // Fails every pending request whose op `dies` says (queued sends, ones
+  // awaiting clearance or being written from pinned pages, receives).
+  void failOpsLocked(const std::function<bool(uint64_t seq)>& dies, ecclResult_t code, const std::string& reason)
+      ECCL_REQUIRES(mu_);
+  // Collective `seq` was refused (here, or heard from the peer `from`):
+  // its requests fail, later posts for it fail at once, the word goes on.
+  void refusedLocked(uint64_t seq, const std::string& reason, std::optional<MemberId> from) ECCL_REQUIRES(mu_);
+  // Queues one control frame to every connected member but `except`, then writes them.
+  void floodControlLocked(FrameType type, std::vector<uint8_t> payload, std::optional<MemberId> except)
+      ECCL_REQUIRES(mu_);
+  const std::string* refusalOfLocked(uint64_t seq) const ECCL_REQUIRES(mu_);
   bool revokesLocked(uint64_t seq) const ECCL_REQUIRES(mu_);
   void floodRevokeLocked(ecclResult_t code, const std::string& reason, uint64_t fromSeq) ECCL_REQUIRES(mu_);
   void checkLocalSignatureLocked(uint64_t seq, const CallSignature& mine) ECCL_REQUIRES(mu_);
@@ -530,6 +547,7 @@ class LaneDevice final : public Device {
   std::string selfLabel_ ECCL_GUARDED_BY(mu_) = "this rank";
   SignatureBook<MemberId> signatures_ ECCL_GUARDED_BY(mu_);
   uint64_t lastCheckedSeq_ ECCL_GUARDED_BY(mu_) = 0;  // the collective whose local signature is in the book
+  std::map<uint64_t, std::string> refusedOps_ ECCL_GUARDED_BY(mu_);  // this epoch's refused collectives
   std::map<MemberId, Peer> peers_ ECCL_GUARDED_BY(mu_);
   struct EarlyFailure {
     ecclResult_t code;

@@ -151,6 +151,11 @@ class Device {
   // anything (an op may post nothing here, e.g. a count of 0): a peer's
   // frames for it are checked against it whenever they arrive.
   virtual void beginCall(uint64_t seq, const CallSignature& signature) = 0;
+  // This member refused its part of collective `seq` (its arguments failed
+  // a check) and will never run it: every member's part of that op fails
+  // with `reason` (ecclInvalidUsage), here and at each peer the word
+  // reaches (passed on peer to peer), now or when it gets there.
+  virtual void refuseCall(uint64_t seq, const std::string& reason) = 0;
   // Blocks until the request completes. On failure or at the deadline throws
   // eccl::Error whose message starts with `opName` (unless it is empty) and
   // names the peer; a deadline declares that peer failed.

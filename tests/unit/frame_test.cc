@@ -179,8 +179,19 @@ TEST(Frame, RejectsWithSpecificReasons) {
   EXPECT_TRUE(decodeFrame(buf, &why)) << why;
 
   h = sample();
+  h.type = FrameType::kRefused;  // an op, then why: at least 8 bytes
   h.flags = 0;
-  h.type = static_cast<FrameType>(13);
+  h.length = 7;
+  encodeFrame(h, buf);
+  EXPECT_FALSE(decodeFrame(buf, &why));
+  EXPECT_NE(why.find("refusal notice shorter than its op"), std::string::npos) << why;
+  h.length = 8 + 20;
+  encodeFrame(h, buf);
+  EXPECT_TRUE(decodeFrame(buf, &why)) << why;
+
+  h = sample();
+  h.flags = 0;
+  h.type = static_cast<FrameType>(14);
   encodeFrame(h, buf);
   EXPECT_FALSE(decodeFrame(buf, &why));
   EXPECT_NE(why.find("unknown frame type"), std::string::npos) << why;

@@ -68,6 +68,76 @@ TEST_P(Threads, OverlappingBuffersAreRefusedExceptInPlace) {
   });
 }
 
+// One rank refuses its part of a collective (its own arguments fail a
+// check) while the others' are fine: the refuser gets ecclInvalidArgument,
+// every other rank's part fails naming the refuser and why (never a
+// timeout; success only for a part of sends only, done before the word
+// came), and every rank's next call matches, inside a group too.
+TEST(Refusal, ARankThatRefusesItsPartIsNamedEverywhereAndTheNextCallsMatch) {
+  setenv("ECCL_SOCKET_IFNAME", "lo", 1);
+  setenv("ECCL_TIMEOUT_MS", "20000", 1);  // a refusal not heard of would show as a wait this long
+  for (int n = 2; n <= 4; ++n) runThreads(n, [n](int rank, ecclComm_t comm) {
+    SCOPED_TRACE(std::to_string(n) + " ranks");
+    const size_t count = 256;
+    std::vector<float> buf(count * (n + 1), 1.0f), out(count * n);
+    float* b = buf.data();
+    // Case k: rank k % n refuses; the others call with good arguments.
+    // A part that is sends only (a broadcast's root, a reduce's ranks other
+    // than its root) may be done before the word comes.
+    auto check = [&](int k, const char* what, ecclResult_t r, bool sendsOnly = false) {
+      const int refuser = k % n;
+      const std::string why = r == ecclSuccess ? "success" : ecclGetLastError(comm);
+      if (sendsOnly && r == ecclSuccess && rank != refuser) {
+      } else if (rank == refuser) {
+        EXPECT_EQ(r, ecclInvalidArgument) << what << " at the refuser: " << why;
+      } else {
+        EXPECT_EQ(r, ecclInvalidUsage) << what << ": " << why;
+        EXPECT_NE(why.find("rank " + std::to_string(refuser) + " refused its part"), std::string::npos)
+            << what << ": " << why;
+      }
+      std::vector<float> one(count, float(rank + 1)), sum(count);
+      ASSERT_EQ(ecclAllReduce(one.data(), sum.data(), count, ecclFloat32, ecclSum, comm, nullptr), ecclSuccess)
+          << "the call after " << what << ": " << ecclGetLastError(comm);
+      EXPECT_EQ(sum[count - 1], float(n * (n + 1) / 2)) << "the call after " << what;
+    };
+    const auto t0 = std::chrono::steady_clock::now();
+    check(0, "allreduce with overlapping buffers",
+          rank == 0 ? ecclAllReduce(b, b + 1, count, ecclFloat32, ecclSum, comm, nullptr)
+                    : ecclAllReduce(b, out.data(), count, ecclFloat32, ecclSum, comm, nullptr));
+    check(1, "broadcast with a NULL receive buffer off the root",
+          ecclBroadcast(b, rank == 1 % n ? nullptr : out.data(), count, ecclFloat32, 0, comm, nullptr), rank == 0);
+    check(2, "reduce with an invalid op",
+          ecclReduce(b, out.data(), count, ecclFloat32, rank == 2 % n ? ecclRedOp_t(99) : ecclSum, 0, comm,
+                     nullptr),
+          rank != 0);
+    check(3, "allgather with overlapping buffers",
+          ecclAllGather(rank == 3 % n ? out.data() + 1 : b, out.data(), count, ecclFloat32, comm, nullptr));
+    // In a group: the first call goes, the second is refused at its place.
+    ASSERT_EQ(ecclGroupStart(), ecclSuccess);
+    std::vector<float> first(count, 1.0f);
+    ecclResult_t a = ecclAllReduce(first.data(), first.data(), count, ecclFloat32, ecclSum, comm, nullptr);
+    ecclResult_t r = rank == 0 ? ecclAllReduce(b, b + 1, count, ecclFloat32, ecclSum, comm, nullptr)
+                               : ecclAllReduce(b, out.data(), count, ecclFloat32, ecclSum, comm, nullptr);
+    ecclResult_t end = ecclGroupEnd();
+    EXPECT_EQ(a, ecclSuccess);
+    if (rank == 0) {
+      EXPECT_EQ(r, ecclInvalidArgument) << ecclGetLastError(comm);
+      EXPECT_EQ(end, ecclSuccess) << ecclGetLastError(comm);
+    } else {
+      EXPECT_EQ(end, ecclInvalidUsage) << "a group whose second allreduce rank 0 refused";
+      EXPECT_NE(std::string(ecclGetLastError(comm)).find("rank 0 refused its part"), std::string::npos)
+          << ecclGetLastError(comm);
+    }
+    EXPECT_EQ(first[0], float(n)) << "the group's first allreduce";
+    std::vector<float> one(count, 1.0f);
+    ASSERT_EQ(ecclAllReduce(one.data(), one.data(), count, ecclFloat32, ecclSum, comm, nullptr), ecclSuccess)
+        << ecclGetLastError(comm);
+    EXPECT_EQ(one[0], float(n));
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(15)) << "somebody waited for a refusal";
+  });
+  unsetenv("ECCL_TIMEOUT_MS");
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, Threads, ::testing::Values(1, 2, 3, 4));
 
 // Seven ranks fill two tree levels and part of a third; 40000 floats take
