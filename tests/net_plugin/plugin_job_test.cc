@@ -110,10 +110,8 @@ TEST(PluginUnderAJob, AKilledProcessFailsItsCommsAndBreaksOnlyItsGroupsWithinAHe
     void* comm = nullptr;
     if (rank == 2) comm = until([&](void** c) { return net.connect(all[0].data(), c); }, "connect");
     if (rank == 0) comm = until([&](void** c) { return net.accept(listen, c); }, "accept");
-    std::this_thread::sleep_for(300ms);  // the group registrations reach the coordinator
-    char ready[kBlob] = {};
-    Ranks::allgather(ready);
-    if (rank == 2) raise(SIGKILL);
+    // The receive is posted before rank 2 dies: posted after, it may fail
+    // at once (its death already known), which is not what this tests.
     std::vector<uint8_t> in(4096);
     void* request = nullptr;
     if (rank == 0) {
@@ -122,6 +120,10 @@ TEST(PluginUnderAJob, AKilledProcessFailsItsCommsAndBreaksOnlyItsGroupsWithinAHe
       int tag = 0;
       request = until([&](void** r) { return net.irecv(comm, 1, &data, &cap, &tag, r); }, "irecv");
     }
+    std::this_thread::sleep_for(300ms);  // the group registrations reach the coordinator
+    char ready[kBlob] = {};
+    Ranks::allgather(ready);
+    if (rank == 2) raise(SIGKILL);
     auto start = std::chrono::steady_clock::now();
     char why[512] = {};
     while (failure(kEveryone, why, sizeof(why)) != 1) {

@@ -80,8 +80,12 @@ class ShmConduit final : public Conduit {
       if (rx_->takeWriterArm()) ring();
       return static_cast<ssize_t>(got);
     }
-    // Everything the peer wrote before it went is read first.
-    if (peerGone_ || rx_->closed()) return 0;
+    // Everything the peer wrote before it went is read first, including
+    // what it wrote between our look at the ring and its close.
+    if (peerGone_ || rx_->closed()) {
+      got = rx_->take(into, n);
+      return static_cast<ssize_t>(got);
+    }
     errno = EAGAIN;
     return -1;
   }
