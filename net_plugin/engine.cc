@@ -82,7 +82,7 @@ Engine::Engine(const transport::DeviceOptions& options) : impl_(std::make_unique
     std::lock_guard<std::mutex> lock(impl->eventsMu);
     impl->arrived.push_back(peer);
   };
-  impl->device->onPeerFailure = [impl](MemberId peer, ecclResult_t, const std::string& why, uint64_t) {
+  impl->device->onPeerFailure = [impl](MemberId peer, ecclResult_t, const std::string& why, uint64_t, transport::FailureEvidence) {
     std::lock_guard<std::mutex> lock(impl->eventsMu);
     impl->failed.emplace_back(peer, why);
   };

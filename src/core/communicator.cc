@@ -114,8 +114,8 @@ void Communicator::join(const ecclUniqueId& id, membership::Role role, int rank,
   t.ringBytes = static_cast<size_t>(params::shmRingBytes());
   device_ = transport::createDevice(t);
   device_->onPeerFailure = [this](transport::MemberId m, ecclResult_t code, const std::string& reason,
-                                  uint64_t neededFrom) {
-    onPeerFailure(m, code, reason, neededFrom);
+                                  uint64_t neededFrom, transport::FailureEvidence evidence) {
+    onPeerFailure(m, code, reason, neededFrom, evidence);
   };
   device_->onRevoked = [this](ecclResult_t code, const std::string& reason) { onRevoked(code, reason); };
   worker_ = std::make_unique<BackgroundWorker>();
@@ -334,10 +334,12 @@ void Communicator::onReconfiguration(const membership::CoordMessage& m) {
 }
 
 void Communicator::onPeerFailure(transport::MemberId member, ecclResult_t code, const std::string& reason,
-                                 uint64_t neededFrom) {
+                                 uint64_t neededFrom, transport::FailureEvidence evidence) {
   {
     MutexLock lock(reporterMu_);
-    if (reporter_) reporter_->report(member, reason, neededFrom, currentEpoch_.load());
+    if (reporter_)
+      reporter_->report(member, reason, neededFrom, currentEpoch_.load(),
+                        evidence == transport::FailureEvidence::kPeerClosed);
   }
   MutexLock lock(errorMu_);
   if (asyncError_ != ecclSuccess) return;
@@ -451,22 +453,28 @@ void Communicator::runCollective(const char* name, const transport::CallSignatur
                                  const std::function<void(OpLinks&)>& body, const void* out, size_t outBytes) {
   checkUsable();
   uint64_t seq = ++collSeq_;
-  if (checkCalls_) device_->beginCall(seq, signature);
-  OpLinks links(*this, seq, name, checkCalls_ ? &signature : nullptr);
+  if (std::optional<std::string> refused = device_->collectiveStarts(seq)) {
+    device_->collectiveEnds(seq, false);
+    fail(ecclInvalidUsage, "{}", *refused);
+  }
   // A call of no elements moves nothing, but its signature must still
   // reach the peers, or a rank that says 0 where the others say 16 leaves
   // them waiting: it exchanges a barrier's empty messages instead.
   bool empty = signature.count == 0 && signature.kind != transport::CallKind::kAllToAllv &&
                signature.kind != transport::CallKind::kBarrier;
   try {
+    if (checkCalls_) device_->beginCall(seq, signature);
+    OpLinks links(*this, seq, name, checkCalls_ ? &signature : nullptr);
     if (checkCalls_ && empty && size() > 1)
       coll::barrierTree(links);
     else
       body(links);
   } catch (...) {
+    device_->collectiveEnds(seq, false);
     dropSandboxRecording("a recorded call failed");
     throw;
   }
+  device_->collectiveEnds(seq, true);
   recordForSandbox(signature, out, outBytes);
 }
 

@@ -173,7 +173,8 @@ class Communicator {
   void refusing(const std::function<void()>& checks) ECCL_REQUIRES(caller_);
   void runCollective(const char* name, const transport::CallSignature& signature,
                      const std::function<void(OpLinks&)>& body, const void* out = nullptr, size_t outBytes = 0) ECCL_REQUIRES(caller_);
-  void onPeerFailure(transport::MemberId member, ecclResult_t code, const std::string& reason, uint64_t neededFrom);
+  void onPeerFailure(transport::MemberId member, ecclResult_t code, const std::string& reason, uint64_t neededFrom,
+                     transport::FailureEvidence evidence);
   void onRevoked(ecclResult_t code, const std::string& reason);
   void join(const ecclUniqueId& id, membership::Role role, int rank, int nranks, const CommOptions& o) ECCL_REQUIRES(caller_);
   void applyView(const membership::ViewUpdate& v) ECCL_REQUIRES(caller_);

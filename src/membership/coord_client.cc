@@ -143,10 +143,12 @@ void CoordClient::post(CoordMessage m, bool wake) {
   [[maybe_unused]] ssize_t n = ::write(wakeFd_, &one, 8);
 }
 
-void CoordClient::report(uint64_t failedMember, const std::string& reason, uint64_t neededFrom, uint32_t epoch) {
+void CoordClient::report(uint64_t failedMember, const std::string& reason, uint64_t neededFrom, uint32_t epoch,
+                         bool itClosedOnUs) {
   CoordMessage m;
   m.kind = CoordKind::kReport;
   m.epoch = epoch;
+  m.policy = itClosedOnUs ? kReportPeerClosed : 0;
   m.members = {failedMember};
   m.neededFrom = {neededFrom};
   m.text = reason.substr(0, kMaxCoordText);

@@ -74,7 +74,10 @@ class CoordClient {
   ViewUpdate awaitView(Deadline deadline, const std::string& what);
   // neededFrom > 0: the member left in order and this member's collective
   // of that sequence number, in `epoch`, was the first to need it (0: it failed).
-  void report(uint64_t failedMember, const std::string& reason, uint64_t neededFrom = 0, uint32_t epoch = 0);
+  // itClosedOnUs: what we saw was its end of our lanes closing (it may be
+  // alive and have judged us failed; kReportPeerClosed).
+  void report(uint64_t failedMember, const std::string& reason, uint64_t neededFrom = 0, uint32_t epoch = 0,
+              bool itClosedOnUs = false);
   // Asks the coordinator to tell this member when another member that
   // joined the group `uuid` fails (onGroupFailed).
   void joinGroup(uint64_t uuid);

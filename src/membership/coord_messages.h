@@ -22,7 +22,7 @@ enum class CoordKind : uint32_t {
                    // policy kViewDelta: nranks, and only the entries that changed since the
                    // view of epoch `pid`, their ranks in members, `member` the view's checksum
   kHeartbeat = 3,  // both ways
-  kReport = 4,     // member -> coord: epoch, members (the failed), neededFrom, text (what it saw)
+  kReport = 4,     // member -> coord: epoch, members (the failed), neededFrom, text (what it saw), policy
   kFailed = 5,     // coord -> members: epoch, members (failed so far), neededFrom, text
   kRecover = 6,    // member -> coord: epoch, policy
   kError = 7,      // coord -> member: text (the request it answers failed)
@@ -100,6 +100,11 @@ struct CoordMessage {
   std::vector<uint64_t> neededFrom;
   uint64_t neededFromOf(size_t i) const { return i < neededFrom.size() ? neededFrom[i] : 0; }
 };
+
+// kReport's policy: the reporter saw the members close their lanes on it.
+// Weaker evidence than silence: a live member closes the lanes of one it
+// judged failed, so the coordinator first waits to hear from the accused.
+constexpr uint32_t kReportPeerClosed = 1;
 
 // kView's policy: the whole view, or the ranks that changed since the
 // member's last view (a REPLACE changes one entry of thousands).

@@ -37,6 +37,11 @@ struct CoordinatorOptions {
   // A REPLACE short of standbys is held this long, the idle ones reserved,
   // while more register (a launcher refilling its pool); 0 refuses at once.
   int64_t replaceWaitMs = 0;
+  // How long a report that a member closed its lanes on the reporter waits
+  // for the accused, still connected, to report the reporter first
+  // (CoordinatorCore::heldReports). A killed member's own connection
+  // closes at once and declares it without this wait.
+  int64_t closedReportGraceMs = 1000;
   // A successor's start: the durable state of the coordinator it replaces
   // (CoordinatorCore::exportState); its members resume with it. Empty: a
   // new job.

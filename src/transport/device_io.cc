@@ -139,8 +139,9 @@ bool LaneDevice::writeQueuedLocked(Lane& lane) {
       break;
     }
     if (rc < 0) {
+      const int error = errno;
       const std::string failure = lane.conduit->failure();
-      const std::string why = failure.empty() ? strerror(errno) : failure;
+      const std::string why = failure.empty() ? strerror(error) : failure;
       // What the peer sent before it went is read first: a peer that gave
       // up after another member failed has usually told us which one, and
       // that member, not this peer, is what every rank must name.
@@ -155,11 +156,12 @@ bool LaneDevice::writeQueuedLocked(Lane& lane) {
         markLeftLocked(peers_[lane.key.remote]);
         return false;
       }
+      const bool closed = failure.empty() && (error == ECONNRESET || error == EPIPE);
       if (lane.conduit)
         failPeerLocked(lane.key.remote, ecclRemoteError,
                        fmt::format("peer {}: send on lane {} failed: {}", labelLocked(lane.key.remote),
                                    lane.key.lane, why),
-                       true);
+                       true, 0, closed ? FailureEvidence::kPeerClosed : FailureEvidence::kObserved);
       return false;
     }
     item.done += static_cast<size_t>(rc);
@@ -608,7 +610,8 @@ void LaneDevice::readFramesLocked(Lane& lane) {
     const size_t ask = direct ? want : kRxBufferBytes;
     ssize_t rc = lane.conduit->read(into, ask);
     if (rc <= 0) {
-      if (rc < 0 && (errno == EAGAIN || errno == EINTR)) return;
+      const int error = errno;
+      if (rc < 0 && (error == EAGAIN || error == EINTR)) return;
       MemberId remote = lane.key.remote;
       Peer& p = peers_[remote];
       // After our goodbye a peer closes its end instead of answering: orderly.
@@ -619,9 +622,11 @@ void LaneDevice::readFramesLocked(Lane& lane) {
       }
       std::string failure = rc < 0 ? lane.conduit->failure() : std::string();
       std::string why = rc == 0            ? "closed the connection"
-                        : failure.empty() ? fmt::format("connection error: {}", strerror(errno))
+                        : failure.empty() ? fmt::format("connection error: {}", strerror(error))
                                           : fmt::format("lane failed: {}", failure);
-      failPeerLocked(remote, ecclRemoteError, fmt::format("peer {} {} (lane {})", p.label, why, lane.key.lane), true);
+      const bool closed = rc == 0 || (failure.empty() && (error == ECONNRESET || error == EPIPE));
+      failPeerLocked(remote, ecclRemoteError, fmt::format("peer {} {} (lane {})", p.label, why, lane.key.lane), true,
+                     0, closed ? FailureEvidence::kPeerClosed : FailureEvidence::kObserved);
       return;
     }
     size_t got = static_cast<size_t>(rc);
@@ -760,6 +765,15 @@ bool LaneDevice::placeDataFrameLocked(Lane& lane, const CallSignature* signature
   }
   InboxKey key{outOfView ? 0 : h->epoch, remote, h->seq, h->tag};
   auto it = inbox_.find(key);
+  if (it == inbox_.end() && !outOfView && h->epoch == epoch_ && FrameHeader::isCollective(h->seq) &&
+      refusalOfLocked(h->seq)) {
+    // Nobody here will ever ask for a refused op's message: read and dropped.
+    Inbox& box = inbox_[key];
+    box.unexpected = true;
+    box.cancelled = true;
+    box.total = h->total;
+    it = inbox_.find(key);
+  }
   if (it == inbox_.end()) {
     Inbox& box = inbox_[key];
     box.unexpected = true;
@@ -781,6 +795,7 @@ bool LaneDevice::placeDataFrameLocked(Lane& lane, const CallSignature* signature
   if (box.cancelled) {  // nobody wants it any more: read and drop
     if (box.upTo && box.received == 0) box.total = h->total, box.upTo = false;
     box.received += h->length;
+    if (FrameHeader::isCollective(h->seq) && refusalOfLocked(h->seq)) stats_.refusedBytesDropped += h->length;
     lane.discarding = true;
     if (box.received >= box.total) inbox_.erase(it);
     return true;

@@ -152,12 +152,78 @@ void LaneDevice::refusedLocked(uint64_t seq, const std::string& reason, std::opt
   if (!FrameHeader::isCollective(seq) || !refusedOps_.emplace(seq, reason).second) return;  // known: not again
   log::warn("member {}: {}", opt_.self, reason);
   failOpsLocked([seq](uint64_t s) { return s == seq; }, ecclInvalidUsage, reason);
+  dropRefusedMessagesLocked(seq);
   // On to every connected peer (a view's links connect it): a rank that
   // never exchanges with the refuser waits on one that does.
   std::vector<uint8_t> payload(8 + reason.size());
   std::memcpy(payload.data(), &seq, 8);
   std::memcpy(payload.data() + 8, reason.data(), reason.size());
   floodControlLocked(FrameType::kRefused, std::move(payload), from);
+  // Our call of that op already returned success (a root whose sends
+  // completed): later than its posts, and still news to this rank. Where
+  // the call is still running, collectiveEnds decides.
+  const bool ended = seq < calls_.latest || (seq == calls_.latest && !calls_.running);
+  if (from && ended && !calls_.failed.count(seq)) refusedAfterSuccessLocked(seq, reason);
+}
+
+void LaneDevice::refusedAfterSuccessLocked(uint64_t seq, const std::string& reason) {
+  // Carried by the next call to start, never by one running: refused at
+  // its start, that call posts nothing, so it fails at every rank that
+  // needs this one's part, and ranks stay matched.
+  std::string late = fmt::format("{}'s part of collective op {} (epoch {}) had completed when it heard: {}",
+                                 selfLabel_.empty() ? "this member" : selfLabel_, seq, epoch_, reason);
+  calls_.lateRefusal = calls_.lateRefusal ? fmt::format("{}; and {}", *calls_.lateRefusal, late) : late;
+}
+
+std::optional<std::string> LaneDevice::collectiveStarts(uint64_t seq) {
+  MutexLock lock(mu_);
+  calls_.latest = std::max(calls_.latest, seq);
+  calls_.running = true;
+  // Refused by someone already: every rank fails this op, so the late news
+  // need not travel to keep them matched; it is this member's to hear.
+  if (const std::string* refused = refusalOfLocked(seq)) {
+    std::string why = *refused;
+    if (calls_.lateRefusal) why = fmt::format("{} (and {})", why, *calls_.lateRefusal);
+    calls_.lateRefusal.reset();
+    return why;
+  }
+  if (!calls_.lateRefusal) return std::nullopt;
+  std::string reason = fmt::format("{} refused its part of collective op {} (epoch {}): {}",
+                                   selfLabel_.empty() ? "this member" : selfLabel_, seq, epoch_, *calls_.lateRefusal);
+  calls_.lateRefusal.reset();
+  refusedLocked(seq, reason, std::nullopt);
+  return reason;
+}
+
+void LaneDevice::collectiveEnds(uint64_t seq, bool ok) {
+  MutexLock lock(mu_);
+  if (seq == calls_.latest) calls_.running = false;
+  if (!ok) {
+    calls_.failed.insert(seq);
+    return;
+  }
+  if (const std::string* refused = refusalOfLocked(seq)) refusedAfterSuccessLocked(seq, *refused);
+}
+
+// What peers already sent for a refused op is never asked for: whole
+// messages go now, partial ones are read to their end and dropped.
+void LaneDevice::dropRefusedMessagesLocked(uint64_t seq) {
+  for (auto it = inbox_.begin(); it != inbox_.end();) {
+    Inbox& box = it->second;
+    if (it->first.seq != seq || it->first.epoch != epoch_ || box.request || box.cancelled || box.exposed > 0) {
+      ++it;
+      continue;
+    }
+    stats_.refusedBytesDropped += box.received;
+    recycleStagingLocked(box);
+    box.cancelled = true;
+    for (auto& [token, lane] : lanesByToken_) {  // a lane in the middle of its frame drops the rest
+      if (lane->rx != Lane::Rx::kPayload || lane->discarding || !(lane->inboxKey == it->first)) continue;
+      lane->discarding = true;
+      box.received += lane->frame.length;
+    }
+    it = box.received >= box.total ? inbox_.erase(it) : std::next(it);
+  }
 }
 
 const std::string* LaneDevice::refusalOfLocked(uint64_t seq) const {
@@ -200,7 +266,7 @@ void LaneDevice::discardOrphanedPayloadsLocked() {
 }
 
 void LaneDevice::failPeerLocked(MemberId member, ecclResult_t code, const std::string& reason, bool flood,
-                                uint64_t fromSeq) {
+                                uint64_t fromSeq, FailureEvidence evidence) {
   auto it = peers_.find(member);
   if (it == peers_.end()) return;
   Peer& p = it->second;
@@ -246,7 +312,7 @@ void LaneDevice::failPeerLocked(MemberId member, ecclResult_t code, const std::s
     cv_.notifyAll();
     return;  // not in the view: the coordinator decides what its loss means
   }
-  if (onPeerFailure) onPeerFailure(member, code, reason, 0);
+  if (onPeerFailure) onPeerFailure(member, code, reason, 0, evidence);
   revokeLocked(code == ecclTimeout ? ecclTimeout : ecclRemoteError, reason, 0);
   if (flood) floodNoticeLocked(member, reason, 0);
 }
@@ -300,7 +366,7 @@ void LaneDevice::markLeftLocked(Peer& p) {
 void LaneDevice::leftPeerNeededLocked(Peer& p, uint64_t fromSeq, const std::string& reason, bool flood) {
   if (p.leftReported || closing_ || p.role == PeerRole::kCandidate) return;
   p.leftReported = true;
-  if (onPeerFailure) onPeerFailure(p.id, ecclRemoteError, reason, fromSeq);
+  if (onPeerFailure) onPeerFailure(p.id, ecclRemoteError, reason, fromSeq, FailureEvidence::kObserved);
   revokeLocked(ecclRemoteError, reason, fromSeq);
   if (flood) floodNoticeLocked(p.id, reason, fromSeq);
 }

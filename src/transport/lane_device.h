@@ -282,7 +282,7 @@ class LaneDevice final : public Device {
   }
   void setEpoch(uint32_t epoch) override {
     MutexLock lock(mu_);
-    if (epoch != epoch_) refusedOps_.clear();  // op numbers start over
+    if (epoch != epoch_) refusedOps_.clear(), calls_ = {};  // op numbers start over
     epoch_ = epoch;
   }
   void setLabel(const std::string& label) override {
@@ -314,8 +314,13 @@ class LaneDevice final : public Device {
   }
   void refuseCall(uint64_t seq, const std::string& reason) override {
     MutexLock lock(mu_);
+    calls_.latest = std::max(calls_.latest, seq);
+    calls_.running = false;
+    calls_.failed.insert(seq);
     refusedLocked(seq, reason, std::nullopt);
   }
+  std::optional<std::string> collectiveStarts(uint64_t seq) override;
+  void collectiveEnds(uint64_t seq, bool ok) override;
   void wait(const RequestPtr& request, Deadline deadline, const std::string& opName) override;
   bool test(const RequestPtr& request, const std::string& opName) override;
   void progress() override;
@@ -354,6 +359,8 @@ class LaneDevice final : public Device {
   DeviceStats stats() const override {
     MutexLock lock(mu_);
     DeviceStats s = stats_;
+    for (const auto& [key, box] : inbox_)
+      if (!box.request && !box.cancelled) s.unexpectedBytesHeld += box.stagedCapacity;
     for (auto& [token, lane] : lanesByToken_) {
       if (!lane) continue;
       s.openConnections++;
@@ -404,7 +411,8 @@ class LaneDevice final : public Device {
   // fromSeq > 0: the member left in order and that collective was the first
   // to need it; those below it are unaffected (it finished its part of them
   // before it went), like revokeLocked's.
-  void failPeerLocked(MemberId member, ecclResult_t code, const std::string& reason, bool flood, uint64_t fromSeq = 0)
+  void failPeerLocked(MemberId member, ecclResult_t code, const std::string& reason, bool flood, uint64_t fromSeq = 0,
+                      FailureEvidence evidence = FailureEvidence::kObserved)
       ECCL_REQUIRES(mu_);
   void markLeftLocked(Peer& peer) ECCL_REQUIRES(mu_);
   void acceptLaneLocked(MemberId from, uint32_t lane, Backend* backend, std::unique_ptr<Conduit> conduit,
@@ -435,6 +443,11 @@ class LaneDevice final : public Device {
   void floodControlLocked(FrameType type, std::vector<uint8_t> payload, std::optional<MemberId> except)
       ECCL_REQUIRES(mu_);
   const std::string* refusalOfLocked(uint64_t seq) const ECCL_REQUIRES(mu_);
+  void dropRefusedMessagesLocked(uint64_t seq) ECCL_REQUIRES(mu_);
+  // The refusal of op `seq` (`reason`) reached this member after its call
+  // of that op returned success: the next call to start is refused naming
+  // it.
+  void refusedAfterSuccessLocked(uint64_t seq, const std::string& reason) ECCL_REQUIRES(mu_);
   bool revokesLocked(uint64_t seq) const ECCL_REQUIRES(mu_);
   void floodRevokeLocked(ecclResult_t code, const std::string& reason, uint64_t fromSeq) ECCL_REQUIRES(mu_);
   void checkLocalSignatureLocked(uint64_t seq, const CallSignature& mine) ECCL_REQUIRES(mu_);
@@ -548,6 +561,15 @@ class LaneDevice final : public Device {
   SignatureBook<MemberId> signatures_ ECCL_GUARDED_BY(mu_);
   uint64_t lastCheckedSeq_ ECCL_GUARDED_BY(mu_) = 0;  // the collective whose local signature is in the book
   std::map<uint64_t, std::string> refusedOps_ ECCL_GUARDED_BY(mu_);  // this epoch's refused collectives
+  // This member's own collective calls this epoch, for refusals that
+  // arrive after its part of the op completed (collectiveStarts).
+  struct OwnCalls {
+    uint64_t latest = 0;          // the highest op started here
+    bool running = false;         // `latest` has not ended yet
+    std::set<uint64_t> failed;    // ops whose call failed here: a refusal of one is no news
+    std::optional<std::string> lateRefusal;  // heard after the op ended well, for the next call to carry
+  };
+  OwnCalls calls_ ECCL_GUARDED_BY(mu_);
   std::map<MemberId, Peer> peers_ ECCL_GUARDED_BY(mu_);
   struct EarlyFailure {
     ecclResult_t code;

@@ -14,6 +14,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,15 @@ struct ConnKey {
   MemberId remote = 0;
   uint32_t lane = 0;
   auto operator<=>(const ConnKey&) const = default;
+};
+
+// What a peer's failure was concluded from. A peer that closed its lanes on
+// us may be alive and have judged *us* failed (we stalled past its deadline
+// and came back): the coordinator weighs that report against the peer's own
+// before it believes it.
+enum class FailureEvidence : uint8_t {
+  kObserved,    // silence, a broken frame, a relayed notice: our own judgement
+  kPeerClosed,  // the peer's end of a lane closed (end of file, reset, broken pipe)
 };
 
 // Completion handle of one posted send or receive. Its fields are written by
@@ -54,6 +64,8 @@ using RequestPtr = std::shared_ptr<Request>;
 
 struct DeviceStats {
   uint64_t staleFramesDropped = 0;
+  uint64_t refusedBytesDropped = 0;  // what peers sent for ops this member knows were refused
+  uint64_t unexpectedBytesHeld = 0;  // staged now for messages nobody has asked for yet
   uint64_t framesRejected = 0;
   uint64_t connectionsRejected = 0;
   uint64_t connectionsOpened = 0;
@@ -156,6 +168,14 @@ class Device {
   // with `reason` (ecclInvalidUsage), here and at each peer the word
   // reaches (passed on peer to peer), now or when it gets there.
   virtual void refuseCall(uint64_t seq, const std::string& reason) = 0;
+  // This member's call of collective `seq` starts, and ends (ok: it
+  // returned success). A rank's part may complete (a root's sends) before
+  // another rank's refusal of that op arrives; such a late refusal is
+  // never lost: the next call to start here is refused in turn naming it
+  // (collectiveStarts returns the refusal: the call fails with it, posting
+  // nothing), so every rank hears of it by that call.
+  virtual std::optional<std::string> collectiveStarts(uint64_t seq) = 0;
+  virtual void collectiveEnds(uint64_t seq, bool ok) = 0;
   // Blocks until the request completes. On failure or at the deadline throws
   // eccl::Error whose message starts with `opName` (unless it is empty) and
   // names the peer; a deadline declares that peer failed.
@@ -224,7 +244,8 @@ class Device {
   // Called when a peer is declared failed, on whichever thread saw it and
   // with the device lock held: it must only record, never call the device.
   // Set before the first post. neededFrom as for failPeer (0: a failure).
-  std::function<void(MemberId, ecclResult_t, const std::string&, uint64_t neededFrom)> onPeerFailure;
+  std::function<void(MemberId, ecclResult_t, const std::string&, uint64_t neededFrom, FailureEvidence)>
+      onPeerFailure;
   // Called, like onPeerFailure, when the communicator is revoked without a
   // member failing (the ranks disagreed about a call).
   std::function<void(ecclResult_t, const std::string&)> onRevoked;

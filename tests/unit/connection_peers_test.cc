@@ -43,7 +43,7 @@ std::unique_ptr<Process> startProcess(MemberId self, std::map<uint64_t, Secret> 
   };
   p->device = createDevice(o);
   Process* raw = p.get();
-  p->device->onPeerFailure = [](MemberId, ecclResult_t, const std::string&, uint64_t) {};
+  p->device->onPeerFailure = [](MemberId, ecclResult_t, const std::string&, uint64_t, transport::FailureEvidence) {};
   p->device->onPeerArrived = [raw](MemberId peer, uint64_t job) {
     std::lock_guard<std::mutex> lock(raw->mu);
     raw->arrived[peer] = job;

@@ -290,6 +290,60 @@ TEST(CoordinatorLiveness, UnreachableMemberIsSentNothingMoreUntilDeclared) {
   EXPECT_TRUE(h.to(2, CoordKind::kEvicted).empty());  // it could not have read it
 }
 
+CoordMessage reportOf(uint64_t accused, uint32_t policy, const std::string& text) {
+  CoordMessage r;
+  r.kind = CoordKind::kReport;
+  r.epoch = 1;
+  r.members = {accused};
+  r.policy = policy;
+  r.text = text;
+  return r;
+}
+
+// Rank 2 stalled past rank 0's deadline and came back to find rank 0's
+// lanes closed: its report that rank 0 closed on it arrives first. Rank 0,
+// still connected, reports rank 2 within the grace: only rank 2 fails.
+TEST(CoordinatorLiveness, AClosedLaneReportWaitsForTheAccusedsOwnWord) {
+  Harness h;
+  formThree(h);
+  h.say(3, reportOf(1, kReportPeerClosed, "peer rank 0 closed the connection (lane 0)"));
+  EXPECT_EQ(h.sentOfKind(CoordKind::kFailed), 0u);
+  h.advance(250ms, {1, 2, 3});
+  h.say(1, reportOf(3, 0, "peer rank 2 did not send its data before the deadline"));
+  auto failed = h.to(2, CoordKind::kFailed);
+  ASSERT_EQ(failed.size(), 1u);
+  EXPECT_EQ(failed[0].members, std::vector<uint64_t>{3});
+  h.clear();
+  h.advance(2000ms, {1, 2});
+  EXPECT_EQ(h.sentOfKind(CoordKind::kFailed), 0u);
+  EXPECT_TRUE(h.to(1, CoordKind::kEvicted).empty());
+  EXPECT_FALSE(h.closedBy(1));
+}
+
+// Nobody contradicts it: the closed-lane report stands once the grace is
+// over, and a closed-lane report about a member whose own connection is
+// already gone (a killed process) stands at once.
+TEST(CoordinatorLiveness, AClosedLaneReportStandsWhenTheAccusedSaysNothing) {
+  CoordinatorOptions opt;
+  opt.closedReportGraceMs = 600;
+  Harness h(opt);
+  formThree(h);
+  h.say(2, reportOf(3, kReportPeerClosed, "peer rank 2 closed the connection (lane 0)"));
+  h.advance(500ms, {1, 2, 3});
+  EXPECT_EQ(h.sentOfKind(CoordKind::kFailed), 0u);
+  h.advance(250ms, {1, 2, 3});
+  auto failed = h.to(1, CoordKind::kFailed);
+  ASSERT_EQ(failed.size(), 1u);
+  EXPECT_EQ(failed[0].members, std::vector<uint64_t>{3});
+  EXPECT_NE(failed[0].text.find("reported by rank 1"), std::string::npos) << failed[0].text;
+
+  Harness killed;
+  formThree(killed);
+  killed.core.onUnreachable(3);
+  killed.say(2, reportOf(3, kReportPeerClosed, "peer rank 2 closed the connection (lane 0)"));
+  EXPECT_EQ(killed.to(1, CoordKind::kFailed).size(), 1u);
+}
+
 TEST(CoordinatorRecovery, StandbyRegisteringDuringAHeldReplaceCompletesIt) {
   CoordinatorOptions opt;
   opt.replaceWaitMs = 2000;

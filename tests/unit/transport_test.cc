@@ -89,8 +89,8 @@ struct Pair {
     a = createDevice(o);
     o.self = 1;
     b = createDevice(o);
-    a->onPeerFailure = [this](MemberId, ecclResult_t, const std::string& why, uint64_t) { failure = why; };
-    b->onPeerFailure = [](MemberId, ecclResult_t, const std::string&, uint64_t) {};
+    a->onPeerFailure = [this](MemberId, ecclResult_t, const std::string& why, uint64_t, FailureEvidence) { failure = why; };
+    b->onPeerFailure = [](MemberId, ecclResult_t, const std::string&, uint64_t, FailureEvidence) {};
     a->addPeer(1, b->address(), "rank 1");
     b->addPeer(0, a->address(), "rank 0");
     a->setEpoch(1);
@@ -115,6 +115,50 @@ std::vector<std::string> backendNames() {
 }
 INSTANTIATE_TEST_SUITE_P(Transport, DeviceOverEachBackEnd, ::testing::ValuesIn(backendNames()),
                          [](const auto& info) { return info.param; });
+
+// A refused op's messages are never asked for here: what came before the
+// refusal is dropped with it, what comes after is read and dropped, and
+// nothing of it is kept in the inbox.
+TEST_P(DeviceOverEachBackEnd, MessagesOfARefusedOpAreDroppedNotKept) {
+  Pair p(2, GetParam());
+  std::vector<uint8_t> early(1 << 20, 1), late(3 << 20, 2);
+  auto waitUntil = [](const std::function<bool()>& done) {
+    for (int i = 0; i < 1000 && !done(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    return done();
+  };
+  char c = 'x', one = 0;  // the lanes up, and driven once by their receiver
+  auto r0 = p.a->irecv(1, 7, 0, &one, 1);
+  p.b->wait(p.b->isend(0, 7, 0, &c, 1), deadlineAfterMs(5000), "send");
+  p.a->wait(r0, deadlineAfterMs(5000), "recv");
+  auto s = p.b->isend(0, 1, 0, early.data(), early.size());
+  p.b->wait(s, deadlineAfterMs(10000), "send");
+  size_t bytes = 0;
+  uint64_t order = 0;
+  ASSERT_TRUE(waitUntil([&] { return p.a->arrived(1, 1, 0, &bytes, &order); })) << "op 1's message never arrived";
+  EXPECT_GE(p.a->stats().unexpectedBytesHeld, early.size());
+  p.a->refuseCall(1, "rank 0 refused its part of collective op 1 (epoch 1): a test");
+  EXPECT_FALSE(p.a->arrived(1, 1, 0, &bytes, &order));
+  EXPECT_EQ(p.a->stats().unexpectedBytesHeld, 0u);
+  EXPECT_GT(p.a->stats().refusedBytesDropped, 0u);
+  // Op 2: refused here first; the peer may post its part before the word
+  // reaches it (then it is sent, in part or whole, and dropped on arrival)
+  // or after (then its post fails with the refusal).
+  p.a->refuseCall(2, "rank 0 refused its part of collective op 2 (epoch 1): a test");
+  auto s2 = p.b->isend(0, 2, 0, late.data(), late.size());
+  try {
+    p.b->wait(s2, deadlineAfterMs(10000), "send");
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("refused its part of collective op 2"), std::string::npos) << e.what();
+  }
+  // The lanes are whole: the next op's message lands.
+  std::vector<uint8_t> next(4096, 3), got(4096);
+  auto r3 = p.a->irecv(1, 3, 0, got.data(), got.size());
+  p.b->wait(p.b->isend(0, 3, 0, next.data(), next.size()), deadlineAfterMs(10000), "send");
+  p.a->wait(r3, deadlineAfterMs(10000), "recv");
+  EXPECT_EQ(got, next);
+  EXPECT_FALSE(p.a->arrived(1, 2, 0, &bytes, &order));
+  EXPECT_EQ(p.a->stats().unexpectedBytesHeld, 0u);
+}
 
 TEST_P(DeviceOverEachBackEnd, StripedMessageArrivesIntactInBothOrders) {
   Pair p(3, GetParam());
@@ -564,8 +608,8 @@ TEST(TcpDevice, ASilentPeerDelaysNoPostAndNoOtherDial) {
   auto a = createDevice(o);
   o.self = 2;
   auto b = createDevice(o);
-  a->onPeerFailure = [](MemberId, ecclResult_t, const std::string&, uint64_t) {};
-  b->onPeerFailure = [](MemberId, ecclResult_t, const std::string&, uint64_t) {};
+  a->onPeerFailure = [](MemberId, ecclResult_t, const std::string&, uint64_t, FailureEvidence) {};
+  b->onPeerFailure = [](MemberId, ecclResult_t, const std::string&, uint64_t, FailureEvidence) {};
   a->addPeer(1, "tcp:" + silentAddress.str(), "rank 1 (silent)", Device::PeerRole::kCandidate);
   a->addPeer(2, b->address(), "rank 2", Device::PeerRole::kCandidate);
   a->setEpoch(1);
@@ -618,7 +662,7 @@ std::vector<std::unique_ptr<Device>> connectedTrio(const std::function<FailureHo
 // breaks the view from the first collective that needs it (2), not before:
 // a slower member still finishing collective 1 with the others keeps it.
 TEST(TcpDevice, ALeaverNeededByALaterCollectiveSparesTheEarlierOne) {
-  auto d = connectedTrio([](MemberId) { return [](MemberId, ecclResult_t, const std::string&, uint64_t) {}; });
+  auto d = connectedTrio([](MemberId) { return [](MemberId, ecclResult_t, const std::string&, uint64_t, FailureEvidence) {}; });
   int32_t fromLeaver = 0, fromZero = 0, x = 7, late = 0;
   auto r0 = d[0]->irecv(2, 1, 0, &fromLeaver, 4);
   d[2]->wait(d[2]->isend(0, 1, 0, &x, 4), deadlineAfterMs(5000), "send");
@@ -642,7 +686,7 @@ TEST(TcpDevice, ALeaverNeededByALaterCollectiveSparesTheEarlierOne) {
 // slow one's connect succeeds, the data is received, and only an op that
 // needs more of the leaver fails.
 TEST(TcpDevice, APeerThatLeftInOrderBeforeTheConnectIsNoFailureOfTheView) {
-  auto d = connectedTrio([](MemberId) { return [](MemberId, ecclResult_t, const std::string&, uint64_t) {}; });
+  auto d = connectedTrio([](MemberId) { return [](MemberId, ecclResult_t, const std::string&, uint64_t, FailureEvidence) {}; });
   int32_t x = 41, got = 0, late = 0;
   d[2]->wait(d[2]->isend(0, 1, 0, &x, 4), deadlineAfterMs(5000), "send");
   d[2]->close(deadlineAfterMs(200));
@@ -668,8 +712,8 @@ TEST(TcpDevice, AVerdictOnACandidateStandsWhenTheViewNamesIt) {
   auto a = createDevice(o);
   o.self = 2;
   auto b = createDevice(o);
-  a->onPeerFailure = [](MemberId, ecclResult_t, const std::string&, uint64_t) {};
-  b->onPeerFailure = [](MemberId, ecclResult_t, const std::string&, uint64_t) {};
+  a->onPeerFailure = [](MemberId, ecclResult_t, const std::string&, uint64_t, FailureEvidence) {};
+  b->onPeerFailure = [](MemberId, ecclResult_t, const std::string&, uint64_t, FailureEvidence) {};
   a->addPeer(2, b->address(), "rank 2", Device::PeerRole::kCandidate);
   a->failPeer(2, ecclRemoteError, "the coordinator: rank 2 died", 0);
   a->addPeer(2, b->address(), "rank 2", Device::PeerRole::kViewMember);
@@ -690,8 +734,8 @@ TEST(TcpDevice, AVerdictOnACandidateStandsWhenTheViewNamesIt) {
 TEST(TcpDevice, ANoticeOfALeaverNeededLaterSparesAReceiveStillInFlight) {
   std::vector<uint64_t> reportedFrom;  // declared first: outlives the devices' threads
   auto d = connectedTrio([&reportedFrom](MemberId m) -> FailureHook {
-    if (m != 1) return [](MemberId, ecclResult_t, const std::string&, uint64_t) {};
-    return [&reportedFrom](MemberId, ecclResult_t, const std::string&, uint64_t from) { reportedFrom.push_back(from); };
+    if (m != 1) return [](MemberId, ecclResult_t, const std::string&, uint64_t, FailureEvidence) {};
+    return [&reportedFrom](MemberId, ecclResult_t, const std::string&, uint64_t from, FailureEvidence) { reportedFrom.push_back(from); };
   });
   int32_t fromLeaver = 0, x = 7, late = 0;
   auto slow = d[1]->irecv(2, 1, 0, &fromLeaver, 4);
@@ -708,7 +752,7 @@ TEST(TcpDevice, ANoticeOfALeaverNeededLaterSparesAReceiveStillInFlight) {
 
 TEST(TcpDevice, StaleEpochFramesAreDroppedAndCounted) {
   auto dev = memberThreeDevice();
-  dev->onPeerFailure = [](MemberId, ecclResult_t, const std::string&, uint64_t) {};
+  dev->onPeerFailure = [](MemberId, ecclResult_t, const std::string&, uint64_t, FailureEvidence) {};
   dev->addPeer(0, "tcp:127.0.0.1:1", "rank 0");
   dev->setEpoch(4);
   Intruder peer(*dev, 0);
@@ -724,7 +768,7 @@ TEST(TcpDevice, StaleEpochFramesAreDroppedAndCounted) {
 TEST(TcpDevice, MalformedFrameFailsThatPeerAndRevokesWithItsName) {
   std::string failure;  // declared first: outlives the device's threads
   auto dev = memberThreeDevice();
-  dev->onPeerFailure = [&](MemberId, ecclResult_t, const std::string& why, uint64_t) { failure = why; };
+  dev->onPeerFailure = [&](MemberId, ecclResult_t, const std::string& why, uint64_t, FailureEvidence) { failure = why; };
   dev->addPeer(0, "tcp:127.0.0.1:1", "rank 0");
   dev->addPeer(1, "tcp:127.0.0.1:1", "rank 1");
   dev->setEpoch(1);
@@ -806,7 +850,7 @@ TEST(TcpDevice, BulkWaitsForThePeersReadReports) {
   DeviceOptions o = loopbackOptions("tcp", 5, 1, 3);
   o.bulkQuietAfterMs = 600000;  // the lane stays busy: no quiet spell lets bulk fill it
   auto dev = createDevice(o);
-  dev->onPeerFailure = [&](MemberId, ecclResult_t, const std::string& why, uint64_t) { failure = why; };
+  dev->onPeerFailure = [&](MemberId, ecclResult_t, const std::string& why, uint64_t, FailureEvidence) { failure = why; };
   dev->addPeer(0, "tcp:127.0.0.1:1", "rank 0");
   dev->setEpoch(1);
   Intruder peer(*dev, 0);
@@ -844,7 +888,7 @@ TEST(TcpDevice, BulkWaitsForThePeersReadReports) {
 
 TEST(TcpDevice, TruncatedFrameIsAClosedConnection) {
   auto dev = memberThreeDevice();
-  dev->onPeerFailure = [](MemberId, ecclResult_t, const std::string&, uint64_t) {};
+  dev->onPeerFailure = [](MemberId, ecclResult_t, const std::string&, uint64_t, FailureEvidence) {};
   dev->addPeer(0, "tcp:127.0.0.1:1", "rank 0");
   int64_t v;
   auto r = dev->irecv(0, 1, 0, &v, 8);
@@ -929,7 +973,7 @@ TEST(ShmDevice, ForcedSharedMemoryToAnUnreachableMemberFailsClearly) {
   o.handshakeTimeoutMs = 1000;
   std::string failure;  // declared first: outlives the device's threads
   auto dev = createDevice(o);
-  dev->onPeerFailure = [&](MemberId, ecclResult_t, const std::string& why, uint64_t) { failure = why; };
+  dev->onPeerFailure = [&](MemberId, ecclResult_t, const std::string& why, uint64_t, FailureEvidence) { failure = why; };
   dev->addPeer(1, "tcp:127.0.0.1:1", "rank 1");
   dev->setEpoch(1);
   int x = 0;

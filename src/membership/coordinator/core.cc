@@ -49,6 +49,7 @@ void CoordinatorCore::onTick(Time at) {
     for (int k = 0; k < kBeatSlices; ++k)
       sliceDue[k] = now + std::chrono::milliseconds(opt.heartbeatMs) * k / kBeatSlices;
   }
+  if (!heldReports.empty()) settleHeldReports();
   if (replaceHeldUntil && now >= *replaceHeldUntil) {
     stateChanged = true;
     tryRecover();  // refuses it
@@ -66,6 +67,7 @@ void CoordinatorCore::onTick(Time at) {
 CoordinatorCore::Time CoordinatorCore::nextWake() const {
   Time wake = started ? *std::min_element(sliceDue.begin(), sliceDue.end()) : now;
   if (replaceHeldUntil) wake = std::min(wake, *replaceHeldUntil);
+  for (const HeldReport& r : heldReports) wake = std::min(wake, r.until);
   return wake;
 }
 

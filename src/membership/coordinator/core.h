@@ -204,6 +204,8 @@ class CoordinatorCore {
   void tellGroupBroken(uint64_t to, uint64_t uuid, uint64_t failedMember, const std::string& why);
   void onGroup(uint64_t from, const CoordMessage& msg);
   void heartbeat(int slice);
+  void holdOrDeclare(uint64_t from, uint64_t accused, const CoordMessage& report, size_t index);
+  void settleHeldReports();
 
   // Recovery (recovery.cc).
   void onRecover(uint64_t from, const CoordMessage& msg);
@@ -269,6 +271,20 @@ class CoordinatorCore {
   std::string lastAbort;
   // A REPLACE short of standbys, held (opt.replaceWaitMs) until this time.
   std::optional<Time> replaceHeldUntil;
+  // Reports that the accused closed its lanes on the reporter while the
+  // accused is still connected here: held for opt.closedReportGraceMs,
+  // since a live member closes the lanes of one it judged failed (one that
+  // stalled past its deadline, came back and saw the close). If the
+  // accused reports the reporter meanwhile, the reporter is the failed one
+  // and its report is dropped. Not durable: a successor hears it again.
+  struct HeldReport {
+    uint64_t from = 0, accused = 0;
+    uint32_t epoch = 0;
+    uint64_t neededFrom = 0;
+    std::string text;
+    Time until{};
+  };
+  std::vector<HeldReport> heldReports;
   // Memberships named outright (kReconfigure), by asker; each uuid names
   // one view at most, ever.
   std::map<uint64_t, ReconfigureAsk> reconfigureAsks;

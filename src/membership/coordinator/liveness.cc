@@ -23,8 +23,7 @@ void CoordinatorCore::dispatch(uint64_t from, const CoordMessage& msg) {
       for (size_t i = 0; i < msg.members.size(); ++i) {
         uint64_t m = msg.members[i];
         if (m != from && members.count(m) && ((inView(m) && !isFailed(m)) || isJoiner(m)))
-          declareFailed(m, fmt::format("reported by {}: {}", label(from), msg.text),
-                        msg.epoch == epoch ? msg.neededFromOf(i) : 0);  // sequence numbers are per epoch
+          holdOrDeclare(from, m, msg, i);
       }
       return;
     case CoordKind::kRecover:
@@ -57,6 +56,38 @@ void CoordinatorCore::dispatch(uint64_t from, const CoordMessage& msg) {
       return;
     default:
       log::warn("coordinator: unexpected {} message from {}", coordKindName(msg.kind), label(from));
+  }
+}
+
+void CoordinatorCore::holdOrDeclare(uint64_t from, uint64_t accused, const CoordMessage& report, size_t index) {
+  const uint64_t neededFrom = report.epoch == epoch ? report.neededFromOf(index) : 0;  // sequence numbers are per epoch
+  const Member& m = members.at(accused);
+  const bool accusedConnected = m.conn && !m.unreachable;
+  if ((report.policy & kReportPeerClosed) && accusedConnected && neededFrom == 0 && opt.closedReportGraceMs > 0) {
+    log::info("coordinator: {} says {} closed its lanes; waiting up to {} ms for {}'s own word", label(from),
+              label(accused), opt.closedReportGraceMs, label(accused));
+    heldReports.push_back({from, accused, epoch, 0, report.text, now + std::chrono::milliseconds(opt.closedReportGraceMs)});
+    return;
+  }
+  declareFailed(accused, fmt::format("reported by {}: {}", label(from), report.text), neededFrom);
+}
+
+// A held report stands if, once its time is up, both ends are still what
+// they were: the reporter neither failed nor was judged by the accused.
+void CoordinatorCore::settleHeldReports() {
+  std::vector<HeldReport> due;
+  for (auto it = heldReports.begin(); it != heldReports.end();) {
+    if (now < it->until) {
+      ++it;
+      continue;
+    }
+    due.push_back(std::move(*it));
+    it = heldReports.erase(it);
+  }
+  for (const HeldReport& r : due) {
+    auto live = [&](uint64_t m) { return members.count(m) && ((inView(m) && !isFailed(m)) || isJoiner(m)); };
+    if (r.epoch != epoch || !live(r.from) || !live(r.accused)) continue;
+    declareFailed(r.accused, fmt::format("reported by {}: {}", label(r.from), r.text));
   }
 }
 
