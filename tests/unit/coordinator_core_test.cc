@@ -344,6 +344,35 @@ TEST(CoordinatorLiveness, AClosedLaneReportStandsWhenTheAccusedSaysNothing) {
   EXPECT_EQ(killed.to(1, CoordKind::kFailed).size(), 1u);
 }
 
+// A killed rank's peers see its lanes close and ask to recover before the
+// coordinator has read its own connection's end: the asks wait for the
+// held reports rather than hear "nothing to recover", and the shrink
+// follows once the connection's end comes. Reports that come to nothing
+// answer the asks as before.
+TEST(CoordinatorLiveness, RecoveryAskedWhileAReportIsHeldWaitsForIt) {
+  Harness h;
+  formThree(h);
+  h.say(1, reportOf(2, kReportPeerClosed, "peer rank 1 closed the connection (lane 1)"));
+  h.say(3, reportOf(2, kReportPeerClosed, "peer rank 1 closed the connection (lane 1)"));
+  recover(h, {1, 3}, RecoverPolicy::kShrink);
+  EXPECT_EQ(h.sentOfKind(CoordKind::kView), 0u);
+  EXPECT_EQ(h.sentOfKind(CoordKind::kError), 0u);
+  h.closed(2);
+  auto view = h.to(3, CoordKind::kView);
+  ASSERT_EQ(view.size(), 1u);
+  EXPECT_EQ(membersOf(view[0]), (std::vector<uint64_t>{1, 3}));
+
+  Harness quiet;
+  formThree(quiet);
+  quiet.say(2, reportOf(1, kReportPeerClosed, "peer rank 0 closed the connection (lane 0)"));
+  recover(quiet, {2}, RecoverPolicy::kShrink);
+  quiet.say(1, reportOf(2, 0, "peer rank 1 did not send its data before the deadline"));  // rank 1 was the one
+  recover(quiet, {1, 3}, RecoverPolicy::kShrink);
+  auto shrunk = quiet.to(1, CoordKind::kView);
+  ASSERT_EQ(shrunk.size(), 1u);
+  EXPECT_EQ(membersOf(shrunk[0]), (std::vector<uint64_t>{1, 3}));
+}
+
 TEST(CoordinatorRecovery, StandbyRegisteringDuringAHeldReplaceCompletesIt) {
   CoordinatorOptions opt;
   opt.replaceWaitMs = 2000;

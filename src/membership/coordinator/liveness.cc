@@ -89,6 +89,15 @@ void CoordinatorCore::settleHeldReports() {
     if (r.epoch != epoch || !live(r.from) || !live(r.accused)) continue;
     declareFailed(r.accused, fmt::format("reported by {}: {}", label(r.from), r.text));
   }
+  if (!heldReports.empty() || !failed.empty()) return;
+  // Every report came to nothing: those who asked to recover meanwhile
+  // hear what they would have heard at once.
+  for (uint64_t v : view) {
+    auto it = members.find(v);
+    if (it == members.end() || it->second.ask != Member::Ask::kRecover) continue;
+    it->second.ask = Member::Ask::kNone;
+    sendView(v, "nothing to recover: no member of this view has failed");
+  }
 }
 
 void CoordinatorCore::heartbeat(int slice) {

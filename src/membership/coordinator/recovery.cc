@@ -12,10 +12,14 @@ namespace eccl::membership {
 void CoordinatorCore::onRecover(uint64_t from, const CoordMessage& msg) {
   if (msg.epoch != epoch)
     return sendError(from, fmt::format("recovery asked at epoch {}, the current epoch is {}", msg.epoch, epoch));
-  if (failed.empty()) return sendView(from, "nothing to recover: no member of this view has failed");
+  // A held report may yet fail someone (its accused's connection closing,
+  // or its time running out): the ask waits for it.
+  if (failed.empty() && heldReports.empty())
+    return sendView(from, "nothing to recover: no member of this view has failed");
   Member& m = members.at(from);
   m.ask = Member::Ask::kRecover;
   m.askArg = msg.policy;
+  if (failed.empty()) return;
   // A member of the next view asking to recover has given up its vote.
   if (pending && pending->voting && std::count(pending->next.begin(), pending->next.end(), from)) {
     pending->gaveUp.insert(from);
