@@ -217,10 +217,13 @@ void LaneDevice::dropRefusedMessagesLocked(uint64_t seq) {
     stats_.refusedBytesDropped += box.received;
     recycleStagingLocked(box);
     box.cancelled = true;
-    for (auto& [token, lane] : lanesByToken_) {  // a lane in the middle of its frame drops the rest
+    // A lane in the middle of its frame drops the rest: the whole frame is
+    // counted now (the header came; later frames count as they arrive).
+    for (auto& [token, lane] : lanesByToken_) {
       if (lane->rx != Lane::Rx::kPayload || lane->discarding || !(lane->inboxKey == it->first)) continue;
       lane->discarding = true;
       box.received += lane->frame.length;
+      stats_.refusedBytesDropped += lane->frame.length;
     }
     it = box.received >= box.total ? inbox_.erase(it) : std::next(it);
   }
