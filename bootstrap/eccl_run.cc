@@ -217,7 +217,9 @@ int main(int argc, char** argv) {
   app.add_flag("--bind-cores", bindCores,
                "pin each process to a core of its own (ranks, then standbys, in turn over the cores this launcher "
                "may use)");
-  app.add_flag("--refill", refill, "start a new standby whenever one is promoted (keeps --standby K idle)");
+  app.add_flag("--refill", refill,
+               "keep --standby K idle: start a standby whenever one is promoted, and one for each dead rank the "
+               "view still holds");
   double respawnSeconds = -1;  // never
   app.add_option("--respawn", respawnSeconds,
                  "SECONDS after a rank dies, start a new standby in its place (a repaired host coming back; the "
@@ -466,10 +468,17 @@ int main(int argc, char** argv) {
     auto available = [&](const Child& c) {
       return c.standby && !c.exited && !inView.count(static_cast<uint64_t>(c.pid));
     };
+    // A dead rank still in the view is a REPLACE waiting for a standby:
+    // one more is started for it at once, as a scheduler replaces a failed
+    // node (refilling only after promotions left a job with more dead
+    // ranks than idle standbys waiting for ones nobody would start).
     if (refill && !jobEnding && !timedOut) {
-      int pool = 0;
-      for (auto& c : children) pool += available(c);
-      for (; pool < standbys; ++pool)
+      int pool = 0, unreplaced = 0;
+      for (auto& c : children) {
+        pool += available(c);
+        unreplaced += c.exited && inView.count(static_cast<uint64_t>(c.pid));
+      }
+      for (; pool < standbys + unreplaced; ++pool)
         if (spawn(true)) ++running;
     }
     // A kill only while the idle pool can replace every failed rank and

@@ -23,7 +23,15 @@ contender:
            on at the same global batch; eccl-run --respawn starts a
            replacement --repair-steps later (a repaired host) and the ranks
            grow back to it (they ask every --grow-every steps while short);
-           the injector leaves two ranks alive.
+           the injector leaves two ranks alive;
+  pipeline a 4-stage pipeline model with no data-parallel replica
+           (perf/ettr_pipeline.py) under eccl-run with a refilled standby:
+           boundary sends logged, one block per stage snapshotted into two
+           other stages' memory every two iterations; the standby takes
+           the dead stage, rebuilds its blocks from the snapshots while its
+           neighbours replay their logs, and only it recomputes (MoEtion's
+           localized recovery); where a log it needs died too, every stage
+           goes back to a full in-memory snapshot (counted as a rollback).
 
 Faults (--fault): kill (SIGKILL one rank), stop (SIGSTOP one rank: a hung
 process, SIGKILLed --stop-kill-s later as a watchdog would), host (SIGKILL
@@ -37,13 +45,14 @@ overhead (blocking part of the saves), detection (kill to the first
 survivor's error, or to torchrun's restart of the workers), recovery (to the
 first step completed after it, less that step) and recomputed steps; what
 is left is "other". Every run's final parameters are checked against the
-fault-free run's (bit-equal for restart and replace; for shrink, and for
+fault-free run's (bit-equal for restart, replace and pipeline; for shrink, and for
 torchft after a failure, the final loss within two of the fault-free run's
 last-20-step spreads); a run that fails the
 check, or dies, counts as ETTR 0 with the reason.
 
     perf/ettr.py --mtbf 100,300,1000 --seeds 3 --steps 1000 --out build/ettr
     perf/ettr.py --smoke            # CI: one kill per contender, the check only
+    perf/ettr.py --smoke --contenders pipeline --fault host   # CI: the pipeline's rollback
     perf/ettr.py --fault stop --mtbf 300 --seeds 1
 """
 
@@ -67,7 +76,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 TRAIN = os.path.join(HERE, "ettr_train.py")
 TORCHFT = os.path.join(HERE, "ettr_torchft.py")
-CONTENDERS = ("restart", "torchft", "replace", "shrink")
+PIPELINE = os.path.join(HERE, "ettr_pipeline.py")
+CONTENDERS = ("restart", "torchft", "replace", "shrink", "pipeline")
+PIPELINE_STAGES = 4
 
 
 def free_port() -> int:
@@ -90,6 +101,10 @@ def command(contender, args, events, ckpt_every, ckpt_dir):
                 "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--monitor-interval", "0.1",
                 *train, *(["--ckpt-dir", ckpt_dir, "--ckpt-every", str(ckpt_every)] if ckpt_every else [])]
     launcher = os.path.join(args.build, "bootstrap", "eccl-run")
+    if contender == "pipeline":
+        spares = args.host_ranks if args.fault == "host" else 1
+        return [launcher, "-np", str(PIPELINE_STAGES), "--standby", str(spares), "--refill", "--timeout", limit, py,
+                PIPELINE, "--steps", str(steps_of(contender, args)), "--step-ms", str(args.step_ms), "--events", events]
     spares = args.host_ranks if args.fault == "host" else 1
     extra = ["--standby", str(spares), "--refill"] if contender == "replace" else []
     if contender == "shrink" and args.repair_steps >= 0:
@@ -156,7 +171,7 @@ class Injector(threading.Thread):
         lost = self.host_ranks if self.fault == "host" else 1
         if self.contender == "shrink" and len(pids) - lost < 2:
             return {}  # shrink alone cannot come back from fewer than two
-        if self.contender in ("torchft", "replace") and len(pids) - lost < 1:
+        if self.contender in ("torchft", "replace", "pipeline") and len(pids) - lost < 1:
             return {}  # the state comes from a live rank (replica group)
         return pids
 
@@ -245,7 +260,7 @@ def run_job(contender, args, tag, mtbf_s=None, seed=0, at_step=None, ckpt_every=
         injector.join()
     return {"contender": contender, "tag": tag, "rc": rc, "launched": start, "events": read_events(events),
             "kills": injector.kills if injector else [], "log": os.path.join(base, "job.log"), "ckpt_every": ckpt_every,
-            "ranks": args.ranks}
+            "ranks": PIPELINE_STAGES if contender == "pipeline" else args.ranks}
 
 
 def analyse(job, t_ff=None):
@@ -294,6 +309,7 @@ def analyse(job, t_ff=None):
         if e["ev"] == "grew":
             grows[e["step"]] = max(grows.get(e["step"], 0.0), e["seconds"])
     out["grew"] = len(grows)
+    out["rollbacks"] = len({(e["to"], e["era"]) for e in evs if e["ev"] == "rollback"})  # pipeline: to full snapshots
     detect = recover = recompute = 0.0
     for k in job["kills"]:
         after = [e for e in evs if e["t"] > k["t"]]
@@ -371,8 +387,8 @@ def main():
                     help="shrink: a replacement starts this many fault-free steps after a failure (-1: never)")
     ap.add_argument("--grow-every", type=int, default=10, help="shrink: steps between the ranks' asks to grow")
     ap.add_argument("--smoke", action="store_true",
-                    help="one kill per contender at step 15 of 40 (torchft and shrink: of 160, the killed rank "
-                         "coming back), at 3 ranks; the check only")
+                    help="one fault per contender at step 15 of 40 (torchft and shrink: of 160, the killed rank "
+                         "coming back), at 3 ranks (pipeline: its 4 stages); the check only")
     args = ap.parse_args()
     contenders = [c for c in args.contenders.split(",") if c]
     args.steps_by = {}  # steps per contender where they differ (the smoke's)
@@ -380,7 +396,7 @@ def main():
         # Three ranks: every contender's path (a shrink to two and back, two
         # replica groups healing one) with a quarter fewer processes to start
         # than four, which is most of the smoke's time (CI: 258 s at four).
-        args.steps, args.step_ms, args.run_timeout, args.fault, args.ranks = 40, 50, 240, "kill", 3
+        args.steps, args.step_ms, args.run_timeout, args.ranks = 40, 50, 240, 3
         args.steps_by, args.repair_steps, args.grow_every = {"shrink": 160, "torchft": 160}, 0, 5
     os.makedirs(args.out, exist_ok=True)
     results, baselines = [], {}
@@ -413,6 +429,8 @@ def main():
                 r.update(mtbf=mtbf, seed=seed)
                 if args.smoke and c == "shrink" and r.get("ok") and r["world_end"] != args.ranks:
                     r.update(ok=False, ettr=0.0, why=f"ended with {r['world_end']} ranks: it never grew back")
+                if args.smoke and c == "pipeline" and args.fault == "host" and r.get("ok") and not r["rollbacks"]:
+                    r.update(ok=False, ettr=0.0, why="two adjacent stages died and no stage rolled back")
                 results.append(r)
                 print(line(r), flush=True)
     with open(os.path.join(args.out, "ettr.json"), "w") as f:
@@ -429,8 +447,9 @@ def main():
 def line(r):
     lost = r.get("lost_s", {})
     parts = " ".join(f"{k} {v:6.2f}" for k, v in lost.items())
+    rolled = f"  rollbacks {r['rollbacks']}" if r.get("rollbacks") else ""
     return (f"ettr: {r['tag']:<28} failures {r['failures']:>2}  ETTR {r.get('ettr', 0):.3f}  "
-            f"{'ok  ' if r.get('ok') else 'FAIL'} lost s: {parts}")
+            f"{'ok  ' if r.get('ok') else 'FAIL'} lost s: {parts}{rolled}")
 
 
 def pyplot(who: str):

@@ -18,7 +18,10 @@ first-order models then give ETTR at any N:
            (--replica-gpus) is being repaired (--repair-s) the job runs that
            much smaller;
   torchft  the same, the replica group away for --replica-restart-s (it is
-           restarted on a spare node and heals from a peer).
+           restarted on a spare node and heals from a peer);
+  pipeline as replace: a standby takes the failed stage, and R includes its
+           recomputation from its snapshots and its neighbours' logs (the
+           other stages wait for it).
 
 D, R and W come from the measured runs at 4 ranks. Restart's R there is a
 cold start of 4 local processes; at scale it also pays scheduling, NCCL
@@ -92,7 +95,7 @@ def project(contender, gpus, args, costs, ckpt_cost_s):
         waste = ckpt_cost_s / tau + (restart + tau / 2) / m
         return max(0.0, 1 - waste), max(0.0, 1 - waste), 0
     waste = (c["stop_s"] + c["redo_s"] + (c["slow_s"] if args.with_slowdown else 0.0)) / m
-    if contender == "replace":
+    if contender in ("replace", "pipeline"):
         standbys = args.failure_gpus * max(1, poisson_quantile(args.refill_s / m, 1 - 1e-3))
         ettr = max(0.0, 1 - waste)
         return ettr, ettr * gpus / (gpus + standbys), standbys

@@ -104,6 +104,12 @@ def put(version: int, name: str, t: torch.Tensor, group: dist.ProcessGroup | Non
     _backend(group).snapshot_put(int(version), str(name), t.detach())
 
 
+def get(name: str, out: torch.Tensor, group: dist.ProcessGroup | None = None) -> int:
+    """Copies this rank's committed ``name`` into ``out`` (its size must
+    match) and returns the version it comes from."""
+    return _backend(group).snapshot_get(str(name), out)
+
+
 def commit(version: int, group: dist.ProcessGroup | None = None) -> None:
     """This rank's puts for ``version`` are done; replication starts and
     this returns at once."""
