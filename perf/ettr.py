@@ -101,12 +101,11 @@ def command(contender, args, events, ckpt_every, ckpt_dir):
                 "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--monitor-interval", "0.1",
                 *train, *(["--ckpt-dir", ckpt_dir, "--ckpt-every", str(ckpt_every)] if ckpt_every else [])]
     launcher = os.path.join(args.build, "bootstrap", "eccl-run")
-    if contender == "pipeline":
-        spares = args.host_ranks if args.fault == "host" else 1
-        return [launcher, "-np", str(PIPELINE_STAGES), "--standby", str(spares), "--refill", "--timeout", limit, py,
-                PIPELINE, "--steps", str(steps_of(contender, args)), "--step-ms", str(args.step_ms), "--events", events]
     spares = args.host_ranks if args.fault == "host" else 1
-    extra = ["--standby", str(spares), "--refill"] if contender == "replace" else []
+    extra = ["--standby", str(spares), "--refill"] if contender in ("replace", "pipeline") else []
+    if contender == "pipeline":
+        return [launcher, "-np", str(PIPELINE_STAGES), *extra, "--timeout", limit, py, PIPELINE, "--steps",
+                str(steps_of(contender, args)), "--step-ms", str(args.step_ms), "--events", events]
     if contender == "shrink" and args.repair_steps >= 0:
         extra = ["--respawn", f"{args.repair_steps * args.step_ms / 1000:.3f}"]
     if contender in ("shrink", "replace"):

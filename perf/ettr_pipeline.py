@@ -86,6 +86,9 @@ class Stage:
         return [p.data for p in ps] + [s["exp_avg"] for s in st] + [s["exp_avg_sq"] for s in st] + \
             [s["step"] for s in st]
 
+    def block_numel(self, b: int) -> int:
+        return sum(t.numel() for t in self.block_tensors(b))
+
     def block_state(self, b: int) -> torch.Tensor:
         return torch.cat([t.reshape(-1) for t in self.block_tensors(b)])
 
@@ -208,7 +211,8 @@ def positions(st: Stage, new: bool, era: int) -> torch.Tensor:
     full = full_iterations()
     rows[st.s, :BLK] = torch.tensor([int(new), st.done, st.log_from, era, full[0], full[1]])
     if new:
-        rows[st.s, BLK:] = torch.tensor([block_iterations()[b] for b in range(BLOCKS)])
+        its = block_iterations()
+        rows[st.s, BLK:] = torch.tensor([its[b] for b in range(BLOCKS)])
     dist.all_reduce(rows)
     return rows
 
@@ -243,7 +247,7 @@ def load_snapshot(st: Stage, prefix: str):
     from torch_eccl import snapshot
 
     for b in range(BLOCKS):
-        flat = torch.empty_like(st.block_state(b))
+        flat = torch.empty(st.block_numel(b))
         snapshot.get(f"{prefix}b{b}", flat)
         st.load_block(b, flat)
 
@@ -339,6 +343,12 @@ def warm_up():
     st.load_block(0, st.block_state(0))
 
 
+def loss_fields(st: Stage, loss_sum: float) -> dict:
+    """What perf/ettr.py sums over ranks: only the last stage has rows."""
+    rows = MICRO * ROWS if st.last else 0
+    return {"loss": loss_sum / max(1, rows), "loss_sum": loss_sum, "rows": rows}
+
+
 def digest(st: Stage) -> str:
     mine = st.flat()
     every = [torch.empty_like(mine) for _ in range(STAGES)]
@@ -397,8 +407,7 @@ def main():
             loss = sum(micro_batch(st, it, mb) for mb in range(MICRO))
             step_blocks(st, range(BLOCKS))
             st.done = it
-            rows = MICRO * ROWS if st.last else 0
-            events("step", rank=st.s, world=STAGES, step=it, loss=loss / max(1, rows), loss_sum=loss, rows=rows)
+            events("step", rank=st.s, world=STAGES, step=it, **loss_fields(st, loss))
             snapshot_after(st, it, era)
             time.sleep(max(0.0, args.step_ms / 1000 - (time.monotonic() - started)))
         except RuntimeError as e:
@@ -409,11 +418,8 @@ def main():
             refusals = refusals + 1 if "refused" in str(e) else 0
             if refusals >= 3:  # each waited ECCL_REPLACE_WAIT_MS for standbys that did not come
                 raise SystemExit(f"ettr_pipeline: stage {st.s}: recovery refused {refusals} times: {e}") from e
-    rows = MICRO * ROWS if st.last else 0
     mine = hashlib.sha256(st.flat().numpy().tobytes()).hexdigest()[:16]
-    events("done", rank=st.s, world=STAGES, step=st.done, loss=loss / max(1, rows), digest=final, stage_digest=mine,
-           loss_sum=loss,
-           rows=rows)
+    events("done", rank=st.s, world=STAGES, step=st.done, digest=final, stage_digest=mine, **loss_fields(st, loss))
     dist.destroy_process_group()
 
 
