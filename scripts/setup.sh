@@ -3,8 +3,31 @@
 # then a project-local, git-ignored virtual environment (.venv) with the
 # pinned torch, torchft and pytest the PyTorch backend is built and tested
 # against (the torch wheel is large; it installs in about two minutes).
+# `scripts/setup.sh peers` installs the benchmark peers perf/compare runs
+# beside Open MPI and Gloo: MPICH and Intel's oneCCL (CPU), from PyPI, each
+# in its own prefix under .peers (MPICH's libmpi.so.12 and the Intel MPI
+# runtime oneCCL brings would collide); about 2 GiB, so not for the tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+peer_pins_mpich=(mpich==5.0.2)
+peer_pins_oneccl=(oneccl-devel==2022.1.2 oneccl==2022.1.2 impi-rt==2021.18.1 intel-sycl-rt==2026.2.0
+  intel-cmplr-lib-rt==2026.2.0 intel-cmplr-lib-ur==2026.2.0 intel-cmplr-lic-rt==2026.2.0 tcmlib==1.6.0 umf==1.2.0)
+install_peers() {
+  local name pins
+  for name in mpich oneccl; do
+    declare -n pins="peer_pins_$name"
+    if [ -f ".peers/$name/.pins" ] && [ "$(cat ".peers/$name/.pins")" = "${pins[*]}" ]; then continue; fi
+    echo "setup: installing ${pins[*]} into .peers/$name"
+    rm -rf ".peers/$name"
+    python3 -m venv ".peers/$name"
+    ".peers/$name/bin/pip" install -q --disable-pip-version-check --only-binary=:all: "${pins[@]}"
+    echo "${pins[*]}" >".peers/$name/.pins"
+  done
+}
+if [ "${1:-}" = "peers" ]; then
+  install_peers
+  exit 0
+fi
 packages=(cmake ninja-build ccache g++ clang pkg-config iproute2 procps python3 python3-venv python3-dev
   libibverbs-dev librdmacm-dev libhwloc-dev openmpi-bin libopenmpi-dev libgloo-dev
   libgtest-dev libbenchmark-dev libssl-dev libisal-dev libcli11-dev nlohmann-json3-dev libfmt-dev

@@ -1,9 +1,12 @@
-// Open MPI peer: the same sweep as eccl's perf binaries, on MPI_Allreduce
-// or MPI_Alltoall (PEER_KIND picks which), launched by mpirun.
+// MPI peer: the same sweep as eccl's perf binaries, on MPI_Allreduce or
+// MPI_Alltoall (PEER_KIND picks which), launched by the MPI's own mpirun;
+// built against Open MPI and, where scripts/setup.sh peers installed it,
+// MPICH.
 #include <mpi.h>
 
 #include <cstdio>
 #include <cstring>
+#include <string>
 
 #include "perf/common/driver.h"
 
@@ -39,8 +42,13 @@ class MpiBackend final : public Backend {
   MpiBackend() {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &size_);
+    char version[MPI_MAX_LIBRARY_VERSION_STRING];
+    int length = 0;
+    MPI_Get_library_version(version, &length);
+    std::string v(version, static_cast<size_t>(length));
+    name_ = v.find("MPICH") != std::string::npos ? "mpich" : v.find("Open MPI") != std::string::npos ? "openmpi" : "mpi";
   }
-  std::string name() const override { return "openmpi"; }
+  std::string name() const override { return name_; }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   bool supports(ecclDataType_t t, ecclRedOp_t op) const override {
@@ -70,6 +78,7 @@ class MpiBackend final : public Backend {
 
  private:
   int rank_ = 0, size_ = 1;
+  std::string name_;
 };
 
 }  // namespace
