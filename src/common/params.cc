@@ -73,6 +73,11 @@ const std::vector<Param>& all() {
       {"ECCL_SHM_RING_BYTES", "int", "1048576",
        "Shared-memory ring per lane and direction, a power of two from 4096 to 1 GiB: a pair of members "
        "holds 2 x this x ECCL_NSOCKS_PERPEER (2 MiB by default; 8 ranks on a host: 56 MiB in all)."},
+      {"ECCL_SHM_ZERO_COPY_BYTES", "int", "262144",
+       "Shared memory: chunks of at least this many bytes are copied once, by the sender straight into the "
+       "receiver's buffer (process_vm_writev, where the kernel allows one process to write into the other: same "
+       "user, no seccomp or Yama rule against it; tried once per lane), instead of into the ring and out of it. "
+       "0: always through the ring."},
       {"ECCL_IB_HCA", "string", "",
        "ibverbs back end: the RDMA device to use, a name with an optional :port (mlx5_0:1); empty: the first "
        "device with an ACTIVE port."},
@@ -197,6 +202,7 @@ int64_t netEagerBytes() { return getInt("ECCL_NET_EAGER_BYTES"); }
 std::string ibHca() { return getString("ECCL_IB_HCA"); }
 int64_t ibGidIndex() { return getInt("ECCL_IB_GID_INDEX"); }
 int64_t ibZeroCopyBytes() { return getInt("ECCL_IB_ZERO_COPY_BYTES"); }
+int64_t shmZeroCopyBytes() { return getInt("ECCL_SHM_ZERO_COPY_BYTES"); }
 int64_t ibRegistrationCacheBytes() { return getInt("ECCL_IB_REGISTRATION_CACHE_BYTES"); }
 std::string netLogRanks() { return getString("ECCL_NET_LOG_RANKS"); }
 std::string netLogWhenFull() { return getString("ECCL_NET_LOG_WHEN_FULL"); }

@@ -45,6 +45,7 @@ int64_t netEagerBytes();
 std::string ibHca();
 int64_t ibGidIndex();
 int64_t ibZeroCopyBytes();
+int64_t shmZeroCopyBytes();
 int64_t ibRegistrationCacheBytes();
 int64_t netLogBytes();
 int64_t snapshotReplicas();

@@ -112,6 +112,7 @@ void Communicator::join(const ecclUniqueId& id, membership::Role role, int rank,
   t.announceReceives = params::ibAnnounceReceives() != 0;
   if (std::string choice = params::transport(); choice != "auto") t.backends = transport::parseBackendList(choice);
   t.ringBytes = static_cast<size_t>(params::shmRingBytes());
+  t.shmZeroCopyBytes = static_cast<size_t>(std::max<int64_t>(0, params::shmZeroCopyBytes()));
   device_ = transport::createDevice(t);
   device_->onPeerFailure = [this](transport::MemberId m, ecclResult_t code, const std::string& reason,
                                   uint64_t neededFrom, transport::FailureEvidence evidence) {

@@ -26,6 +26,11 @@ struct BackendCounters {
   uint64_t queuePairsDestroyed = 0;
   uint64_t completionQueuesOpen = 0;
   uint64_t registrationsReused = 0;  // zero-copy buffers found registered already
+  // Shared memory's single copy (process_vm_writev): lanes that may write
+  // into their peer, lanes the kernel refused it, bytes moved that way.
+  uint64_t singleCopyLanes = 0;
+  uint64_t singleCopyRefused = 0;
+  uint64_t singleCopyBytes = 0;
 };
 
 // What every back end is created with; each uses what applies to it.
@@ -36,6 +41,9 @@ struct BackendOptions {
   // Bytes per lane and direction for back ends that carry data through a
   // buffer in memory (a shared-memory ring).
   size_t ringBytes = 1 << 20;
+  // Shared memory: chunks of at least this many bytes are written once,
+  // into the receiver's buffer (0: always through the ring).
+  size_t shmZeroCopyBytes = 0;
 };
 
 class Backend {

@@ -56,6 +56,7 @@ struct DeviceOptions {
   std::vector<std::string> backends;
   std::string ifname;         // ECCL_SOCKET_IFNAME syntax
   size_t ringBytes = 1 << 20;  // for back ends that buffer in memory, per lane and direction
+  size_t shmZeroCopyBytes = 0;  // shared memory: chunks from this size are written once (0: never)
   // The secret an incoming lane must prove, by the job id its hello names;
   // unset: `secret`, for `jobId` only.
   membership::SecretLookup acceptSecrets;

@@ -372,6 +372,9 @@ class LaneDevice final : public Device {
       s.queuePairsDestroyed += c.queuePairsDestroyed;
       s.completionQueuesOpen += c.completionQueuesOpen;
       s.registrationsReused += c.registrationsReused;
+      s.singleCopyLanes += c.singleCopyLanes;
+      s.singleCopyRefused += c.singleCopyRefused;
+      s.singleCopyBytes += c.singleCopyBytes;
     }
     return s;
   }

@@ -82,6 +82,12 @@ struct DeviceStats {
   uint64_t queuePairsDestroyed = 0;
   uint64_t completionQueuesOpen = 0;  // verbs: one serves many lanes
   uint64_t registrationsReused = 0;   // verbs, ECCL_IB_REGISTRATION_CACHE_BYTES: cache hits
+  // Shared memory, ECCL_SHM_ZERO_COPY_BYTES: lanes whose sender may write
+  // into the peer (process_vm_writev), lanes the kernel refused it (their
+  // chunks go through the ring), and the bytes copied once that way.
+  uint64_t singleCopyLanes = 0;
+  uint64_t singleCopyRefused = 0;
+  uint64_t singleCopyBytes = 0;
   // Chunks moved by rendezvous straight between the users' buffers.
   uint64_t zeroCopyChunksSent = 0;
   uint64_t zeroCopyChunksReceived = 0;

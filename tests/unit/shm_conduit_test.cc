@@ -6,6 +6,7 @@
 #include <poll.h>
 
 #include <algorithm>
+#include <future>
 #include <vector>
 
 #include "common/clock.h"
@@ -40,8 +41,10 @@ TEST(ShmConduit, BulkWaitsForTheRingToDrainAndTheReadsWakeItsWriter) {
   Fd accepted;
   while (!(accepted = listener->accept(nullptr)) && Clock::now() < deadline) readableWithin(listener->listenFd(), 10);
   ASSERT_TRUE(accepted);
-  auto writer = dialer->openDialed(std::move(stream), deadline, "test writer");
+  // The dialer waits for the acceptor's word that it mapped the segment.
+  auto dialed = std::async(std::launch::async, [&] { return dialer->openDialed(std::move(stream), deadline, "test writer"); });
   auto reader = listener->openAccepted(std::move(accepted), deadline, "test reader");
+  auto writer = dialed.get();
 
   EXPECT_TRUE(writer->roomForBulk()) << "an empty ring refuses bulk";
   EXPECT_FALSE(writer->armBulkWakeup()) << "an empty ring lets a bulk writer sleep";

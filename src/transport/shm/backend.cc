@@ -2,9 +2,11 @@
 
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <thread>
@@ -18,12 +20,31 @@
 namespace eccl::transport::shm {
 namespace {
 
-constexpr uint64_t kSegmentMagic = 0x4d48534c43434345ull;  // "ECCLSHM" + version
+constexpr uint64_t kSegmentMagic = 0x4d48534c43434346ull;  // "ECCLSHM" + version 2 (the cross-memory page)
 
 struct SegmentAnnouncement {
   uint64_t magic;
   uint64_t ringBytes;
 };
+
+// The page after the two rings: where each side mapped the segment, so the
+// other can try a process_vm_writev into it and read the result back in its
+// own mapping of the same page (no help from the peer needed).
+// The acceptor's word that it mapped the segment (and said where).
+constexpr uint64_t kMappedAck = 0x4b43414d4c434345ull;
+
+struct CrossMemoryPage {
+  std::atomic<uint64_t> mappedAt[2];  // 0: the dialer, 1: the acceptor; 0 until mapped
+  std::atomic<uint64_t> probe[2];     // side i's write into the other's mapping lands here
+};
+static_assert(sizeof(CrossMemoryPage) <= 4096);
+constexpr size_t kCrossMemoryPageBytes = 4096;
+
+size_t segmentBytes(uint64_t ringBytes) { return 2 * Ring::footprint(ringBytes) + kCrossMemoryPageBytes; }
+CrossMemoryPage* crossMemoryPage(const Segment& segment) {
+  return reinterpret_cast<CrossMemoryPage*>(static_cast<unsigned char*>(segment.data()) + segment.size() -
+                                            kCrossMemoryPageBytes);
+}
 
 sockaddr_un abstractAddress(const std::string& name, socklen_t* len) {
   sockaddr_un a{};
@@ -36,9 +57,21 @@ sockaddr_un abstractAddress(const std::string& name, socklen_t* len) {
 
 class ShmConduit final : public Conduit {
  public:
-  ShmConduit(Fd doorbell, Segment segment, Ring* tx, Ring* rx)
-      : doorbell_(std::move(doorbell)), segment_(std::move(segment)), tx_(tx), rx_(rx) {
+  ShmConduit(Fd doorbell, Segment segment, Ring* tx, Ring* rx, int side, size_t zeroCopyBytes,
+             std::shared_ptr<ShmCounters> counters)
+      : doorbell_(std::move(doorbell)),
+        segment_(std::move(segment)),
+        tx_(tx),
+        rx_(rx),
+        page_(crossMemoryPage(segment_)),
+        side_(side),
+        zeroCopyBytes_(zeroCopyBytes),
+        counters_(std::move(counters)) {
     setNonBlocking(doorbell_.get(), true);
+    ucred cred{};
+    socklen_t len = sizeof(cred);
+    if (getsockopt(doorbell_.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) peerPid_ = cred.pid;
+    if (zeroCopyBytes_ > 0) probeCrossMemory();
   }
   ~ShmConduit() override {
     tx_->markClosed();
@@ -60,6 +93,10 @@ class ShmConduit final : public Conduit {
   }
 
   ssize_t write(const iovec* iov, int count) override {
+    if (broken_) {
+      errno = EIO;
+      return -1;
+    }
     if (peerGone_ || tx_->closed()) {
       errno = EPIPE;
       return -1;
@@ -75,6 +112,10 @@ class ShmConduit final : public Conduit {
   }
 
   ssize_t read(void* into, size_t n) override {
+    if (broken_) {
+      errno = EIO;
+      return -1;
+    }
     size_t got = rx_->take(into, n);
     if (got > 0) {
       if (rx_->takeWriterArm()) ring();
@@ -103,7 +144,66 @@ class ShmConduit final : public Conduit {
   bool roomForBulk() const override { return tx_->readable() < bulkFillBytes(); }
   bool armBulkWakeup() override { return tx_->armWriterBelow(bulkFillBytes()); }
 
+  // Single copy for large chunks (the device's rendezvous, as over RDMA):
+  // the sender writes straight into the receiver's buffer with
+  // process_vm_writev, where the kernel lets this process write into the
+  // peer's (same user, no seccomp or Yama rule against it: tried once per
+  // lane as it opens, counted either way). A receiver exposes any memory:
+  // its address is the window. A sender that may not write pins nothing,
+  // and its chunks come through the ring.
+  size_t zeroCopyMinBytes() const override { return zeroCopyBytes_; }
+  std::optional<Window> expose(void* buffer, size_t) override {
+    return Window{reinterpret_cast<uint64_t>(buffer), 0, ++handles_};
+  }
+  uint64_t pin(const void*, size_t) override { return mayWritePeer_ ? ++handles_ : 0; }
+  bool writeZeroCopy(uint64_t, const void* buffer, size_t bytes, uint64_t address, uint32_t) override {
+    if (!writeIntoPeer(buffer, bytes, address)) {
+      broken_ = true;  // the next write() or read() breaks the lane, naming failure()
+      return true;
+    }
+    ++writesDone_;
+    counters_->singleCopyBytes.fetch_add(bytes, std::memory_order_relaxed);
+    return true;
+  }
+  uint64_t zeroCopyWritesDone() const override { return writesDone_; }
+  std::string failure() const override { return writeFailure_; }
+
  private:
+  // Tried once, as the lane opens: a write into the peer's mapping of
+  // this segment, read back in ours.
+  void probeCrossMemory() {
+    const uint64_t peerBase = page_->mappedAt[1 - side_].load(std::memory_order_acquire);
+    const uint64_t nonce = (uint64_t{static_cast<uint32_t>(getpid())} << 32) | 0x9e3779b9u;
+    const uint64_t slot = peerBase + (reinterpret_cast<uintptr_t>(&page_->probe[side_]) -
+                                      reinterpret_cast<uintptr_t>(segment_.data()));
+    mayWritePeer_ = peerPid_ > 0 && peerBase != 0 && writeIntoPeer(&nonce, sizeof(nonce), slot) &&
+                    page_->probe[side_].load(std::memory_order_acquire) == nonce;
+    (mayWritePeer_ ? counters_->singleCopyLanes : counters_->singleCopyRefused).fetch_add(1, std::memory_order_relaxed);
+    if (!mayWritePeer_)
+      log::info("shared memory: this process may not write into process {} ({}); its large chunks go through the ring",
+                peerPid_, writeFailure_.empty() ? "the probe did not land" : writeFailure_);
+    writeFailure_.clear();
+  }
+
+  bool writeIntoPeer(const void* buffer, size_t bytes, uint64_t address) {
+    iovec local{const_cast<void*>(buffer), bytes};
+    iovec remote{reinterpret_cast<void*>(address), bytes};
+    size_t done = 0;
+    while (done < bytes) {  // the kernel may stop at a page boundary
+      local = {static_cast<char*>(const_cast<void*>(buffer)) + done, bytes - done};
+      remote = {reinterpret_cast<void*>(address + done), bytes - done};
+      ssize_t n = process_vm_writev(peerPid_, &local, 1, &remote, 1, 0);
+      if (n <= 0) {
+        if (n < 0 && errno == EINTR) continue;
+        writeFailure_ = fmt::format("process_vm_writev of {} bytes into process {} at {:#x}: {}", bytes - done,
+                                    peerPid_, address + done, n < 0 ? strerror(errno) : "nothing written");
+        return false;
+      }
+      done += static_cast<size_t>(n);
+    }
+    return true;
+  }
+
   size_t bulkFillBytes() const { return std::min<size_t>(tx_->capacity(), 256 << 10) / 4; }
 
   // A full socket buffer already holds a doorbell the peer has not taken.
@@ -116,10 +216,28 @@ class ShmConduit final : public Conduit {
   Segment segment_;
   Ring* tx_;
   Ring* rx_;
+  CrossMemoryPage* page_;
+  int side_;
+  size_t zeroCopyBytes_;
+  std::shared_ptr<ShmCounters> counters_;
+  pid_t peerPid_ = 0;
+  bool mayWritePeer_ = false;
+  uint64_t handles_ = 0;
+  uint64_t writesDone_ = 0;
+  std::string writeFailure_;
+  bool broken_ = false;
   bool peerGone_ = false;
 };
 
 }  // namespace
+
+BackendCounters ShmBackend::counters() const {
+  BackendCounters c;
+  c.singleCopyLanes = counters_->singleCopyLanes.load(std::memory_order_relaxed);
+  c.singleCopyRefused = counters_->singleCopyRefused.load(std::memory_order_relaxed);
+  c.singleCopyBytes = counters_->singleCopyBytes.load(std::memory_order_relaxed);
+  return c;
+}
 
 bool ShmBackend::validRingBytes(uint64_t bytes) {
   return bytes >= 4096 && bytes <= (uint64_t{1} << 30) && (bytes & (bytes - 1)) == 0;
@@ -177,13 +295,18 @@ Fd ShmBackend::accept(std::string* from) {
 
 std::unique_ptr<Conduit> ShmBackend::openDialed(Fd stream, Deadline deadline, const std::string& what) {
   const size_t ring = Ring::footprint(opt_.ringBytes);
-  Segment segment = Segment::create(fmt::format("eccl-shm-{:x}", opt_.self), 2 * ring);
+  Segment segment = Segment::create(fmt::format("eccl-shm-{:x}", opt_.self), segmentBytes(opt_.ringBytes));
   auto* base = static_cast<unsigned char*>(segment.data());
   Ring* tx = Ring::create(base, opt_.ringBytes);
   Ring* rx = Ring::create(base + ring, opt_.ringBytes);
+  crossMemoryPage(segment)->mappedAt[0].store(reinterpret_cast<uint64_t>(base), std::memory_order_release);
   SegmentAnnouncement hello{kSegmentMagic, opt_.ringBytes};
   sendFd(stream.get(), segment.fd(), &hello, sizeof(hello), deadline, what);
-  return std::make_unique<ShmConduit>(std::move(stream), std::move(segment), tx, rx);
+  uint64_t ack = 0;
+  recvAll(stream.get(), &ack, sizeof(ack), deadline, what);
+  if (ack != kMappedAck) fail(ecclRemoteError, "{}: malformed shared-memory acknowledgement ({:#x})", what, ack);
+  return std::make_unique<ShmConduit>(std::move(stream), std::move(segment), tx, rx, 0, opt_.shmZeroCopyBytes,
+                                      counters_);
 }
 
 std::unique_ptr<Conduit> ShmBackend::openAccepted(Fd stream, Deadline deadline, const std::string& what) {
@@ -193,11 +316,14 @@ std::unique_ptr<Conduit> ShmBackend::openAccepted(Fd stream, Deadline deadline, 
     fail(ecclRemoteError, "{}: malformed shared-memory announcement (magic {:#x}, ring {} bytes)", what, hello.magic,
          hello.ringBytes);
   const size_t ring = Ring::footprint(hello.ringBytes);
-  Segment segment = Segment::map(std::move(fd), 2 * ring);
+  Segment segment = Segment::map(std::move(fd), segmentBytes(hello.ringBytes));
   auto* base = static_cast<unsigned char*>(segment.data());
   Ring* rx = Ring::attach(base, hello.ringBytes);
   Ring* tx = Ring::attach(base + ring, hello.ringBytes);
-  return std::make_unique<ShmConduit>(std::move(stream), std::move(segment), tx, rx);
+  crossMemoryPage(segment)->mappedAt[1].store(reinterpret_cast<uint64_t>(base), std::memory_order_release);
+  sendAll(stream.get(), &kMappedAck, sizeof(kMappedAck), deadline, what);
+  return std::make_unique<ShmConduit>(std::move(stream), std::move(segment), tx, rx, 1, opt_.shmZeroCopyBytes,
+                                      counters_);
 }
 
 BackendSpec backendSpec() {

@@ -11,8 +11,12 @@
 // authenticated (HMAC over the job secret) before the dialer creates the
 // segment and passes its descriptor over (SCM_RIGHTS): no file exists in
 // /dev/shm, and the memory goes when both ends unmap it, after a crash too.
+// Chunks of at least ECCL_SHM_ZERO_COPY_BYTES are copied once, by the
+// sender, straight into the receiver's buffer (process_vm_writev), where
+// the kernel allows it; through the rings otherwise.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -22,6 +26,11 @@
 
 namespace eccl::transport::shm {
 
+// Counted by the lanes, read by the device's stats() from any thread.
+struct ShmCounters {
+  std::atomic<uint64_t> singleCopyLanes{0}, singleCopyRefused{0}, singleCopyBytes{0};
+};
+
 class ShmBackend final : public Backend {
  public:
   explicit ShmBackend(const BackendOptions& options);
@@ -29,6 +38,7 @@ class ShmBackend final : public Backend {
   std::string address() const override { return socketName_; }
   std::string describe() const override { return "shared memory (@" + socketName_ + ")"; }
   int listenFd() const override { return listenFd_.get(); }
+  BackendCounters counters() const override;
   Fd dial(MemberId member, const std::string& address, Deadline deadline, const std::string& what,
           const std::function<bool()>& giveUp) override;
   Fd accept(std::string* from) override;
@@ -42,6 +52,7 @@ class ShmBackend final : public Backend {
   BackendOptions opt_;
   std::string socketName_;  // abstract, without its leading NUL
   Fd listenFd_;
+  std::shared_ptr<ShmCounters> counters_ = std::make_shared<ShmCounters>();
 };
 
 BackendSpec backendSpec();
