@@ -286,6 +286,10 @@ def driver_main(a) -> int:
         if len(after) != a.replicas - 1:
             raise RuntimeError("torchft_train: a survivor never committed a step without the killed replica")
         errors = [l for i, p in procs.items() if i != kill_replica for l in p.lines if "got exception" in l]
+        # The process group's failed op (which must name the member that
+        # died) ahead of torchft's own errors: on a loaded machine a
+        # survivor's recovery can fail first ("transport error").
+        errors.sort(key=lambda l: "eccl" not in l)
         summary += f"; the survivors' error: {errors[0].split('got exception')[-1][:300] if errors else 'none'}"
         rejoined = [l for l in procs[kill_replica].lines if re.match(rf"replica {kill_replica}: step \d+ committed=True participants={a.replicas}", l)]
         if not rejoined:
