@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "coll/reduce.h"
@@ -344,6 +345,17 @@ long runSweep(Backend& be, Kind k, const Options& o) {
     printf("# Avg bus bandwidth    : %g \n#\n", busCount ? busSum / busCount : 0.0);
   }
   return totalWrong;
+}
+
+EcclRunJob ecclRunJob(const std::string& program) {
+  const char* rank = getenv("ECCL_RANK");
+  const char* size = getenv("ECCL_NRANKS");
+  const char* id = getenv("ECCL_UNIQUE_ID");
+  if (!rank || !size || !id || strlen(id) <= 56) {
+    fprintf(stderr, "%s: run under eccl-run (ECCL_RANK, ECCL_NRANKS, ECCL_UNIQUE_ID)\n", program.c_str());
+    exit(2);
+  }
+  return {atoi(rank), atoi(size), std::string(id).substr(56, 16)};
 }
 
 }  // namespace eccl::perf

@@ -41,6 +41,15 @@ struct Options {
   bool log = false;  // eccl sendrecv: tee every send into the boundary-send log
 };
 
+// A peer program launched by eccl-run (Gloo's, oneCCL's): its rank, the
+// job's size, and a token unique to the job for naming a rendezvous file.
+// Exits with a usage message when not under eccl-run.
+struct EcclRunJob {
+  int rank = 0, size = 0;
+  std::string token;
+};
+EcclRunJob ecclRunJob(const std::string& program);
+
 // Parses nccl-tests flags; exits with usage on error.
 Options parseOptions(int argc, char** argv, const std::string& program);
 // Runs the sweep and prints the table on rank 0. Returns the number of

@@ -77,18 +77,12 @@ class CclBackend final : public Backend {
 int main(int argc, char** argv) {
   using namespace eccl::perf;
   Options o = parseOptions(argc, argv, PEER_NAME);
-  const char* rank = getenv("ECCL_RANK");
-  const char* size = getenv("ECCL_NRANKS");
-  const char* id = getenv("ECCL_UNIQUE_ID");
-  if (!rank || !size || !id) {
-    fprintf(stderr, "%s: run under eccl-run (ECCL_RANK, ECCL_NRANKS, ECCL_UNIQUE_ID)\n", PEER_NAME);
-    return 2;
-  }
+  const EcclRunJob job = ecclRunJob(PEER_NAME);
   try {
-    CclBackend backend(atoi(rank), atoi(size), std::string("/tmp/eccl-ccl-") + std::string(id).substr(56, 16));
+    CclBackend backend(job.rank, job.size, "/tmp/eccl-ccl-" + job.token);
     return runSweep(backend, Kind::PEER_KIND, o) ? 1 : 0;
   } catch (const std::exception& e) {
-    fprintf(stderr, "%s: rank %s: %s\n", PEER_NAME, rank, e.what());
+    fprintf(stderr, "%s: rank %d: %s\n", PEER_NAME, job.rank, e.what());
     return 1;
   }
 }

@@ -96,17 +96,11 @@ int main(int argc, char** argv) {
     return 2;
   }
   Options o = parseOptions(static_cast<int>(rest.size()), rest.data(), PEER_NAME);
-  const char* rank = getenv("ECCL_RANK");
-  const char* size = getenv("ECCL_NRANKS");
-  const char* id = getenv("ECCL_UNIQUE_ID");
-  if (!rank || !size || !id) {
-    fprintf(stderr, "%s: run under eccl-run (ECCL_RANK, ECCL_NRANKS, ECCL_UNIQUE_ID)\n", PEER_NAME);
-    return 2;
-  }
+  const EcclRunJob job = ecclRunJob(PEER_NAME);
   // The job's unique id names a fresh rendezvous directory for the FileStore.
-  std::string dir = std::string("/tmp/eccl-gloo-") + std::string(id).substr(56, 16);
+  std::string dir = "/tmp/eccl-gloo-" + job.token;
   mkdir(dir.c_str(), 0700);
-  GlooBackend backend(atoi(rank), atoi(size), dir, algo);
+  GlooBackend backend(job.rank, job.size, dir, algo);
   long wrong = runSweep(backend, Kind::PEER_KIND, o);
   return wrong ? 1 : 0;
 }
