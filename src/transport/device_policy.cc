@@ -210,20 +210,12 @@ void LaneDevice::collectiveEnds(uint64_t seq, bool ok) {
 void LaneDevice::dropRefusedMessagesLocked(uint64_t seq) {
   for (auto it = inbox_.begin(); it != inbox_.end();) {
     Inbox& box = it->second;
-    if (it->first.seq != seq || it->first.epoch != epoch_ || box.request || box.cancelled) {
+    if (it->first.seq != seq || it->first.epoch != epoch_ || box.request || box.cancelled || box.exposed > 0) {
       ++it;
       continue;
     }
     stats_.refusedBytesDropped += box.received;
-    // Chunks cleared to the peer still land in the staging buffer: it goes
-    // with the box once they are in; their bytes count now.
-    if (box.exposed > 0) {
-      for (auto& [token, lane] : lanesByToken_)
-        for (const Lane::Exposure& e : lane->exposures)
-          if (e.key == it->first) stats_.refusedBytesDropped += e.chunk.length;
-    } else {
-      recycleStagingLocked(box);
-    }
+    recycleStagingLocked(box);
     box.cancelled = true;
     // A lane in the middle of its frame drops the rest: the whole frame is
     // counted now (the header came; later frames count as they arrive).
@@ -233,7 +225,7 @@ void LaneDevice::dropRefusedMessagesLocked(uint64_t seq) {
       box.received += lane->frame.length;
       stats_.refusedBytesDropped += lane->frame.length;
     }
-    it = box.received >= box.total && box.exposed == 0 ? inbox_.erase(it) : std::next(it);
+    it = box.received >= box.total ? inbox_.erase(it) : std::next(it);
   }
 }
 
