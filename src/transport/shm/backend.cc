@@ -186,12 +186,10 @@ class ShmConduit final : public Conduit {
   }
 
   bool writeIntoPeer(const void* buffer, size_t bytes, uint64_t address) {
-    iovec local{const_cast<void*>(buffer), bytes};
-    iovec remote{reinterpret_cast<void*>(address), bytes};
     size_t done = 0;
     while (done < bytes) {  // the kernel may stop at a page boundary
-      local = {static_cast<char*>(const_cast<void*>(buffer)) + done, bytes - done};
-      remote = {reinterpret_cast<void*>(address + done), bytes - done};
+      iovec local{static_cast<char*>(const_cast<void*>(buffer)) + done, bytes - done};
+      iovec remote{reinterpret_cast<void*>(address + done), bytes - done};
       ssize_t n = process_vm_writev(peerPid_, &local, 1, &remote, 1, 0);
       if (n <= 0) {
         if (n < 0 && errno == EINTR) continue;
