@@ -231,6 +231,11 @@ typedef struct {
   uint64_t sandboxReplayed;           /* of those, answered with a member's recorded output */
   uint64_t sandboxRecordingsReceived; /* recordings a standby took in */
   uint64_t sandboxRecordingsShipped;  /* a rank's recordings sent whole, one per standby */
+  /* Shared memory's fast path (ECCL_SHM_FAST_PATH_BYTES): collective messages sent and received
+     through the slots beside a lane, and ones dropped there as an older view's or abandoned op's. */
+  uint64_t fastMessagesSent;
+  uint64_t fastMessagesReceived;
+  uint64_t fastMessagesStale;
 } ecclCommStats_t;
 ecclResult_t ecclCommGetStats(ecclComm_t comm, ecclCommStats_t* stats);
 

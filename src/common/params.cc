@@ -73,6 +73,10 @@ const std::vector<Param>& all() {
       {"ECCL_SHM_RING_BYTES", "int", "1048576",
        "Shared-memory ring per lane and direction, a power of two from 4096 to 1 GiB: a pair of members "
        "holds 2 x this x ECCL_NSOCKS_PERPEER (2 MiB by default; 8 ranks on a host: 56 MiB in all)."},
+      {"ECCL_SHM_FAST_PATH_BYTES", "int", "4096",
+       "Shared memory: a collective's messages of at most this many bytes (4096 at most) go through slots "
+       "beside the lane, polled by the receiver, instead of as frames through the ring and the device: the "
+       "latency of small collectives. 0: every message takes the ring."},
       {"ECCL_SHM_ZERO_COPY_BYTES", "int", "0",
        "Shared memory: chunks of at least this many bytes are copied once, by the sender straight into the "
        "receiver's buffer (process_vm_writev, where the kernel allows one process to write into the other: same "
@@ -204,6 +208,7 @@ std::string ibHca() { return getString("ECCL_IB_HCA"); }
 int64_t ibGidIndex() { return getInt("ECCL_IB_GID_INDEX"); }
 int64_t ibZeroCopyBytes() { return getInt("ECCL_IB_ZERO_COPY_BYTES"); }
 int64_t shmZeroCopyBytes() { return getInt("ECCL_SHM_ZERO_COPY_BYTES"); }
+int64_t shmFastPathBytes() { return getInt("ECCL_SHM_FAST_PATH_BYTES"); }
 int64_t ibRegistrationCacheBytes() { return getInt("ECCL_IB_REGISTRATION_CACHE_BYTES"); }
 std::string netLogRanks() { return getString("ECCL_NET_LOG_RANKS"); }
 std::string netLogWhenFull() { return getString("ECCL_NET_LOG_WHEN_FULL"); }

@@ -46,6 +46,7 @@ std::string ibHca();
 int64_t ibGidIndex();
 int64_t ibZeroCopyBytes();
 int64_t shmZeroCopyBytes();
+int64_t shmFastPathBytes();
 int64_t ibRegistrationCacheBytes();
 int64_t netLogBytes();
 int64_t snapshotReplicas();

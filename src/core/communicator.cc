@@ -33,21 +33,31 @@ class Communicator::OpLinks final : public coll::Links {
   int rank() const override ECCL_REQUIRES(comm_.caller_) { return comm_.rank_; }
   int size() const override ECCL_REQUIRES(comm_.caller_) { return comm_.size(); }
   transport::RequestPtr isend(int peer, uint32_t tag, const void* buf, size_t bytes) override ECCL_REQUIRES(comm_.caller_) {
-    return comm_.device_->isend(comm_.view_.rankToMember[peer], seq_, tag, buf, bytes, nullptr, signature_);
+    const transport::MemberId member = comm_.view_.rankToMember[peer];
+    if (transport::FastChannel* slots = comm_.fast_->route(member, bytes))
+      return comm_.fast_->send(slots, member, peer, tag, buf, bytes);
+    return comm_.device_->isend(member, seq_, tag, buf, bytes, nullptr, signature_);
   }
   transport::RequestPtr irecv(int peer, uint32_t tag, void* buf, size_t bytes) override ECCL_REQUIRES(comm_.caller_) {
-    return comm_.device_->irecv(comm_.view_.rankToMember[peer], seq_, tag, buf, bytes, signature_);
+    const transport::MemberId member = comm_.view_.rankToMember[peer];
+    if (transport::FastChannel* slots = comm_.fast_->route(member, bytes))
+      return comm_.fast_->recv(slots, member, peer, tag, buf, bytes);
+    return comm_.device_->irecv(member, seq_, tag, buf, bytes, signature_);
   }
   // The op's label is formatted only when a wait fails: small ops are a
   // few microseconds and a string per op shows up in their profile.
   void wait(const transport::RequestPtr& r) override ECCL_REQUIRES(comm_.caller_) {
     try {
-      comm_.device_->wait(r, deadline_, {});
+      if (FastPath::owns(r))
+        comm_.fast_->wait(r);
+      else
+        comm_.device_->wait(r, deadline_, {});
     } catch (const Error& e) {
       throw Error(e.code(), fmt::format("{}: {}", comm_.opLabel(name_, seq_), e.what()));
     }
   }
   size_t segmentBytes() const override { return comm_.segmentBytes_; }
+  Deadline deadline() const { return deadline_; }
   uint8_t* scratch(int slot, size_t bytes) override ECCL_REQUIRES(comm_.caller_) { return comm_.scratch(slot, bytes); }
 
  private:
@@ -114,6 +124,8 @@ void Communicator::join(const ecclUniqueId& id, membership::Role role, int rank,
   t.ringBytes = static_cast<size_t>(params::shmRingBytes());
   t.shmZeroCopyBytes = static_cast<size_t>(std::max<int64_t>(0, params::shmZeroCopyBytes()));
   device_ = transport::createDevice(t);
+  fast_ = std::make_unique<FastPath>(*device_, static_cast<size_t>(std::max<int64_t>(0, params::shmFastPathBytes())),
+                                     t.spinUs, timeoutMs_);
   device_->onPeerFailure = [this](transport::MemberId m, ecclResult_t code, const std::string& reason,
                                   uint64_t neededFrom, transport::FailureEvidence evidence) {
     onPeerFailure(m, code, reason, neededFrom, evidence);
@@ -304,6 +316,10 @@ void Communicator::fillStats(ecclCommStats_t* out) const {
   s.sandboxReplayed = sandboxReplayed_;
   s.sandboxRecordingsReceived = feed_ ? feed_->received() : 0;
   s.sandboxRecordingsShipped = recordingsShipped_.load();
+  const FastPath::Counters fast = fast_->counters();
+  s.fastMessagesSent = fast.sent;
+  s.fastMessagesReceived = fast.received;
+  s.fastMessagesStale = fast.staleDropped;
   std::memcpy(out, &s, std::min(out->size, sizeof(s)));
 }
 
@@ -466,6 +482,7 @@ void Communicator::runCollective(const char* name, const transport::CallSignatur
   try {
     if (checkCalls_) device_->beginCall(seq, signature);
     OpLinks links(*this, seq, name, checkCalls_ ? &signature : nullptr);
+    fast_->beginOp(view_.epoch, seq, checkCalls_ ? &signature : nullptr, links.deadline());
     if (checkCalls_ && empty && size() > 1)
       coll::barrierTree(links);
     else

@@ -15,6 +15,7 @@
 #include "common/caller_role.h"
 #include "common/mutex.h"
 #include "common/params.h"
+#include "core/fast_path.h"
 #include "core/sandbox_feed.h"
 #include "eccl.h"
 #include "elastic/migration.h"
@@ -207,6 +208,8 @@ class Communicator {
   const bool smallAllreduceDoubling_ = params::smallAllreduceDoubling();
   const bool checkCalls_ = params::checkCalls();
   transport::MemberId self_ = 0;
+  // A collective's small messages to peers on this host (core/fast_path.h).
+  std::unique_ptr<FastPath> fast_ ECCL_GUARDED_BY(caller_);
   View view_ ECCL_GUARDED_BY(caller_);
   std::atomic<uint32_t> currentEpoch_{0};
   uint32_t joinedEpoch_ ECCL_GUARDED_BY(caller_) = 1;

@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 
+#include "transport/fast_channel.h"
 #include "transport/transport.h"
 
 namespace eccl::transport {
@@ -108,6 +109,11 @@ class Conduit {
     return false;
   }
   virtual uint64_t zeroCopyWritesDone() const { return 0; }
+
+  // Slots for small collective messages beside the lane (fast_channel.h),
+  // where the back end has memory both ends map; null otherwise. The same
+  // channel every call; it outlives the lane's close (it holds the mapping).
+  virtual std::shared_ptr<FastChannel> fastChannel() { return nullptr; }
 };
 
 }  // namespace eccl::transport

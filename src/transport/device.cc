@@ -261,6 +261,7 @@ void LaneDevice::installLaneLocked(Peer& peer, uint32_t index, std::unique_ptr<C
 
 void LaneDevice::closeLaneLocked(Lane& lane) {
   if (!lane.conduit) return;
+  eventLocked();
   epoll_ctl(laneEpoll_.get(), EPOLL_CTL_DEL, lane.conduit->pollFd(), nullptr);
   lanesByToken_.erase(lane.token);
   std::erase(memoryLanes_, &lane);
@@ -334,6 +335,7 @@ bool LaneDevice::removePeerLocked(MemberId member, uint64_t incarnation) {
   auto it = peers_.find(member);
   if (it == peers_.end() || (incarnation != 0 && it->second.incarnation != incarnation)) return false;
   Peer& p = it->second;
+  eventLocked();
   std::string reason = fmt::format("peer {} is not in the new view", p.label);
   for (auto& lane : p.lanes) {
     failLaneSendsLocked(*lane, ecclRemoteError, reason);
@@ -357,6 +359,7 @@ bool LaneDevice::removePeerLocked(MemberId member, uint64_t incarnation) {
 
 void LaneDevice::beginEpoch(uint32_t epoch) {
   MutexLock lock(mu_);
+  eventLocked();
   epoch_ = epoch;
   revokedCode_ = ecclSuccess;
   revokedReason_.clear();
@@ -400,6 +403,7 @@ void LaneDevice::abort(const std::string& reason) {
   if (aborted_) return;
   aborted_ = true;
   abortReason_ = reason;
+  eventLocked();
   for (auto& [id, p] : peers_) {
     for (auto& lane : p.lanes) {
       failLaneSendsLocked(*lane, ecclRemoteError, reason);

@@ -70,6 +70,7 @@ bool LaneDevice::revokesLocked(uint64_t seq) const {
 
 void LaneDevice::revokeLocked(ecclResult_t code, const std::string& reason, uint64_t fromSeq) {
   if (revokedCode_ != ecclSuccess) return;
+  eventLocked();
   revokedCode_ = code;
   revokedReason_ = reason;
   revokedFromSeq_ = fromSeq;
@@ -150,6 +151,7 @@ void LaneDevice::floodControlLocked(FrameType type, std::vector<uint8_t> payload
 
 void LaneDevice::refusedLocked(uint64_t seq, const std::string& reason, std::optional<MemberId> from) {
   if (!FrameHeader::isCollective(seq) || !refusedOps_.emplace(seq, reason).second) return;  // known: not again
+  eventLocked();
   log::warn("member {}: {}", opt_.self, reason);
   failOpsLocked([seq](uint64_t s) { return s == seq; }, ecclInvalidUsage, reason);
   dropRefusedMessagesLocked(seq);
@@ -284,6 +286,7 @@ void LaneDevice::failPeerLocked(MemberId member, ecclResult_t code, const std::s
     return;
   }
   bool wasLeft = p.state == Peer::State::kLeft;
+  eventLocked();
   p.state = Peer::State::kFailed;
   p.failCode = code;
   p.failReason = reason;
@@ -342,6 +345,7 @@ void LaneDevice::markLeftLocked(Peer& p) {
   }
   cv_.notifyAll();
   if (p.state == Peer::State::kLeft) return;
+  eventLocked();
   p.state = Peer::State::kLeft;
   p.failCode = ecclRemoteError;
   p.failReason = reason;
@@ -369,6 +373,7 @@ void LaneDevice::markLeftLocked(Peer& p) {
 void LaneDevice::leftPeerNeededLocked(Peer& p, uint64_t fromSeq, const std::string& reason, bool flood) {
   if (p.leftReported || closing_ || p.role == PeerRole::kCandidate) return;
   p.leftReported = true;
+  eventLocked();
   if (onPeerFailure) onPeerFailure(p.id, ecclRemoteError, reason, fromSeq, FailureEvidence::kObserved);
   revokeLocked(ecclRemoteError, reason, fromSeq);
   if (flood) floodNoticeLocked(p.id, reason, fromSeq);

@@ -282,6 +282,7 @@ class LaneDevice final : public Device {
   }
   void setEpoch(uint32_t epoch) override {
     MutexLock lock(mu_);
+    eventLocked();
     if (epoch != epoch_) refusedOps_.clear(), calls_ = {};  // op numbers start over
     epoch_ = epoch;
   }
@@ -346,6 +347,16 @@ class LaneDevice final : public Device {
     failPeerLocked(member, code, reason, /*flood=*/true, neededFrom);
   }
   bool checkAlive(MemberId member, int64_t silentMs) override;
+  // The fast path's (device_fast.cc).
+  std::shared_ptr<FastChannel> fastChannel(MemberId member, Deadline deadline) override;
+  std::vector<std::pair<MemberId, std::shared_ptr<FastChannel>>> fastChannels() override;
+  uint64_t failureEvents() const override { return failureEvents_.load(std::memory_order_acquire); }
+  std::optional<std::pair<ecclResult_t, std::string>> whyOpFails(MemberId member, uint64_t seq, bool commit) override;
+  bool answersAtDeadline(MemberId member, uint64_t seq, bool sending) override;
+  void callsDisagree(MemberId member, uint64_t seq, const CallSignature& mine, const CallSignature& theirs) override {
+    MutexLock lock(mu_);
+    callMismatchLocked(member, seq, mine, theirs);
+  }
   void cancel(const RequestPtr& request, const std::string& reason) override;
   bool arrived(MemberId peer, uint64_t seq, uint32_t tag, size_t* bytes, uint64_t* order) override;
   void abort(const std::string& reason) override;
@@ -528,8 +539,11 @@ class LaneDevice final : public Device {
     if (r && --r->pendingChunks == 0) completeLocked(r, ecclSuccess, {});
   }
   void wakeLoop();
+  // Something happened that may fail an op (failureEvents).
+  void eventLocked() ECCL_REQUIRES(mu_) { failureEvents_.fetch_add(1, std::memory_order_release); }
 
   const DeviceOptions opt_;
+  std::atomic<uint64_t> failureEvents_{0};
   // Back ends in the order a dial tries them.
   std::vector<std::unique_ptr<Backend>> backends_;
   std::string address_;

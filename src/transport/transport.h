@@ -24,6 +24,10 @@
 #include "transport/signature.h"
 
 namespace eccl::transport {
+class FastChannel;
+}
+
+namespace eccl::transport {
 
 using MemberId = uint64_t;
 
@@ -59,6 +63,9 @@ struct Request {
   // While a caller drives the I/O for this request itself, the eventfd
   // that wakes it when another thread completes the request; -1 otherwise.
   int driverWakeFd = -1;
+  // Set by a layer above that completes this request itself (the fast
+  // path, core/fast_path.h): its own index + 1; 0 for the device's.
+  uint32_t fastIndex = 0;
 };
 using RequestPtr = std::shared_ptr<Request>;
 
@@ -246,6 +253,37 @@ class Device {
   virtual bool checkAlive(MemberId member, int64_t silentMs) = 0;
 
   virtual DeviceStats stats() const = 0;
+
+  // What the fast path (core/fast_path.h) asks of the device: it moves a
+  // collective's small messages through slots beside a lane
+  // (fast_channel.h) without the device, and relies on the device for
+  // everything else.
+  // The slots of `member`'s first lane, once its lanes are open (started
+  // and waited for like a post's; throws at the deadline naming it); null
+  // where that lane has none. Both ends of a lane see the same answer.
+  virtual std::shared_ptr<FastChannel> fastChannel(MemberId member, Deadline deadline) = 0;
+  // Every open lane's slots, by member: a waiter looks into all of them
+  // now and then, so a message from a rank it does not exchange with in
+  // this op (one that called something else) still has its call checked.
+  virtual std::vector<std::pair<MemberId, std::shared_ptr<FastChannel>>> fastChannels() = 0;
+  // Moves on every event that may fail an op (a peer failed or left, a
+  // revocation, a refusal, an abort, a lane closed, a new epoch), so a
+  // spinning waiter asks whyOpFails only when it moved.
+  virtual uint64_t failureEvents() const = 0;
+  // Why collective `seq`'s exchange with `member` cannot complete: what a
+  // receive posted now would fail with. `commit`: and act on it as that
+  // post would (a member that left in order and is needed revokes the
+  // op); without it nothing changes.
+  virtual std::optional<std::pair<ecclResult_t, std::string>> whyOpFails(MemberId member, uint64_t seq,
+                                                                         bool commit) = 0;
+  // A fast-path waiter's deadline passed: pings the member; true when it
+  // answered (a live peer blocked on someone else: wait once more), else it
+  // is declared failed (ecclTimeout, as a wait's deadline does) and false.
+  virtual bool answersAtDeadline(MemberId member, uint64_t seq, bool sending) = 0;
+  // A message that came by the fast path carries a call that disagrees
+  // with this member's: revokes as a frame's signature would.
+  virtual void callsDisagree(MemberId member, uint64_t seq, const CallSignature& mine,
+                             const CallSignature& theirs) = 0;
 
   // Called when a peer is declared failed, on whichever thread saw it and
   // with the device lock held: it must only record, never call the device.

@@ -20,7 +20,7 @@
 namespace eccl::transport::shm {
 namespace {
 
-constexpr uint64_t kSegmentMagic = 0x4d48534c43434346ull;  // "ECCLSHM" + version 2 (the cross-memory page)
+constexpr uint64_t kSegmentMagic = 0x4d48534c43434347ull;  // "ECCLSHM" + version 3 (the fast slots)
 
 struct SegmentAnnouncement {
   uint64_t magic;
@@ -40,7 +40,15 @@ struct CrossMemoryPage {
 static_assert(sizeof(CrossMemoryPage) <= 4096);
 constexpr size_t kCrossMemoryPageBytes = 4096;
 
-size_t segmentBytes(uint64_t ringBytes) { return 2 * Ring::footprint(ringBytes) + kCrossMemoryPageBytes; }
+// Layout: the dialer's ring to the acceptor, the acceptor's ring back, the
+// dialer's fast slots, the acceptor's, the cross-memory page.
+size_t segmentBytes(uint64_t ringBytes) {
+  return 2 * Ring::footprint(ringBytes) + 2 * FastChannel::footprint() + kCrossMemoryPageBytes;
+}
+unsigned char* fastSlots(const Segment& segment, uint64_t ringBytes, int side) {
+  return static_cast<unsigned char*>(segment.data()) + 2 * Ring::footprint(ringBytes) +
+         static_cast<size_t>(side) * FastChannel::footprint();
+}
 CrossMemoryPage* crossMemoryPage(const Segment& segment) {
   return reinterpret_cast<CrossMemoryPage*>(static_cast<unsigned char*>(segment.data()) + segment.size() -
                                             kCrossMemoryPageBytes);
@@ -57,13 +65,14 @@ sockaddr_un abstractAddress(const std::string& name, socklen_t* len) {
 
 class ShmConduit final : public Conduit {
  public:
-  ShmConduit(Fd doorbell, Segment segment, Ring* tx, Ring* rx, int side, size_t zeroCopyBytes,
+  ShmConduit(Fd doorbell, Segment segment, uint64_t ringBytes, Ring* tx, Ring* rx, int side, size_t zeroCopyBytes,
              std::shared_ptr<ShmCounters> counters)
       : doorbell_(std::move(doorbell)),
-        segment_(std::move(segment)),
+        segment_(std::make_shared<Segment>(std::move(segment))),
+        ringBytes_(ringBytes),
         tx_(tx),
         rx_(rx),
-        page_(crossMemoryPage(segment_)),
+        page_(crossMemoryPage(*segment_)),
         side_(side),
         zeroCopyBytes_(zeroCopyBytes),
         counters_(std::move(counters)) {
@@ -168,6 +177,17 @@ class ShmConduit final : public Conduit {
   uint64_t zeroCopyWritesDone() const override { return writesDone_; }
   std::string failure() const override { return writeFailure_; }
 
+  std::shared_ptr<FastChannel> fastChannel() override {
+    if (!fast_) {
+      Ring* tx = tx_;
+      Ring* rx = rx_;
+      fast_ = std::make_shared<FastChannel>(segment_, fastSlots(*segment_, ringBytes_, side_),
+                                            fastSlots(*segment_, ringBytes_, 1 - side_),
+                                            [tx, rx] { return tx->closed() || rx->closed(); });
+    }
+    return fast_;
+  }
+
  private:
   // Tried once, as the lane opens: a write into the peer's mapping of
   // this segment, read back in ours.
@@ -175,7 +195,7 @@ class ShmConduit final : public Conduit {
     const uint64_t peerBase = page_->mappedAt[1 - side_].load(std::memory_order_acquire);
     const uint64_t nonce = (uint64_t{static_cast<uint32_t>(getpid())} << 32) | 0x9e3779b9u;
     const uint64_t slot = peerBase + (reinterpret_cast<uintptr_t>(&page_->probe[side_]) -
-                                      reinterpret_cast<uintptr_t>(segment_.data()));
+                                      reinterpret_cast<uintptr_t>(segment_->data()));
     mayWritePeer_ = peerPid_ > 0 && peerBase != 0 && writeIntoPeer(&nonce, sizeof(nonce), slot) &&
                     page_->probe[side_].load(std::memory_order_acquire) == nonce;
     (mayWritePeer_ ? counters_->singleCopyLanes : counters_->singleCopyRefused).fetch_add(1, std::memory_order_relaxed);
@@ -211,7 +231,10 @@ class ShmConduit final : public Conduit {
   }
 
   Fd doorbell_;
-  Segment segment_;
+  // Shared with the fast channel, which may outlive the lane.
+  std::shared_ptr<Segment> segment_;
+  uint64_t ringBytes_;
+  std::shared_ptr<FastChannel> fast_;
   Ring* tx_;
   Ring* rx_;
   CrossMemoryPage* page_;
@@ -297,14 +320,16 @@ std::unique_ptr<Conduit> ShmBackend::openDialed(Fd stream, Deadline deadline, co
   auto* base = static_cast<unsigned char*>(segment.data());
   Ring* tx = Ring::create(base, opt_.ringBytes);
   Ring* rx = Ring::create(base + ring, opt_.ringBytes);
+  FastChannel::create(fastSlots(segment, opt_.ringBytes, 0));
+  FastChannel::create(fastSlots(segment, opt_.ringBytes, 1));
   crossMemoryPage(segment)->mappedAt[0].store(reinterpret_cast<uint64_t>(base), std::memory_order_release);
   SegmentAnnouncement hello{kSegmentMagic, opt_.ringBytes};
   sendFd(stream.get(), segment.fd(), &hello, sizeof(hello), deadline, what);
   uint64_t ack = 0;
   recvAll(stream.get(), &ack, sizeof(ack), deadline, what);
   if (ack != kMappedAck) fail(ecclRemoteError, "{}: malformed shared-memory acknowledgement ({:#x})", what, ack);
-  return std::make_unique<ShmConduit>(std::move(stream), std::move(segment), tx, rx, 0, opt_.shmZeroCopyBytes,
-                                      counters_);
+  return std::make_unique<ShmConduit>(std::move(stream), std::move(segment), opt_.ringBytes, tx, rx, 0,
+                                      opt_.shmZeroCopyBytes, counters_);
 }
 
 std::unique_ptr<Conduit> ShmBackend::openAccepted(Fd stream, Deadline deadline, const std::string& what) {
@@ -320,8 +345,8 @@ std::unique_ptr<Conduit> ShmBackend::openAccepted(Fd stream, Deadline deadline, 
   Ring* tx = Ring::attach(base + ring, hello.ringBytes);
   crossMemoryPage(segment)->mappedAt[1].store(reinterpret_cast<uint64_t>(base), std::memory_order_release);
   sendAll(stream.get(), &kMappedAck, sizeof(kMappedAck), deadline, what);
-  return std::make_unique<ShmConduit>(std::move(stream), std::move(segment), tx, rx, 1, opt_.shmZeroCopyBytes,
-                                      counters_);
+  return std::make_unique<ShmConduit>(std::move(stream), std::move(segment), hello.ringBytes, tx, rx, 1,
+                                      opt_.shmZeroCopyBytes, counters_);
 }
 
 BackendSpec backendSpec() {

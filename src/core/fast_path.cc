@@ -1,0 +1,277 @@
+#include "core/fast_path.h"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+#include "common/error.h"
+
+namespace eccl {
+
+using transport::FastChannel;
+using transport::MemberId;
+using transport::Request;
+using transport::RequestPtr;
+
+namespace {
+
+void cpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+constexpr unsigned kSpinsPerCheck = 64;  // slot polls between looks at the clock and the device
+
+}  // namespace
+
+FastPath::FastPath(transport::Device& device, size_t maxBytes, int64_t spinUs, int64_t timeoutMs)
+    : device_(device),
+      maxBytes_(std::min(maxBytes, FastChannel::kPayloadBytes)),
+      spinUs_(spinUs),
+      timeoutMs_(timeoutMs) {}
+
+void FastPath::beginOp(uint32_t epoch, uint64_t seq, const transport::CallSignature* signature, Deadline deadline) {
+  if (epoch != epoch_) recent_.clear();
+  epoch_ = epoch;
+  seq_ = seq;
+  signature_ = signature;
+  deadline_ = deadline;
+  used_ = 0;
+  pending_ = 0;
+  if (signature) {
+    recent_.emplace_back(seq, *signature);
+    if (recent_.size() > kRecentCalls) recent_.pop_front();
+  }
+  std::erase_if(stash_, [&](const Stashed& s) { return stale(s.header); });
+  for (const Stashed& s : stash_)
+    if (current(s.header) && !agrees(s.member, s.header)) break;
+}
+
+const transport::CallSignature* FastPath::mineOf(uint32_t epoch, uint64_t seq) const {
+  if (epoch != epoch_) return nullptr;
+  for (auto it = recent_.rbegin(); it != recent_.rend(); ++it)
+    if (it->first == seq) return &it->second;
+  return nullptr;
+}
+
+bool FastPath::agrees(MemberId member, const FastChannel::Header& h) {
+  if (!h.hasSignature) return true;
+  const transport::CallSignature* mine = mineOf(h.epoch, h.seq);
+  if (!mine || transport::signaturesAgree(*mine, h.signature)) return true;
+  device_.callsDisagree(member, h.seq, *mine, h.signature);
+  // The revocation covers this op too (it starts at that op or earlier):
+  // nothing of it completes now, as no request of the device's would.
+  for (size_t i = 0; i < used_; ++i) {
+    Op& op = *ops_[i];
+    if (op.request.state.load(std::memory_order_relaxed) != Request::kPending) continue;
+    if (auto why = device_.whyOpFails(op.member, seq_, /*commit=*/true)) finish(op, why->first, why->second);
+  }
+  return false;
+}
+
+FastChannel* FastPath::route(MemberId member, size_t bytes) {
+  if (bytes > maxBytes_) return nullptr;
+  const uint64_t events = device_.failureEvents();
+  if (events != channelsAtEvents_ || epoch_ != channelsAtEpoch_) {
+    channels_.clear();
+    channelsAtEvents_ = events;
+    channelsAtEpoch_ = epoch_;
+  }
+  auto [it, fresh] = channels_.try_emplace(member);
+  if (fresh) it->second = device_.fastChannel(member, deadline_);
+  return it->second.get();
+}
+
+FastPath::Op& FastPath::newOp(FastChannel* channel, MemberId member, int rank, uint32_t tag, size_t bytes,
+                              bool isSend) {
+  if (used_ == ops_.size()) ops_.push_back(std::make_unique<Op>());
+  Op& op = *ops_[used_];
+  op.request.state.store(Request::kPending, std::memory_order_relaxed);
+  op.request.code = ecclSuccess;
+  op.request.error.clear();
+  op.request.peer = member;
+  op.request.seq = seq_;
+  op.request.isSend = isSend;
+  op.request.bytes = bytes;
+  op.request.fastIndex = static_cast<uint32_t>(++used_);
+  op.channel = channel;
+  op.member = member;
+  op.rank = rank;
+  op.tag = tag;
+  op.isSend = isSend;
+  op.bytes = bytes;
+  op.from = nullptr;
+  op.into = nullptr;
+  ++pending_;
+  return op;
+}
+
+RequestPtr FastPath::send(FastChannel* channel, MemberId member, int rank, uint32_t tag, const void* buf,
+                          size_t bytes) {
+  Op& op = newOp(channel, member, rank, tag, bytes, /*isSend=*/true);
+  op.from = buf;
+  // Behind an earlier send still waiting for a slot on the same channel,
+  // so the peer reads them in the order they were posted.
+  bool queued = false;
+  for (size_t i = 0; i + 1 < used_ && !queued; ++i)
+    queued = ops_[i]->isSend && ops_[i]->channel == channel && ops_[i]->request.state.load() == Request::kPending;
+  if (!queued) progress();
+  return handle(op);
+}
+
+RequestPtr FastPath::recv(FastChannel* channel, MemberId member, int rank, uint32_t tag, void* buf, size_t bytes) {
+  Op& op = newOp(channel, member, rank, tag, bytes, /*isSend=*/false);
+  op.into = buf;
+  for (auto it = stash_.begin(); it != stash_.end(); ++it) {
+    if (it->member != member || !current(it->header) || it->header.tag != tag) continue;
+    deliver(op, it->header, it->data.data());
+    stash_.erase(it);
+    break;
+  }
+  return handle(op);
+}
+
+void FastPath::finish(Op& op, ecclResult_t code, std::string error) {
+  if (op.request.state.load(std::memory_order_relaxed) != Request::kPending) return;
+  op.request.code = code;
+  op.request.error = std::move(error);
+  op.request.state.store(code == ecclSuccess ? Request::kDone : Request::kFailed, std::memory_order_release);
+  --pending_;
+}
+
+void FastPath::deliver(Op& op, const FastChannel::Header& h, const uint8_t* data) {
+  if (!agrees(op.member, h)) {
+    auto why = device_.whyOpFails(op.member, seq_, /*commit=*/true);
+    finish(op, why ? why->first : ecclInvalidUsage,
+           why ? why->second : fmt::format("rank {} called {}", op.rank, transport::describe(h.signature)));
+    return;
+  }
+  if (h.bytes != op.bytes) {
+    finish(op, ecclInvalidUsage,
+           fmt::format("peer rank {} sent {} bytes where {} were expected (mismatched counts or types)", op.rank,
+                       h.bytes > FastChannel::kPayloadBytes ? std::string("a malformed message of more than 4096")
+                                                            : std::to_string(h.bytes),
+                       op.bytes));
+    return;
+  }
+  if (op.bytes) std::memcpy(op.into, data, op.bytes);
+  ++counters_.received;
+  finish(op, ecclSuccess, {});
+}
+
+void FastPath::drain(FastChannel& channel, MemberId member) {
+  while (const FastChannel::Message* m = channel.peek()) {
+    const FastChannel::Header& h = m->header;
+    if (stale(h)) {
+      ++counters_.staleDropped;
+      agrees(member, h);  // a late message of an op this member ended (a root's broadcast) still says what it was
+    } else {
+      Op* target = nullptr;
+      if (current(h))
+        for (size_t i = 0; i < used_ && !target; ++i) {
+          Op& op = *ops_[i];
+          if (!op.isSend && op.member == member && op.tag == h.tag &&
+              op.request.state.load(std::memory_order_relaxed) == Request::kPending)
+            target = &op;
+        }
+      if (target) {
+        deliver(*target, h, m->data);
+      } else {
+        if (current(h)) agrees(member, h);
+        Stashed s{member, h, {}};
+        if (h.bytes <= FastChannel::kPayloadBytes) s.data.assign(m->data, m->data + h.bytes);
+        stash_.push_back(std::move(s));
+      }
+    }
+    channel.pop();
+  }
+}
+
+void FastPath::progress() {
+  FastChannel* drained[8];
+  size_t nDrained = 0;
+  for (size_t i = 0; i < used_; ++i) {
+    Op& op = *ops_[i];
+    if (op.request.state.load(std::memory_order_relaxed) != Request::kPending) continue;
+    if (op.isSend) {
+      FastChannel::Header h;
+      h.epoch = epoch_;
+      h.seq = seq_;
+      h.tag = op.tag;
+      h.bytes = static_cast<uint32_t>(op.bytes);
+      if (signature_) h.hasSignature = true, h.signature = *signature_;
+      if (!op.channel->trySend(h, op.from)) continue;
+      ++counters_.sent;
+      finish(op, ecclSuccess, {});
+      continue;
+    }
+    if (std::find(drained, drained + nDrained, op.channel) != drained + nDrained) continue;
+    drain(*op.channel, op.member);
+    if (nDrained < std::size(drained)) drained[nDrained++] = op.channel;
+  }
+}
+
+void FastPath::wait(const RequestPtr& r) {
+  Op& op = *ops_.at(r->fastIndex - 1);
+  const auto started = Clock::now();
+  Deadline deadline = deadline_;
+  bool probed = false;
+  for (unsigned spin = 1; op.request.state.load(std::memory_order_relaxed) == Request::kPending; ++spin) {
+    progress();
+    if (op.request.state.load(std::memory_order_relaxed) != Request::kPending) break;
+    if (spin % kSpinsPerCheck != 0) {
+      cpuRelax();
+      continue;
+    }
+    // The device's verdict, when something happened or the lane closed:
+    // what arrived before it is still taken first (a peer that finished
+    // its part and left in order).
+    const uint64_t events = device_.failureEvents();
+    if (events != seenEvents_ || op.channel->closed()) {
+      seenEvents_ = events;
+      if (device_.whyOpFails(op.member, seq_, /*commit=*/false)) {
+        progress();
+        if (op.request.state.load(std::memory_order_relaxed) != Request::kPending) break;
+        if (auto why = device_.whyOpFails(op.member, seq_, /*commit=*/true)) {
+          finish(op, why->first, why->second);
+          break;
+        }
+      }
+    }
+    const auto now = Clock::now();
+    if (now >= deadline) {
+      if (!probed && device_.answersAtDeadline(op.member, seq_, op.isSend)) {
+        probed = true;
+        deadline = Clock::now() + std::chrono::milliseconds(timeoutMs_);
+        continue;
+      }
+      progress();
+      if (op.request.state.load(std::memory_order_relaxed) != Request::kPending) break;
+      auto why = device_.whyOpFails(op.member, seq_, /*commit=*/true);
+      finish(op, why ? why->first : ecclTimeout,
+             why ? why->second : fmt::format("peer rank {} did not {} before the deadline", op.rank,
+                                             op.isSend ? "make room for our data" : "send its data"));
+      break;
+    }
+    // Spin while the peer is about to answer; then let others run (a peer
+    // on this core needs the scheduler), then sleep in short steps.
+    const auto waited = now - started;
+    if (waited >= std::chrono::microseconds(200) && now - lookedEverywhere_ >= std::chrono::microseconds(200)) {
+      lookedEverywhere_ = now;
+      for (auto& [member, channel] : device_.fastChannels()) drain(*channel, member);
+    }
+    if (waited < std::chrono::microseconds(spinUs_)) continue;
+    if (waited < std::chrono::milliseconds(1))
+      sched_yield();
+    else
+      std::this_thread::sleep_for(std::min<Clock::duration>(waited / 16, std::chrono::microseconds(200)));
+  }
+  if (op.request.state.load(std::memory_order_acquire) == Request::kFailed) throw Error(op.request.code, op.request.error);
+}
+
+}  // namespace eccl

@@ -1,0 +1,66 @@
+// What the fast path (core/fast_path.h) asks of the device: the slots of a
+// lane, and the device's verdicts (failures, revocations, refusals,
+// liveness at a deadline), which a fast-path op gets as a posted request
+// would.
+#include "transport/lane_device.h"
+
+namespace eccl::transport::lanes {
+
+std::shared_ptr<FastChannel> LaneDevice::fastChannel(MemberId member, Deadline deadline) {
+  connectNow(member, deadline);
+  MutexLock lock(mu_);
+  auto it = peers_.find(member);
+  if (it == peers_.end() || it->second.lanes.empty() || !it->second.lanes[0]->conduit) return nullptr;
+  return it->second.lanes[0]->conduit->fastChannel();
+}
+
+std::vector<std::pair<MemberId, std::shared_ptr<FastChannel>>> LaneDevice::fastChannels() {
+  MutexLock lock(mu_);
+  std::vector<std::pair<MemberId, std::shared_ptr<FastChannel>>> out;
+  for (auto& [id, p] : peers_)
+    if (!p.lanes.empty() && p.lanes[0]->conduit)
+      if (auto channel = p.lanes[0]->conduit->fastChannel()) out.emplace_back(id, std::move(channel));
+  return out;
+}
+
+std::optional<std::pair<ecclResult_t, std::string>> LaneDevice::whyOpFails(MemberId member, uint64_t seq,
+                                                                           bool commit) {
+  MutexLock lock(mu_);
+  using Why = std::pair<ecclResult_t, std::string>;
+  if (aborted_) return Why{ecclRemoteError, abortReason_};
+  if (revokesLocked(seq)) return Why{revokedCode_, revokedReason_};
+  if (const std::string* refused = refusalOfLocked(seq)) return Why{ecclInvalidUsage, *refused};
+  auto it = peers_.find(member);
+  if (it == peers_.end()) return Why{ecclRemoteError, fmt::format("member {:#x} is not a peer any more", member)};
+  Peer& p = it->second;
+  if (p.state != Peer::State::kFailed && p.state != Peer::State::kLeft) return std::nullopt;
+  if (!commit) return Why{p.failCode, p.failReason};
+  RequestPtr r = newRequest(member, seq, /*isSend=*/false);
+  failIfPeerGoneLocked(r, p);
+  return Why{r->code, r->error};
+}
+
+bool LaneDevice::answersAtDeadline(MemberId member, uint64_t seq, bool sending) {
+  MutexLock lock(mu_);
+  if (pingLocked(member, seq)) {
+    const auto sent = Clock::now();
+    const auto grace = sent + std::chrono::milliseconds(500);
+    while (Clock::now() < grace) {
+      auto it = peers_.find(member);
+      if (it == peers_.end() || it->second.state == Peer::State::kFailed) return false;
+      if (it->second.lastPong >= sent) return true;
+      serviceLanesLocked();
+      mu_.unlock();
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+      mu_.lock();
+    }
+  }
+  failPeerLocked(member, ecclTimeout,
+                 fmt::format("peer {} did not {} before the deadline and does not answer (timed out; stopped "
+                             "or hung process?)",
+                             labelLocked(member), sending ? "accept our data" : "send its data"),
+                 true);
+  return false;
+}
+
+}  // namespace eccl::transport::lanes

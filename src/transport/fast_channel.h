@@ -1,0 +1,78 @@
+// Slots for a collective's small messages in memory two processes share,
+// beside a lane (the shared-memory back end gives each lane a pair, one per
+// direction). The models are Open MPI's vader fast boxes and NCCL's LL
+// protocol: the producer copies the payload into a free slot and then
+// stores the header's flag with release order, in the header's own cache
+// line, so a consumer polling that one line sees a whole message; the
+// consumer copies it out and clears the flag, which frees the slot. No
+// lock, no allocation, no system call on the way.
+//
+// A slot carries what the device's frames carry for a collective: the view
+// (epoch), the op, the tag and the call's signature, so the layer above
+// (core/fast_path.h) keeps every check of the general path. One producer
+// and one consumer per direction: the communicator's caller.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+#include "transport/signature.h"
+
+namespace eccl::transport {
+
+class FastChannel {
+ public:
+  static constexpr size_t kSlots = 16;
+  static constexpr size_t kPayloadBytes = 4096;
+
+  struct Header {
+    uint32_t epoch = 0;
+    uint64_t seq = 0;
+    uint32_t tag = 0;
+    uint32_t bytes = 0;
+    bool hasSignature = false;
+    CallSignature signature;
+  };
+
+  // The bytes one direction's slots occupy (64-byte aligned).
+  static size_t footprint();
+  // Lays fresh (zeroed) slots out at `memory`; attaching needs nothing.
+  static void create(void* memory);
+
+  // `owner` keeps the shared mapping alive while this channel exists (the
+  // lane may close first); `closed` says either side closed the lane.
+  FastChannel(std::shared_ptr<void> owner, void* tx, void* rx, std::function<bool()> closed);
+
+  // Copies one message into the next slot; false while that slot is still
+  // full (the peer has not read it yet). bytes <= kPayloadBytes.
+  bool trySend(const Header& header, const void* data);
+  // The next message, or null while none is there. Valid until pop().
+  struct Message {
+    Header header;
+    const uint8_t* data;
+  };
+  const Message* peek();
+  void pop();
+  bool closed() const;
+
+  uint64_t sent() const { return sent_; }
+  uint64_t received() const { return received_; }
+
+ private:
+  struct Slot;
+  Slot* slot(void* base, uint64_t position) const;
+
+  std::shared_ptr<void> owner_;
+  void* tx_;
+  void* rx_;
+  std::function<bool()> closed_;
+  uint64_t sent_ = 0;      // messages written so far
+  uint64_t received_ = 0;  // messages read so far
+  bool peeked_ = false;
+  Message head_{};
+};
+
+}  // namespace eccl::transport
