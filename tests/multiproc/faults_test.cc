@@ -30,12 +30,13 @@ std::set<std::string> devShmEntries() {
 }
 
 // Loops allreduce until one fails; reports the failure text, or throws if
-// none failed within the loop budget.
-ProcessGroup::Body allreduceUntilError(const ReadyFiles& ready) {
-  return [dir = ready.dir](int rank, int n, const ecclUniqueId& id) {
+// none failed within the loop budget. Of `count` floats: 8 go through
+// shared memory's fast path (core/fast_path.h), the default through the ring.
+ProcessGroup::Body allreduceUntilError(const ReadyFiles& ready, size_t count = 1 << 16) {
+  return [dir = ready.dir, count](int rank, int n, const ecclUniqueId& id) {
     ecclComm_t comm;
     RANK_OK(ecclCommInitRank(&comm, n, id, rank), nullptr);
-    std::vector<float> v(1 << 16, 1.0f);
+    std::vector<float> v(count, 1.0f);
     RANK_OK(ecclAllReduce(v.data(), v.data(), v.size(), ecclFloat32, ecclSum, comm, nullptr), comm);
     ReadyFiles::mark(dir, rank);
     for (int i = 0; i < 1000000; ++i) {
@@ -56,12 +57,14 @@ ProcessGroup::Body allreduceUntilError(const ReadyFiles& ready) {
   };
 }
 
-TEST(Faults, KilledRankFailsEverySurvivorNamingIt) {
+class FaultsAtASize : public ::testing::TestWithParam<size_t> {};
+
+TEST_P(FaultsAtASize, KilledRankFailsEverySurvivorNamingIt) {
   setenv("ECCL_SOCKET_IFNAME", "lo", 1);
   setenv("ECCL_TIMEOUT_MS", "5000", 1);
   const auto shmBefore = devShmEntries();
   ReadyFiles ready;
-  ProcessGroup group(4, allreduceUntilError(ready));
+  ProcessGroup group(4, allreduceUntilError(ready, GetParam()));
   const bool running = ready.waitAll(4, std::chrono::seconds(60));
   group.signal(kVictim, SIGKILL);
   auto outcomes = group.wait(std::chrono::seconds(20));
@@ -84,12 +87,12 @@ TEST(Faults, KilledRankFailsEverySurvivorNamingIt) {
   }
 }
 
-TEST(Faults, StoppedRankIsCaughtByTheTimeout) {
+TEST_P(FaultsAtASize, StoppedRankIsCaughtByTheTimeout) {
   setenv("ECCL_SOCKET_IFNAME", "lo", 1);
   setenv("ECCL_TIMEOUT_MS", "1500", 1);
   ReadyFiles ready;
   const auto start = std::chrono::steady_clock::now();
-  ProcessGroup group(4, allreduceUntilError(ready));
+  ProcessGroup group(4, allreduceUntilError(ready, GetParam()));
   const bool running = ready.waitAll(4, std::chrono::seconds(60));
   group.signal(kVictim, SIGSTOP);
   const double stoppedAt = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -108,6 +111,12 @@ TEST(Faults, StoppedRankIsCaughtByTheTimeout) {
   // The stopped rank's ring neighbours wait on it directly and must name it.
   EXPECT_GE(namingVictim, 2) << describe(outcomes);
 }
+
+// 32 bytes: the small-message path (over shared memory, its slots); 256 KiB: the ring.
+INSTANTIATE_TEST_SUITE_P(Sizes, FaultsAtASize, ::testing::Values(size_t(8), size_t(1) << 16),
+                         [](const ::testing::TestParamInfo<size_t>& info) {
+                           return info.param == 8 ? std::string("Small") : std::string("Large");
+                         });
 
 // A process may exit() with its communicator alive (an error path of a
 // trainer): its library threads still run while exit handlers do, and must
