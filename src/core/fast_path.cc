@@ -26,6 +26,7 @@ void cpuRelax() {
 }
 
 constexpr unsigned kSpinsPerCheck = 64;  // slot polls between looks at the clock and the device
+constexpr int64_t kYieldAfterUs = 3;     // a wait this long yields the core at each look
 
 }  // namespace
 
@@ -265,8 +266,17 @@ void FastPath::wait(const RequestPtr& r) {
       lookedEverywhere_ = now;
       for (auto& [member, channel] : device_.fastChannels()) drain(*channel, member);
     }
-    if (waited < std::chrono::microseconds(spinUs_)) continue;
-    if (waited < std::chrono::milliseconds(1))
+    if (waited < std::chrono::microseconds(spinUs_)) {
+      // More ranks than cores: the peer may need this core to answer.
+      if (waited >= std::chrono::microseconds(kYieldAfterUs)) sched_yield();
+      continue;
+    }
+    // A receive sleeps on its channel's doorbell, in slices so the checks
+    // above still run; a send waiting for a free slot (rare: the peer has
+    // 16 unread) sleeps in short steps.
+    if (!op.isSend)
+      op.channel->waitForMessage(std::min<Deadline>(deadline, now + std::chrono::milliseconds(1)));
+    else if (waited < std::chrono::milliseconds(1))
       sched_yield();
     else
       std::this_thread::sleep_for(std::min<Clock::duration>(waited / 16, std::chrono::microseconds(200)));

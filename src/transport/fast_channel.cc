@@ -1,5 +1,9 @@
 #include "transport/fast_channel.h"
 
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
@@ -22,14 +26,25 @@ struct FastChannel::Slot {
   uint8_t payload[kPayloadBytes];
 };
 
+// One line before each direction's slots: the reader's word that it sleeps,
+// and the futex it sleeps on.
+struct FastChannel::Doorbell {
+  alignas(64) std::atomic<uint32_t> sleeping;
+  std::atomic<uint32_t> rung;
+};
+
+FastChannel::Doorbell* FastChannel::doorbell(void* base) { return static_cast<Doorbell*>(base); }
+
 size_t FastChannel::footprint() {
   static_assert(offsetof(Slot, payload) <= 64, "the header fills one cache line");
   static_assert(std::atomic<uint64_t>::is_always_lock_free, "the flag is shared between processes");
-  return kSlots * sizeof(Slot);
+  return sizeof(Doorbell) + kSlots * sizeof(Slot);
 }
 
 void FastChannel::create(void* memory) {
-  auto* slots = static_cast<Slot*>(memory);
+  new (&doorbell(memory)->sleeping) std::atomic<uint32_t>(0);
+  new (&doorbell(memory)->rung) std::atomic<uint32_t>(0);
+  auto* slots = reinterpret_cast<Slot*>(static_cast<unsigned char*>(memory) + sizeof(Doorbell));
   for (size_t i = 0; i < kSlots; ++i) new (&slots[i].flag) std::atomic<uint64_t>(0);
 }
 
@@ -37,7 +52,7 @@ FastChannel::FastChannel(std::shared_ptr<void> owner, void* tx, void* rx, std::f
     : owner_(std::move(owner)), tx_(tx), rx_(rx), closed_(std::move(closed)) {}
 
 FastChannel::Slot* FastChannel::slot(void* base, uint64_t position) const {
-  return static_cast<Slot*>(base) + position % kSlots;
+  return reinterpret_cast<Slot*>(static_cast<unsigned char*>(base) + sizeof(Doorbell)) + position % kSlots;
 }
 
 bool FastChannel::trySend(const Header& header, const void* data) {
@@ -53,6 +68,14 @@ bool FastChannel::trySend(const Header& header, const void* data) {
   if (header.hasSignature) encodeSignature(header.signature, s->signature);
   if (header.bytes) std::memcpy(s->payload, data, header.bytes);
   s->flag.store(++sent_, std::memory_order_release);
+  // Dekker with the reader's waitForMessage: either it sees the flag or
+  // this sees that it sleeps.
+  Doorbell* bell = doorbell(tx_);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (bell->sleeping.load(std::memory_order_relaxed) != 0) {
+    bell->rung.fetch_add(1, std::memory_order_release);
+    syscall(SYS_futex, reinterpret_cast<uint32_t*>(&bell->rung), FUTEX_WAKE, 1, nullptr, nullptr, 0);
+  }
   return true;
 }
 
@@ -88,5 +111,21 @@ void FastChannel::pop() {
 }
 
 bool FastChannel::closed() const { return closed_(); }
+
+void FastChannel::waitForMessage(Deadline until) {
+  if (peeked_) return;
+  Doorbell* bell = doorbell(rx_);
+  const uint32_t seen = bell->rung.load(std::memory_order_acquire);
+  bell->sleeping.store(1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  const bool there = slot(rx_, received_)->flag.load(std::memory_order_acquire) == received_ + 1;
+  const auto left = until - Clock::now();
+  if (!there && left > Clock::duration::zero()) {
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
+    timespec timeout{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+    syscall(SYS_futex, reinterpret_cast<uint32_t*>(&bell->rung), FUTEX_WAIT, seen, &timeout, nullptr, 0);
+  }
+  bell->sleeping.store(0, std::memory_order_relaxed);
+}
 
 }  // namespace eccl::transport

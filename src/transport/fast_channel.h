@@ -5,7 +5,9 @@
 // stores the header's flag with release order, in the header's own cache
 // line, so a consumer polling that one line sees a whole message; the
 // consumer copies it out and clears the flag, which frees the slot. No
-// lock, no allocation, no system call on the way.
+// lock, no allocation, no system call on the way while the reader polls;
+// a reader that has polled long enough sleeps on a futex word beside the
+// slots, and the writer wakes it (one fence and one load per message).
 //
 // A slot carries what the device's frames carry for a collective: the view
 // (epoch), the op, the tag and the call's signature, so the layer above
@@ -19,6 +21,7 @@
 #include <functional>
 #include <memory>
 
+#include "common/clock.h"
 #include "transport/signature.h"
 
 namespace eccl::transport {
@@ -57,13 +60,19 @@ class FastChannel {
   const Message* peek();
   void pop();
   bool closed() const;
+  // Sleeps until a message may be there, `until`, or a spurious wake-up
+  // (a futex in the shared memory: the peer's trySend wakes a reader that
+  // said it sleeps; the two sides' fences make sure one sees the other).
+  void waitForMessage(Deadline until);
 
   uint64_t sent() const { return sent_; }
   uint64_t received() const { return received_; }
 
  private:
   struct Slot;
+  struct Doorbell;
   Slot* slot(void* base, uint64_t position) const;
+  static Doorbell* doorbell(void* base);
 
   std::shared_ptr<void> owner_;
   void* tx_;

@@ -98,7 +98,10 @@ TEST(FastChannel, APeersMalformedHeaderReadsAsAnOversizedMessage) {
   Pair p;
   ASSERT_TRUE(p.a->trySend(header(1, 1, 8), "12345678"));
   // Corrupt the length in shared memory as a broken peer would.
-  auto* words = static_cast<uint32_t*>(p.memory.get());
+  // A 64-byte doorbell line, then the slots.
+  constexpr size_t kDoorbellBytes = 64;
+  const size_t slotBytes = (FastChannel::footprint() - kDoorbellBytes) / FastChannel::kSlots;
+  auto* words = reinterpret_cast<uint32_t*>(static_cast<uint8_t*>(p.memory.get()) + kDoorbellBytes);
   words[6] = 1u << 30;  // the slot's `bytes` field: after flag (8), seq (8), epoch, tag
   const FastChannel::Message* m = p.b->peek();
   ASSERT_NE(m, nullptr);
@@ -106,12 +109,34 @@ TEST(FastChannel, APeersMalformedHeaderReadsAsAnOversizedMessage) {
   p.b->pop();
   FastChannel::Header bad = header(2, 1, 8);
   ASSERT_TRUE(p.a->trySend(bad, "12345678"));
-  auto* slot1 = static_cast<uint8_t*>(p.memory.get()) + FastChannel::footprint() / FastChannel::kSlots;
+  auto* slot1 = static_cast<uint8_t*>(p.memory.get()) + kDoorbellBytes + slotBytes;
   slot1[32] = 0xee;  // the signature's kind: out of range
   m = p.b->peek();
   ASSERT_NE(m, nullptr);
   EXPECT_FALSE(m->header.hasSignature);
   EXPECT_GT(m->header.bytes, FastChannel::kPayloadBytes);
+}
+
+// A reader asleep on the doorbell wakes when the message comes, long
+// before its deadline; with nothing coming it wakes at the deadline.
+TEST(FastChannel, ASleepingReaderWakesWhenTheMessageComes) {
+  Pair p;
+  auto started = Clock::now();
+  p.b->waitForMessage(started + std::chrono::milliseconds(50));
+  EXPECT_GE(Clock::now() - started, std::chrono::milliseconds(45)) << "woke early with nothing sent";
+  for (int round = 0; round < 20; ++round) {
+    std::thread writer([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      while (!p.a->trySend(header(static_cast<uint64_t>(round), 1, 4), "abcd")) std::this_thread::yield();
+    });
+    started = Clock::now();
+    while (!p.b->peek()) p.b->waitForMessage(started + std::chrono::seconds(10));
+    const auto took = Clock::now() - started;
+    writer.join();
+    EXPECT_LT(took, std::chrono::seconds(5)) << "round " << round << ": the writer's doorbell did not wake the reader";
+    EXPECT_EQ(p.b->peek()->header.seq, static_cast<uint64_t>(round));
+    p.b->pop();
+  }
 }
 
 TEST(FastChannel, ClosedFollowsTheLane) {
