@@ -469,6 +469,7 @@ std::string Communicator::opLabel(const char* name, uint64_t seq) const {
 void Communicator::runCollective(const char* name, const transport::CallSignature& signature,
                                  const std::function<void(OpLinks&)>& body, const void* out, size_t outBytes) {
   checkUsable();
+  if (fast_->framesWaiting()) device_->poll();
   uint64_t seq = ++collSeq_;
   if (std::optional<std::string> refused = device_->collectiveStarts(seq)) {
     device_->collectiveEnds(seq, false);

@@ -88,6 +88,12 @@ FastChannel* FastPath::route(MemberId member, size_t bytes) {
   return it->second.get();
 }
 
+bool FastPath::framesWaiting() const {
+  for (const auto& [member, channel] : channels_)
+    if (channel && channel->framesWaiting()) return true;
+  return false;
+}
+
 FastPath::Op& FastPath::newOp(FastChannel* channel, MemberId member, int rank, uint32_t tag, size_t bytes,
                               bool isSend) {
   if (used_ == ops_.size()) ops_.push_back(std::make_unique<Op>());

@@ -44,6 +44,10 @@ class FastPath {
   transport::RequestPtr recv(transport::FastChannel* channel, transport::MemberId member, int rank, uint32_t tag,
                              void* buf, size_t bytes);
   static bool owns(const transport::RequestPtr& r) { return r->fastIndex != 0; }
+  // Whether a lane this path uses holds frames nobody read (a refusal, a
+  // notice): ops that take the slots never drive the lanes, so the caller
+  // has the device read them before the next op starts, as a wait would.
+  bool framesWaiting() const;
   // Completes a request of this path; throws eccl::Error naming the peer.
   void wait(const transport::RequestPtr& r);
 

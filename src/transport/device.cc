@@ -238,6 +238,7 @@ Backend* LaneDevice::backendFor(MemberId member, const std::vector<std::pair<std
 void LaneDevice::installLaneLocked(Peer& peer, uint32_t index, std::unique_ptr<Conduit> conduit) {
   Lane& lane = *peer.lanes[index];
   lane.conduit = std::move(conduit);
+  lane.fast = lane.conduit->fastChannel();
   lane.conduit->attachedTo(peer.id, index);
   if (lane.conduit->pollsMemory()) memoryLanes_.push_back(&lane);
   log::info("member {}: lane {} to peer {} is up over {}", opt_.self, index, peer.label, lane.conduit->kind());

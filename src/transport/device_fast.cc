@@ -6,20 +6,27 @@
 
 namespace eccl::transport::lanes {
 
+// A lane that opened keeps its slots after it closes (Lane::fast), so both
+// ends still see the same answer once one of them has left or failed: the
+// other takes what was written before, and only then hears the verdict.
 std::shared_ptr<FastChannel> LaneDevice::fastChannel(MemberId member, Deadline deadline) {
+  {
+    MutexLock lock(mu_);
+    auto it = peers_.find(member);
+    if (it != peers_.end() && !it->second.lanes.empty() && it->second.lanes[0]->fast) return it->second.lanes[0]->fast;
+  }
   connectNow(member, deadline);
   MutexLock lock(mu_);
   auto it = peers_.find(member);
-  if (it == peers_.end() || it->second.lanes.empty() || !it->second.lanes[0]->conduit) return nullptr;
-  return it->second.lanes[0]->conduit->fastChannel();
+  if (it == peers_.end() || it->second.lanes.empty()) return nullptr;
+  return it->second.lanes[0]->fast;
 }
 
 std::vector<std::pair<MemberId, std::shared_ptr<FastChannel>>> LaneDevice::fastChannels() {
   MutexLock lock(mu_);
   std::vector<std::pair<MemberId, std::shared_ptr<FastChannel>>> out;
   for (auto& [id, p] : peers_)
-    if (!p.lanes.empty() && p.lanes[0]->conduit)
-      if (auto channel = p.lanes[0]->conduit->fastChannel()) out.emplace_back(id, std::move(channel));
+    if (!p.lanes.empty() && p.lanes[0]->fast) out.emplace_back(id, p.lanes[0]->fast);
   return out;
 }
 

@@ -48,8 +48,13 @@ void FastChannel::create(void* memory) {
   for (size_t i = 0; i < kSlots; ++i) new (&slots[i].flag) std::atomic<uint64_t>(0);
 }
 
-FastChannel::FastChannel(std::shared_ptr<void> owner, void* tx, void* rx, std::function<bool()> closed)
-    : owner_(std::move(owner)), tx_(tx), rx_(rx), closed_(std::move(closed)) {}
+FastChannel::FastChannel(std::shared_ptr<void> owner, void* tx, void* rx, std::function<bool()> closed,
+                         std::function<bool()> framesWaiting)
+    : owner_(std::move(owner)),
+      tx_(tx),
+      rx_(rx),
+      closed_(std::move(closed)),
+      framesWaiting_(std::move(framesWaiting)) {}
 
 FastChannel::Slot* FastChannel::slot(void* base, uint64_t position) const {
   return reinterpret_cast<Slot*>(static_cast<unsigned char*>(base) + sizeof(Doorbell)) + position % kSlots;

@@ -46,8 +46,11 @@ class FastChannel {
   static void create(void* memory);
 
   // `owner` keeps the shared mapping alive while this channel exists (the
-  // lane may close first); `closed` says either side closed the lane.
-  FastChannel(std::shared_ptr<void> owner, void* tx, void* rx, std::function<bool()> closed);
+  // lane may close first); `closed` says either side closed the lane;
+  // `framesWaiting` that the lane itself holds bytes nobody has read (a
+  // notice, a refusal: the device should read them).
+  FastChannel(std::shared_ptr<void> owner, void* tx, void* rx, std::function<bool()> closed,
+              std::function<bool()> framesWaiting);
 
   // Copies one message into the next slot; false while that slot is still
   // full (the peer has not read it yet). bytes <= kPayloadBytes.
@@ -60,6 +63,7 @@ class FastChannel {
   const Message* peek();
   void pop();
   bool closed() const;
+  bool framesWaiting() const { return framesWaiting_(); }
   // Sleeps until a message may be there, `until`, or a spurious wake-up
   // (a futex in the shared memory: the peer's trySend wakes a reader that
   // said it sleeps; the two sides' fences make sure one sees the other).
@@ -78,6 +82,7 @@ class FastChannel {
   void* tx_;
   void* rx_;
   std::function<bool()> closed_;
+  std::function<bool()> framesWaiting_;
   uint64_t sent_ = 0;      // messages written so far
   uint64_t received_ = 0;  // messages read so far
   bool peeked_ = false;

@@ -156,6 +156,10 @@ struct Lane {
   ConnKey key;
   uint64_t token = 0;  // epoll cookie; 0 while unconnected
   std::unique_ptr<Conduit> conduit;
+  // The conduit's slots for the fast path (Conduit::fastChannel), kept
+  // after the lane closes: what the peer wrote before it left or failed
+  // stays readable, as a whole message it sent before does here.
+  std::shared_ptr<FastChannel> fast;
   bool wantOut = false;
   bool saidGoodbye = false;  // the peer's goodbye arrived on this lane
   bool opened = false;       // connected once (it may be closed again)

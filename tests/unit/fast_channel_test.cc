@@ -31,8 +31,9 @@ struct Pair {
     FastChannel::create(base);
     FastChannel::create(base + FastChannel::footprint());
     auto isClosed = [this] { return closed.load(); };
-    a = std::make_unique<FastChannel>(memory, base, base + FastChannel::footprint(), isClosed);
-    b = std::make_unique<FastChannel>(memory, base + FastChannel::footprint(), base, isClosed);
+    auto noFrames = [] { return false; };
+    a = std::make_unique<FastChannel>(memory, base, base + FastChannel::footprint(), isClosed, noFrames);
+    b = std::make_unique<FastChannel>(memory, base + FastChannel::footprint(), base, isClosed, noFrames);
   }
 };
 

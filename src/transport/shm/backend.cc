@@ -183,7 +183,8 @@ class ShmConduit final : public Conduit {
       Ring* rx = rx_;
       fast_ = std::make_shared<FastChannel>(segment_, fastSlots(*segment_, ringBytes_, side_),
                                             fastSlots(*segment_, ringBytes_, 1 - side_),
-                                            [tx, rx] { return tx->closed() || rx->closed(); });
+                                            [tx, rx] { return tx->closed() || rx->closed(); },
+                                            [rx] { return rx->readable() > 0; });
     }
     return fast_;
   }
