@@ -22,6 +22,7 @@ void allreduceRecursiveDoubling(Links& links, const void* in, void* outv, size_t
   const int extra = n - p;
   uint8_t* tmp = links.scratch(kRingScratchSlot, bytes);  // the ring is not running
   std::vector<RequestPtr> reqs;
+  reqs.reserve(2);  // one allocation, not two, per small op
   int virtualRank;
   if (r < 2 * extra) {
     if (r % 2 == 0) {  // folded: hand the data over, wait for the answer

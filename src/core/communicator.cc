@@ -467,11 +467,11 @@ std::string Communicator::opLabel(const char* name, uint64_t seq) const {
 }
 
 void Communicator::runCollective(const char* name, const transport::CallSignature& signature,
-                                 const std::function<void(OpLinks&)>& body, const void* out, size_t outBytes) {
+                                 FunctionRef<void(OpLinks&)> body, const void* out, size_t outBytes) {
   checkUsable();
   if (fast_->framesWaiting()) device_->poll();
   uint64_t seq = ++collSeq_;
-  if (std::optional<std::string> refused = device_->collectiveStarts(seq)) {
+  if (std::optional<std::string> refused = device_->collectiveStarts(seq, checkCalls_ ? &signature : nullptr)) {
     device_->collectiveEnds(seq, false);
     fail(ecclInvalidUsage, "{}", *refused);
   }
@@ -481,7 +481,6 @@ void Communicator::runCollective(const char* name, const transport::CallSignatur
   bool empty = signature.count == 0 && signature.kind != transport::CallKind::kAllToAllv &&
                signature.kind != transport::CallKind::kBarrier;
   try {
-    if (checkCalls_) device_->beginCall(seq, signature);
     OpLinks links(*this, seq, name, checkCalls_ ? &signature : nullptr);
     fast_->beginOp(view_.epoch, seq, checkCalls_ ? &signature : nullptr, links.deadline());
     if (checkCalls_ && empty && size() > 1)
@@ -538,7 +537,7 @@ void checkOp(ecclRedOp_t op, const char* what) {
 // bfloat16 go through float32 (one rounding at the end), and avg divides once.
 void reduceWide(const void* in, size_t inCount, void* out, size_t outCount, ecclDataType_t type,
                 ecclRedOp_t op, int nranks, bool haveOutput,
-                const std::function<void(const void*, void*, ecclDataType_t)>& run) {
+                FunctionRef<void(const void*, void*, ecclDataType_t)> run) {
   if (!coll::isHalfType(type)) {
     run(in, out, type);
     if (op == ecclAvg && haveOutput) coll::finishAverage(out, outCount, type, nranks);

@@ -13,6 +13,7 @@
 
 #include "common/background.h"
 #include "common/caller_role.h"
+#include "common/function_ref.h"
 #include "common/mutex.h"
 #include "common/params.h"
 #include "core/fast_path.h"
@@ -173,7 +174,7 @@ class Communicator {
   // a refusal (refuseCollective), then thrown on.
   void refusing(const std::function<void()>& checks) ECCL_REQUIRES(caller_);
   void runCollective(const char* name, const transport::CallSignature& signature,
-                     const std::function<void(OpLinks&)>& body, const void* out = nullptr, size_t outBytes = 0) ECCL_REQUIRES(caller_);
+                     FunctionRef<void(OpLinks&)> body, const void* out = nullptr, size_t outBytes = 0) ECCL_REQUIRES(caller_);
   void onPeerFailure(transport::MemberId member, ecclResult_t code, const std::string& reason, uint64_t neededFrom,
                      transport::FailureEvidence evidence);
   void onRevoked(ecclResult_t code, const std::string& reason);

@@ -177,7 +177,7 @@ void LaneDevice::refusedAfterSuccessLocked(uint64_t seq, const std::string& reas
   calls_.lateRefusal = calls_.lateRefusal ? fmt::format("{}; and {}", *calls_.lateRefusal, late) : late;
 }
 
-std::optional<std::string> LaneDevice::collectiveStarts(uint64_t seq) {
+std::optional<std::string> LaneDevice::collectiveStarts(uint64_t seq, const CallSignature* signature) {
   MutexLock lock(mu_);
   calls_.latest = std::max(calls_.latest, seq);
   calls_.running = true;
@@ -189,7 +189,10 @@ std::optional<std::string> LaneDevice::collectiveStarts(uint64_t seq) {
     calls_.lateRefusal.reset();
     return why;
   }
-  if (!calls_.lateRefusal) return std::nullopt;
+  if (!calls_.lateRefusal) {
+    if (signature) checkLocalSignatureLocked(seq, *signature);
+    return std::nullopt;
+  }
   std::string reason = fmt::format("{} refused its part of collective op {} (epoch {}): {}",
                                    selfLabel_.empty() ? "this member" : selfLabel_, seq, epoch_, *calls_.lateRefusal);
   calls_.lateRefusal.reset();

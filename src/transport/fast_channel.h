@@ -7,7 +7,7 @@
 // consumer copies it out and clears the flag, which frees the slot. No
 // lock, no allocation, no system call on the way while the reader polls;
 // a reader that has polled long enough sleeps on a futex word beside the
-// slots, and the writer wakes it (one fence and one load per message).
+// slots, and the writer wakes it (a locked store and a load per message).
 //
 // A slot carries what the device's frames carry for a collective: the view
 // (epoch), the op, the tag and the call's signature, so the layer above

@@ -324,7 +324,7 @@ class LaneDevice final : public Device {
     calls_.failed.insert(seq);
     refusedLocked(seq, reason, std::nullopt);
   }
-  std::optional<std::string> collectiveStarts(uint64_t seq) override;
+  std::optional<std::string> collectiveStarts(uint64_t seq, const CallSignature* signature) override;
   void collectiveEnds(uint64_t seq, bool ok) override;
   void wait(const RequestPtr& request, Deadline deadline, const std::string& opName) override;
   bool test(const RequestPtr& request, const std::string& opName) override;

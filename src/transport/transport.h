@@ -186,8 +186,10 @@ class Device {
   // another rank's refusal of that op arrives; such a late refusal is
   // never lost: the next call to start here is refused in turn naming it
   // (collectiveStarts returns the refusal: the call fails with it, posting
-  // nothing), so every rank hears of it by that call.
-  virtual std::optional<std::string> collectiveStarts(uint64_t seq) = 0;
+  // nothing), so every rank hears of it by that call. With `signature`, a
+  // call that starts also does beginCall's part, under the same lock (a
+  // small op's cost is mostly per call).
+  virtual std::optional<std::string> collectiveStarts(uint64_t seq, const CallSignature* signature = nullptr) = 0;
   virtual void collectiveEnds(uint64_t seq, bool ok) = 0;
   // Blocks until the request completes. On failure or at the deadline throws
   // eccl::Error whose message starts with `opName` (unless it is empty) and
