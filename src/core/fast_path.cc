@@ -6,6 +6,7 @@
 #include <cstring>
 #include <thread>
 
+#include "common/cpu_relax.h"
 #include "common/error.h"
 
 namespace eccl {
@@ -16,14 +17,6 @@ using transport::Request;
 using transport::RequestPtr;
 
 namespace {
-
-void cpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
 
 constexpr unsigned kSpinsPerCheck = 64;  // slot polls between looks at the clock and the device
 constexpr int64_t kYieldAfterUs = 3;     // a wait this long yields the core at each look

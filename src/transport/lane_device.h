@@ -28,6 +28,7 @@
 #include "membership/handshake.h"
 #include "membership/handshake_gate.h"
 #include "common/params.h"
+#include "common/cpu_relax.h"
 #include "common/crypto.h"
 #include "common/error.h"
 #include "common/log.h"
@@ -59,13 +60,6 @@ class ThreadWakeFd {
 inline thread_local ThreadWakeFd t_wakeFd;
 inline int threadWakeFd() { return t_wakeFd.peek(); }
 
-inline void cpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
 
 constexpr size_t kReadBudgetPerEvent = 8 << 20;  // fairness between sockets
 constexpr size_t kRxBufferBytes = 32 << 10;
