@@ -104,5 +104,11 @@ constexpr size_t kTreeSegmentBytes = 64 << 10;
 // (recursive doubling, all-to-all and send/recv pairs open lazily), so
 // replacing one rank opens and closes O(1) connections.
 std::vector<int> latencyPeers(int r, int n);
+// The ranks allreduceRecursiveDoubling has rank r of n exchange with.
+std::vector<int> recursiveDoublingPartners(int r, int n);
+// Whether recursive doubling at n ranks uses only latencyPeers, so it
+// opens nothing a view change did not (true for n <= 4; checked up to 16
+// ranks, false above without looking).
+bool doublingNeedsOnlyLatencyPeers(int n);
 
 }  // namespace eccl::coll

@@ -22,4 +22,33 @@ std::vector<int> latencyPeers(int r, int n) {
   return peers;
 }
 
+// Mirrors allreduceRecursiveDoubling's fold and exchanges (peers_test
+// checks the two against each other).
+std::vector<int> recursiveDoublingPartners(int r, int n) {
+  std::vector<int> partners;
+  if (n <= 1) return partners;
+  int p = 1;
+  while (p * 2 <= n) p *= 2;
+  const int extra = n - p;
+  if (r < 2 * extra && r % 2 == 0) return {r + 1};
+  int virtualRank = r < 2 * extra ? r / 2 : r - extra;
+  if (r < 2 * extra) partners.push_back(r - 1);
+  for (int mask = 1; mask < p; mask <<= 1) {
+    const int v = virtualRank ^ mask;
+    partners.push_back(v < extra ? 2 * v + 1 : v + extra);
+  }
+  std::sort(partners.begin(), partners.end());
+  return partners;
+}
+
+bool doublingNeedsOnlyLatencyPeers(int n) {
+  if (n > 16) return false;
+  for (int r = 0; r < n; ++r) {
+    const std::vector<int> connected = latencyPeers(r, n);
+    for (int p : recursiveDoublingPartners(r, n))
+      if (!std::binary_search(connected.begin(), connected.end(), p)) return false;
+  }
+  return true;
+}
+
 }  // namespace eccl::coll

@@ -24,11 +24,12 @@ const std::vector<Param>& all() {
        "Messages at least this large are split across all lanes of a peer."},
       {"ECCL_ALLREDUCE_SMALL_BYTES", "int", "262144",
        "Allreduce messages up to this size use the small-vector algorithm; larger ones use the ring."},
-      {"ECCL_ALLREDUCE_SMALL_ALGO", "string", "tree",
+      {"ECCL_ALLREDUCE_SMALL_ALGO", "string", "auto",
        "Small-vector allreduce: tree (binary tree, 2 log2 N hops, at most three partners per rank, "
-       "all connected at every view change; at 2 ranks one exchange) or doubling (recursive "
+       "all connected at every view change; at 2 ranks one exchange), doubling (recursive "
        "doubling, log2 N hops, its log2 N partners connect on first use, after every view change "
-       "again)."},
+       "again) or auto (doubling up to 4 KiB where every partner it needs is one a view change "
+       "connects anyway, as at N <= 4; tree elsewhere)."},
       {"ECCL_RING_SEGMENT_BYTES", "int", "524288",
        "Pipeline segment of the ring algorithms: reduction of one segment overlaps receiving "
        "the next."},
@@ -185,11 +186,12 @@ std::string socketIfname() { return getString("ECCL_SOCKET_IFNAME"); }
 std::string debugLevel() { return getString("ECCL_DEBUG"); }
 int64_t stripeMinBytes() { return getInt("ECCL_STRIPE_MIN_BYTES"); }
 int64_t smallAllreduceBytes() { return getInt("ECCL_ALLREDUCE_SMALL_BYTES"); }
-bool smallAllreduceDoubling() {
+SmallAllreduce smallAllreduceAlgorithm() {
   std::string v = getString("ECCL_ALLREDUCE_SMALL_ALGO");
-  if (v != "tree" && v != "doubling")
-    fail(ecclInvalidArgument, "ECCL_ALLREDUCE_SMALL_ALGO='{}' must be tree or doubling", v);
-  return v == "doubling";
+  if (v == "tree") return SmallAllreduce::kTree;
+  if (v == "doubling") return SmallAllreduce::kDoubling;
+  if (v != "auto") fail(ecclInvalidArgument, "ECCL_ALLREDUCE_SMALL_ALGO='{}' must be auto, tree or doubling", v);
+  return SmallAllreduce::kAuto;
 }
 int64_t ringSegmentBytes() { return getInt("ECCL_RING_SEGMENT_BYTES"); }
 int64_t handshakeTimeoutMs() { return getInt("ECCL_HANDSHAKE_TIMEOUT_MS"); }

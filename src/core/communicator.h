@@ -206,7 +206,11 @@ class Communicator {
   // Tuning read once at init (the environment is not consulted per op).
   const size_t segmentBytes_ = static_cast<size_t>(params::ringSegmentBytes());
   const size_t smallAllreduceBytes_ = static_cast<size_t>(params::smallAllreduceBytes());
-  const bool smallAllreduceDoubling_ = params::smallAllreduceDoubling();
+  const params::SmallAllreduce smallAllreduceAlgorithm_ = params::smallAllreduceAlgorithm();
+  // auto's choice for a view of this many ranks (the same on every rank)
+  int doublingCheckedForSize_ ECCL_GUARDED_BY(caller_) = -1;
+  bool doublingIsFree_ ECCL_GUARDED_BY(caller_) = false;
+  bool smallAllreduceByDoubling(size_t bytes) ECCL_REQUIRES(caller_);
   const bool checkCalls_ = params::checkCalls();
   transport::MemberId self_ = 0;
   // A collective's small messages to peers on this host (core/fast_path.h).

@@ -63,6 +63,32 @@ TEST(LatencyPeers, CoverEveryPeerTheSmallAndRingAlgorithmsUse) {
   }
 }
 
+// auto picks recursive doubling for small allreduces only where it opens
+// no connection outside latencyPeers, so a replacement still touches only
+// those; the mirror of its partners must match what it really uses.
+TEST(LatencyPeers, RecursiveDoublingPartnersMirrorTheAlgorithm) {
+  std::vector<int> free;
+  for (int n = 1; n <= 40; ++n) {
+    for (int r = 0; r < n; ++r) {
+      RecordingLinks links(r, n);
+      std::vector<float> in(4, 1.0f), out(4);
+      allreduceRecursiveDoubling(links, in.data(), out.data(), 4, ecclFloat32, ecclSum);
+      const std::vector<int> used(links.peers.begin(), links.peers.end());
+      EXPECT_EQ(used, recursiveDoublingPartners(r, n)) << "rank " << r << " of " << n;
+    }
+    if (doublingNeedsOnlyLatencyPeers(n)) free.push_back(n);
+  }
+  for (int n = 1; n <= 4; ++n) EXPECT_TRUE(std::count(free.begin(), free.end(), n)) << n;
+  for (int n : free) {
+    for (int r = 0; r < n; ++r) {
+      auto peers = latencyPeers(r, n);
+      for (int p : recursiveDoublingPartners(r, n))
+        EXPECT_TRUE(std::count(peers.begin(), peers.end(), p)) << "rank " << r << " of " << n << " needs " << p;
+    }
+  }
+  EXPECT_FALSE(doublingNeedsOnlyLatencyPeers(64));
+}
+
 // Replacing rank v touches exactly the ranks that list v: at most five
 // connections at any size, the same at 8 ranks as at 4096.
 TEST(LatencyPeers, ReplacingOneRankTouchesAtMostFiveOthersAtAnySize) {
