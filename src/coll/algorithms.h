@@ -80,6 +80,14 @@ void allreduceTree(Links& links, const void* in, void* out, size_t count, ecclDa
 void reduceScatterRing(Links& links, const void* in, void* out, size_t recvCount,
                        ecclDataType_t type, ecclRedOp_t op);
 void allGatherRing(Links& links, const void* in, void* out, size_t sendBytes);
+// Latency versions for small messages, ceil(log2 n) rounds (binomial.cc);
+// their partners are not ring or tree neighbours, so the communicator picks
+// them only where a view change connects every pair anyway
+// (everyPairIsALatencyPeer). allGatherDoubling needs n a power of two.
+void broadcastBinomial(Links& links, const void* in, void* out, size_t bytes, int root);
+void reduceBinomial(Links& links, const void* in, void* out, size_t count, ecclDataType_t type, ecclRedOp_t op,
+                    int root);
+void allGatherDoubling(Links& links, const void* in, void* out, size_t sendBytes);
 void broadcastChain(Links& links, const void* in, void* out, size_t bytes, int root);
 void reduceChain(Links& links, const void* in, void* out, size_t count, ecclDataType_t type,
                  ecclRedOp_t op, int root);
@@ -110,5 +118,7 @@ std::vector<int> recursiveDoublingPartners(int r, int n);
 // opens nothing a view change did not (true for n <= 4; checked up to 16
 // ranks, false above without looking).
 bool doublingNeedsOnlyLatencyPeers(int n);
+// Whether latencyPeers of every rank of n is every other rank (n <= 4).
+bool everyPairIsALatencyPeer(int n);
 
 }  // namespace eccl::coll

@@ -1,5 +1,4 @@
 #include <cstring>
-#include <vector>
 
 #include "coll/algorithms.h"
 #include "coll/reduce.h"
@@ -21,17 +20,16 @@ void allreduceRecursiveDoubling(Links& links, const void* in, void* outv, size_t
   while (p * 2 <= n) p *= 2;
   const int extra = n - p;
   uint8_t* tmp = links.scratch(kRingScratchSlot, bytes);  // the ring is not running
-  std::vector<RequestPtr> reqs;
-  reqs.reserve(2);  // one allocation, not two, per small op
+  RequestPtr reqs[2];  // on the stack: a small op allocates nothing here
   int virtualRank;
   if (r < 2 * extra) {
     if (r % 2 == 0) {  // folded: hand the data over, wait for the answer
-      reqs.push_back(links.isend(r + 1, makeTag(0, 0, 0), out, bytes));
-      reqs.push_back(links.irecv(r + 1, makeTag(2, 0, 0), out, bytes));
+      reqs[0] = links.isend(r + 1, makeTag(0, 0, 0), out, bytes);
+      reqs[1] = links.irecv(r + 1, makeTag(2, 0, 0), out, bytes);
       links.waitAll(reqs);
       return;
     }
-    reqs.push_back(links.irecv(r - 1, makeTag(0, 0, 0), tmp, bytes));
+    reqs[0] = links.irecv(r - 1, makeTag(0, 0, 0), tmp, bytes);
     links.waitAll(reqs);
     reduce(out, tmp, out, count, type, op);
     virtualRank = r / 2;
@@ -42,8 +40,8 @@ void allreduceRecursiveDoubling(Links& links, const void* in, void* outv, size_t
   for (int mask = 1, step = 0; mask < p; mask <<= 1, ++step) {
     int partnerVirtual = virtualRank ^ mask;
     int partner = realRank(partnerVirtual);
-    reqs.push_back(links.irecv(partner, makeTag(1, step, 0), tmp, bytes));
-    reqs.push_back(links.isend(partner, makeTag(1, step, 0), out, bytes));
+    reqs[0] = links.irecv(partner, makeTag(1, step, 0), tmp, bytes);
+    reqs[1] = links.isend(partner, makeTag(1, step, 0), out, bytes);
     links.waitAll(reqs);
     if (partnerVirtual < virtualRank)
       reduce(out, tmp, out, count, type, op);
@@ -51,7 +49,7 @@ void allreduceRecursiveDoubling(Links& links, const void* in, void* outv, size_t
       reduce(out, out, tmp, count, type, op);
   }
   if (r < 2 * extra) {
-    reqs.push_back(links.isend(r - 1, makeTag(2, 0, 0), out, bytes));
+    reqs[0] = links.isend(r - 1, makeTag(2, 0, 0), out, bytes);
     links.waitAll(reqs);
   }
 }

@@ -33,6 +33,12 @@ class Links {
     for (auto& r : requests) wait(r);
     requests.clear();
   }
+  // A fixed handful (a latency algorithm's step): no allocation per op.
+  template <size_t N>
+  void waitAll(RequestPtr (&requests)[N]) {
+    for (auto& r : requests)
+      if (r) wait(r), r.reset();
+  }
 };
 
 // Tag layout: phase (4 bits) | step (12 bits) | segment (16 bits).

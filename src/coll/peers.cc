@@ -41,6 +41,13 @@ std::vector<int> recursiveDoublingPartners(int r, int n) {
   return partners;
 }
 
+bool everyPairIsALatencyPeer(int n) {
+  if (n > 16) return false;  // at most five peers each
+  for (int r = 0; r < n; ++r)
+    if (latencyPeers(r, n).size() != size_t(n - 1)) return false;
+  return true;
+}
+
 bool doublingNeedsOnlyLatencyPeers(int n) {
   if (n > 16) return false;
   for (int r = 0; r < n; ++r) {

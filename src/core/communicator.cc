@@ -395,6 +395,7 @@ void Communicator::checkUsable() const {
   if (joining_)
     fail(ecclInvalidUsage, "rank {} is joining at epoch {}: call ecclCommSwitchover before any collective", rank_,
          view_.epoch + 1);
+  if (asyncErrorWithoutLock() == ecclSuccess) return;
   MutexLock lock(errorMu_);
   if (asyncError_ != ecclSuccess) throw Error(asyncError_, asyncMessage_);
 }
@@ -455,8 +456,11 @@ void Communicator::checkBuffer(const void* p, size_t count, const char* what) {
 size_t Communicator::checkedBytes(size_t count, ecclDataType_t type, size_t multiplier, const char* what) {
   ECCL_CHECK_ARG(type >= 0 && type < ecclNumTypes, "{}: invalid data type {}", what, static_cast<int>(type));
   const size_t limit = size_t(1) << 46;  // 64 TiB: far past any host buffer, far from overflow
-  size_t es = typeSize(type);
-  ECCL_CHECK_ARG(count <= limit / es / std::max<size_t>(multiplier, 1),
+  const size_t es = typeSize(type);
+  const size_t per = es * std::max<size_t>(multiplier, 1);
+  // Both under 2^32 and 2^14: the product is under the limit, no division.
+  const bool small = count < (size_t(1) << 32) && per <= (size_t(1) << 14);
+  ECCL_CHECK_ARG(multiplier < limit && (small || count <= limit / per),
                  "{}: count {} x {} ranks of {} overflows the byte size limit", what, count, multiplier,
                  coll::typeName(type));
   return count * es * multiplier;
@@ -503,7 +507,7 @@ void Communicator::refuseCollective(const std::string& why) {
                                        epoch(), why));
 }
 
-void Communicator::refusing(const std::function<void()>& checks) {
+void Communicator::refusing(FunctionRef<void()> checks) {
   try {
     checks();
   } catch (const Error& e) {
@@ -556,17 +560,28 @@ void reduceWide(const void* in, size_t inCount, void* out, size_t outCount, eccl
 // auto: recursive doubling at 4 ranks on 2 cores, 8 B to 4 KiB, took half
 // the tree's time (shm 3.5 against 7-13 us, TCP 35-45 against 55-75 us);
 // from 16 KiB the tree's pipelined segments won (shm 25-35 against 47-80 us).
-constexpr size_t kDoublingMaxBytes = 4096;
+// The same bound (a fast-path slot) holds for the other latency trees.
+constexpr size_t kLatencyMaxBytes = 4096;
+
+void Communicator::checkLatencyAlgorithms() {
+  if (latencyCheckedForSize_ == size()) return;
+  latencyCheckedForSize_ = size();
+  doublingIsFree_ = coll::doublingNeedsOnlyLatencyPeers(size());
+  everyPairConnected_ = coll::everyPairIsALatencyPeer(size());
+}
 
 bool Communicator::smallAllreduceByDoubling(size_t bytes) {
   using params::SmallAllreduce;
   if (size() == 2 || smallAllreduceAlgorithm_ == SmallAllreduce::kDoubling) return true;  // at two ranks: one exchange
-  if (smallAllreduceAlgorithm_ == SmallAllreduce::kTree || bytes > kDoublingMaxBytes) return false;
-  if (doublingCheckedForSize_ != size()) {
-    doublingCheckedForSize_ = size();
-    doublingIsFree_ = coll::doublingNeedsOnlyLatencyPeers(size());
-  }
+  if (smallAllreduceAlgorithm_ == SmallAllreduce::kTree || bytes > kLatencyMaxBytes) return false;
+  checkLatencyAlgorithms();
   return doublingIsFree_;
+}
+
+bool Communicator::latencyTree(size_t messageBytes) {
+  if (messageBytes > kLatencyMaxBytes || size() < 3) return false;
+  checkLatencyAlgorithms();
+  return everyPairConnected_;
 }
 
 void Communicator::allReduce(const void* in, void* out, size_t count, ecclDataType_t type, ecclRedOp_t op) {
@@ -602,7 +617,12 @@ void Communicator::broadcast(const void* in, void* out, size_t count, ecclDataTy
   const auto signature = signatureOf(transport::CallKind::kBroadcast, count, type, -1, root);
   if (sandboxed())
     return sandboxCall(signature, out, bytes, [&]() ECCL_REQUIRES(caller_) { rank_ == root ? sandboxCopy(in, out, bytes) : sandboxZero(out, bytes); });
-  runCollective("broadcast", signature, [&](OpLinks& links) ECCL_REQUIRES(caller_) { coll::broadcastChain(links, in, out, bytes, root); }, out,
+  runCollective("broadcast", signature, [&](OpLinks& links) ECCL_REQUIRES(caller_) {
+    if (latencyTree(bytes))
+      coll::broadcastBinomial(links, in, out, bytes, root);
+    else
+      coll::broadcastChain(links, in, out, bytes, root);
+  }, out,
                 bytes);
 }
 
@@ -621,7 +641,12 @@ void Communicator::reduce(const void* in, void* out, size_t count, ecclDataType_
     return sandboxCall(signature, out, outBytes, [&]() ECCL_REQUIRES(caller_) { if (outBytes) sandboxCopy(in, out, reduceBytes); });
   runCollective("reduce", signature, [&](OpLinks& links) ECCL_REQUIRES(caller_) {
     reduceWide(in, count, out, count, type, op, size(), rank_ == root,
-               [&](const void* i, void* o, ecclDataType_t t) ECCL_REQUIRES(caller_) { coll::reduceChain(links, i, o, count, t, op, root); });
+               [&](const void* i, void* o, ecclDataType_t t) ECCL_REQUIRES(caller_) {
+                 if (latencyTree(count * coll::typeSize(t)))
+                   coll::reduceBinomial(links, i, o, count, t, op, root);
+                 else
+                   coll::reduceChain(links, i, o, count, t, op, root);
+               });
   }, out, outBytes);
 }
 
@@ -639,7 +664,13 @@ void Communicator::allGather(const void* in, void* out, size_t sendCount, ecclDa
       sandboxZero(out, bytes * size());
       sandboxCopy(in, static_cast<uint8_t*>(out) + bytes * rank_, bytes);
     });
-  runCollective("allgather", signature, [&](OpLinks& links) ECCL_REQUIRES(caller_) { coll::allGatherRing(links, in, out, bytes); }, out,
+  runCollective("allgather", signature, [&](OpLinks& links) ECCL_REQUIRES(caller_) {
+    const bool powerOfTwo = (size() & (size() - 1)) == 0;
+    if (powerOfTwo && latencyTree(bytes * size_t(size() / 2)))
+      coll::allGatherDoubling(links, in, out, bytes);
+    else
+      coll::allGatherRing(links, in, out, bytes);
+  }, out,
                 bytes * size());
 }
 

@@ -172,7 +172,7 @@ class Communicator {
   // `out` (outBytes) is the call's output here, for a sandbox recording.
   // A collective's argument checks: an ecclInvalidArgument from them is
   // a refusal (refuseCollective), then thrown on.
-  void refusing(const std::function<void()>& checks) ECCL_REQUIRES(caller_);
+  void refusing(FunctionRef<void()> checks) ECCL_REQUIRES(caller_);
   void runCollective(const char* name, const transport::CallSignature& signature,
                      FunctionRef<void(OpLinks&)> body, const void* out = nullptr, size_t outBytes = 0) ECCL_REQUIRES(caller_);
   void onPeerFailure(transport::MemberId member, ecclResult_t code, const std::string& reason, uint64_t neededFrom,
@@ -207,10 +207,15 @@ class Communicator {
   const size_t segmentBytes_ = static_cast<size_t>(params::ringSegmentBytes());
   const size_t smallAllreduceBytes_ = static_cast<size_t>(params::smallAllreduceBytes());
   const params::SmallAllreduce smallAllreduceAlgorithm_ = params::smallAllreduceAlgorithm();
-  // auto's choice for a view of this many ranks (the same on every rank)
-  int doublingCheckedForSize_ ECCL_GUARDED_BY(caller_) = -1;
+  // Which latency algorithms open no connection beyond a view change's at
+  // this view's size (the same answer on every rank), computed once a size.
+  int latencyCheckedForSize_ ECCL_GUARDED_BY(caller_) = -1;
   bool doublingIsFree_ ECCL_GUARDED_BY(caller_) = false;
+  bool everyPairConnected_ ECCL_GUARDED_BY(caller_) = false;
+  void checkLatencyAlgorithms() ECCL_REQUIRES(caller_);
   bool smallAllreduceByDoubling(size_t bytes) ECCL_REQUIRES(caller_);
+  // Small broadcasts, reduces and allgathers by log-depth trees.
+  bool latencyTree(size_t messageBytes) ECCL_REQUIRES(caller_);
   const bool checkCalls_ = params::checkCalls();
   transport::MemberId self_ = 0;
   // A collective's small messages to peers on this host (core/fast_path.h).
@@ -277,7 +282,12 @@ class Communicator {
 
   mutable Mutex errorMu_{LockRank::kCommError};
   std::string lastError_ ECCL_GUARDED_BY(errorMu_);
-  ecclResult_t asyncError_ ECCL_GUARDED_BY(errorMu_) = ecclSuccess;
+  // Written under errorMu_; atomic so that every call's check reads it
+  // without the lock while it is ecclSuccess (asyncErrorWithoutLock).
+  std::atomic<ecclResult_t> asyncError_ ECCL_GUARDED_BY(errorMu_){ecclSuccess};
+  ecclResult_t asyncErrorWithoutLock() const ECCL_TSA(no_thread_safety_analysis) {
+    return asyncError_.load(std::memory_order_acquire);
+  }
   // The ranks disagreed about a call: nothing recovers this communicator.
   bool callMismatch_ ECCL_GUARDED_BY(errorMu_) = false;
   std::string asyncMessage_ ECCL_GUARDED_BY(errorMu_);

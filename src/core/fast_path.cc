@@ -33,7 +33,7 @@ FastPath::FastPath(transport::Device& device, size_t maxBytes, int64_t spinUs, i
       timeoutMs_(timeoutMs) {}
 
 void FastPath::beginOp(uint32_t epoch, uint64_t seq, const transport::CallSignature* signature, Deadline deadline) {
-  if (epoch != epoch_) recent_.clear();
+  if (epoch != epoch_) recentCount_ = 0;
   epoch_ = epoch;
   seq_ = seq;
   signature_ = signature;
@@ -41,19 +41,28 @@ void FastPath::beginOp(uint32_t epoch, uint64_t seq, const transport::CallSignat
   used_ = 0;
   pending_ = 0;
   if (signature) {
-    recent_.emplace_back(seq, *signature);
-    if (recent_.size() > kRecentCalls) recent_.pop_front();
+    recent_[recentNext_] = {seq, *signature};
+    recentNext_ = (recentNext_ + 1) % kRecentCalls;
+    recentCount_ = std::min(recentCount_ + 1, kRecentCalls);
   }
-  std::erase_if(stash_, [&](const Stashed& s) { return stale(s.header); });
+  for (size_t i = stash_.size(); i-- > 0;)
+    if (stale(stash_[i].header)) unstash(i);
   for (const Stashed& s : stash_)
     if (current(s.header) && !agrees(s.member, s.header)) break;
 }
 
 const transport::CallSignature* FastPath::mineOf(uint32_t epoch, uint64_t seq) const {
   if (epoch != epoch_) return nullptr;
-  for (auto it = recent_.rbegin(); it != recent_.rend(); ++it)
-    if (it->first == seq) return &it->second;
+  for (size_t back = 1; back <= recentCount_; ++back) {
+    const auto& [recentSeq, signature] = recent_[(recentNext_ + kRecentCalls - back) % kRecentCalls];
+    if (recentSeq == seq) return &signature;
+  }
   return nullptr;
+}
+
+void FastPath::unstash(size_t i) {
+  spareBuffers_.push_back(std::move(stash_[i].data));
+  stash_.erase(stash_.begin() + static_cast<std::ptrdiff_t>(i));
 }
 
 bool FastPath::agrees(MemberId member, const FastChannel::Header& h) {
@@ -130,10 +139,11 @@ RequestPtr FastPath::send(FastChannel* channel, MemberId member, int rank, uint3
 RequestPtr FastPath::recv(FastChannel* channel, MemberId member, int rank, uint32_t tag, void* buf, size_t bytes) {
   Op& op = newOp(channel, member, rank, tag, bytes, /*isSend=*/false);
   op.into = buf;
-  for (auto it = stash_.begin(); it != stash_.end(); ++it) {
-    if (it->member != member || !current(it->header) || it->header.tag != tag) continue;
-    deliver(op, it->header, it->data.data());
-    stash_.erase(it);
+  for (size_t i = 0; i < stash_.size(); ++i) {
+    const Stashed& s = stash_[i];
+    if (s.member != member || !current(s.header) || s.header.tag != tag) continue;
+    deliver(op, s.header, s.data.data());
+    unstash(i);
     break;
   }
   return handle(op);
@@ -187,6 +197,11 @@ void FastPath::drain(FastChannel& channel, MemberId member) {
       } else {
         if (current(h)) agrees(member, h);
         Stashed s{member, h, {}};
+        if (!spareBuffers_.empty()) {
+          s.data = std::move(spareBuffers_.back());
+          spareBuffers_.pop_back();
+        }
+        s.data.clear();
         if (h.bytes <= FastChannel::kPayloadBytes) s.data.assign(m->data, m->data + h.bytes);
         stash_.push_back(std::move(s));
       }
@@ -221,7 +236,7 @@ void FastPath::progress() {
 
 void FastPath::wait(const RequestPtr& r) {
   Op& op = *ops_.at(r->fastIndex - 1);
-  const auto started = Clock::now();
+  Clock::time_point started{};  // read at the first look: most waits end before it
   Deadline deadline = deadline_;
   bool probed = false;
   for (unsigned spin = 1; op.request.state.load(std::memory_order_relaxed) == Request::kPending; ++spin) {
@@ -247,6 +262,7 @@ void FastPath::wait(const RequestPtr& r) {
       }
     }
     const auto now = Clock::now();
+    if (started == Clock::time_point{}) started = now;
     if (now >= deadline) {
       if (!probed && device_.answersAtDeadline(op.member, seq_, op.isSend)) {
         probed = true;

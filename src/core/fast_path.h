@@ -17,8 +17,8 @@
 // Used only by the holder of the caller role (one thread at a time).
 #pragma once
 
+#include <array>
 #include <cstdint>
-#include <deque>
 #include <map>
 #include <memory>
 #include <vector>
@@ -108,10 +108,15 @@ class FastPath {
   std::vector<std::unique_ptr<Op>> ops_;  // reused op to op; this op's are [0, used_)
   size_t used_ = 0;
   size_t pending_ = 0;  // of those, not complete
-  std::deque<Stashed> stash_;
-  // This member's recent calls of this view, by op.
+  // Early messages in arrival order; their buffers are reused, not freed.
+  std::vector<Stashed> stash_;
+  std::vector<std::vector<uint8_t>> spareBuffers_;
+  void unstash(size_t i);
+  // This member's recent calls of this view, by op: a ring, newest at
+  // recentNext_ - 1 (no allocation per op).
   static constexpr size_t kRecentCalls = 64;
-  std::deque<std::pair<uint64_t, transport::CallSignature>> recent_;
+  std::array<std::pair<uint64_t, transport::CallSignature>, kRecentCalls> recent_{};
+  size_t recentNext_ = 0, recentCount_ = 0;
   Counters counters_;
 };
 

@@ -5,6 +5,8 @@
 // exchanging garbage of the same byte count.
 #pragma once
 
+#include <algorithm>
+#include <array>
 #include <cstdint>
 #include <iterator>
 #include <map>
@@ -68,9 +70,16 @@ class SignatureBook {
   };
   // This rank starts collective `seq` of `epoch`.
   std::optional<Mismatch> local(uint32_t epoch, uint64_t seq, const CallSignature& mine) {
-    mine_[{epoch, seq}] = mine;
-    while (mine_.size() > kHistory) mine_.erase(mine_.begin());
+    if (Entry* same = find(epoch, seq)) {
+      same->signature = mine;
+    } else {
+      // Calls start in (epoch, seq) order: the oldest entry is the next slot.
+      mine_[next_] = Entry{true, epoch, seq, mine};
+      next_ = (next_ + 1) % kHistory;
+      newest_ = std::max(newest_, std::make_pair(epoch, seq));
+    }
     std::optional<Mismatch> found;
+    if (early_.empty()) return found;
     for (auto it = early_.lower_bound({epoch, seq, PeerId{}}); it != early_.end();) {
       auto& [e, s, peer] = it->first;
       if (e != epoch || s != seq) break;
@@ -81,12 +90,11 @@ class SignatureBook {
   }
   // A peer's first frame of a message of collective `seq` of `epoch`.
   std::optional<Mismatch> remote(uint32_t epoch, uint64_t seq, PeerId from, const CallSignature& theirs) {
-    auto it = mine_.find({epoch, seq});
-    if (it != mine_.end()) {
-      if (signaturesAgree(it->second, theirs)) return std::nullopt;
-      return Mismatch{from, seq, it->second, theirs};
+    if (const Entry* e = find(epoch, seq)) {
+      if (signaturesAgree(e->signature, theirs)) return std::nullopt;
+      return Mismatch{from, seq, e->signature, theirs};
     }
-    if (mine_.empty() || std::make_pair(epoch, seq) > mine_.rbegin()->first) {
+    if (std::make_pair(epoch, seq) > newest_) {
       early_.try_emplace({epoch, seq, from}, theirs);
       if (early_.size() > kEarlyLimit) early_.erase(std::prev(early_.end()));
     }
@@ -94,28 +102,48 @@ class SignatureBook {
   }
   // This rank's signature of a recent collective, if it has started it.
   std::optional<CallSignature> mine(uint32_t epoch, uint64_t seq) const {
-    auto it = mine_.find({epoch, seq});
-    if (it == mine_.end()) return std::nullopt;
-    return it->second;
+    if (const Entry* e = find(epoch, seq)) return e->signature;
+    return std::nullopt;
   }
   // This rank's recent collectives of `epoch`, oldest first (what a goodbye
   // carries, so a peer still in one of them can name a disagreement).
   std::vector<std::pair<uint64_t, CallSignature>> recent(uint32_t epoch) const {
     std::vector<std::pair<uint64_t, CallSignature>> out;
-    for (auto it = mine_.lower_bound({epoch, 0}); it != mine_.end() && it->first.first == epoch; ++it)
-      out.emplace_back(it->first.second, it->second);
+    for (size_t i = 0; i < kHistory; ++i) {  // from the oldest slot on
+      const Entry& e = mine_[(next_ + i) % kHistory];
+      if (e.used && e.epoch == epoch) out.emplace_back(e.seq, e.signature);
+    }
     return out;
   }
   // Forgets everything before `epoch` (a new view).
   void beginEpoch(uint32_t epoch) {
-    std::erase_if(mine_, [&](auto& kv) { return kv.first.first < epoch; });
+    for (Entry& e : mine_)
+      if (e.epoch < epoch) e.used = false;
     std::erase_if(early_, [&](auto& kv) { return std::get<0>(kv.first) < epoch; });
   }
 
  private:
   static constexpr size_t kHistory = 16;
   static constexpr size_t kEarlyLimit = 4096;  // a peer that runs far ahead is checked by others
-  std::map<std::pair<uint32_t, uint64_t>, CallSignature> mine_;
+  struct Entry {
+    bool used = false;
+    uint32_t epoch = 0;
+    uint64_t seq = 0;
+    CallSignature signature;
+  };
+  template <typename Self>
+  static auto* findIn(Self& self, uint32_t epoch, uint64_t seq) {
+    for (auto& e : self.mine_)
+      if (e.used && e.seq == seq && e.epoch == epoch) return &e;
+    return static_cast<decltype(&self.mine_[0])>(nullptr);
+  }
+  Entry* find(uint32_t epoch, uint64_t seq) { return findIn(*this, epoch, seq); }
+  const Entry* find(uint32_t epoch, uint64_t seq) const { return findIn(*this, epoch, seq); }
+
+  // The last kHistory calls, a ring: no allocation per call.
+  std::array<Entry, kHistory> mine_{};
+  size_t next_ = 0;
+  std::pair<uint32_t, uint64_t> newest_{0, 0};
   std::map<std::tuple<uint32_t, uint64_t, PeerId>, CallSignature> early_;
 };
 

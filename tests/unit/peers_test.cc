@@ -89,6 +89,12 @@ TEST(LatencyPeers, RecursiveDoublingPartnersMirrorTheAlgorithm) {
   EXPECT_FALSE(doublingNeedsOnlyLatencyPeers(64));
 }
 
+// The binomial broadcast and reduce and the doubling allgather have no
+// mirror: the communicator takes them only where every pair is connected.
+TEST(LatencyPeers, EveryPairIsConnectedUpToFourRanks) {
+  for (int n = 1; n <= 40; ++n) EXPECT_EQ(everyPairIsALatencyPeer(n), n <= 4) << n;
+}
+
 // Replacing rank v touches exactly the ranks that list v: at most five
 // connections at any size, the same at 8 ranks as at 4096.
 TEST(LatencyPeers, ReplacingOneRankTouchesAtMostFiveOthersAtAnySize) {

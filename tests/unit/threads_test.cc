@@ -121,9 +121,17 @@ TEST(Refusal, ARankThatRefusesItsPartIsNamedEverywhereAndTheNextCallsMatch) {
     check(0, "allreduce with overlapping buffers",
           rank == 0 ? ecclAllReduce(b, b + 1, count, ecclFloat32, ecclSum, comm, nullptr)
                     : ecclAllReduce(b, out.data(), count, ecclFloat32, ecclSum, comm, nullptr));
+    // At up to 4 ranks a 1 KiB broadcast takes a binomial tree from root 0:
+    // a rank whose ancestors do not include the refuser gets its data and
+    // may finish before the word comes, as the root may.
+    auto hearsFromRefuser = [](int v, int refuser) {
+      for (; v != 0; v &= v - 1)  // parent: the lowest set bit cleared
+        if ((v & (v - 1)) == refuser) return true;
+      return false;
+    };
     check(1, "broadcast with a NULL receive buffer off the root",
-          ecclBroadcast(b, rank == 1 % n ? nullptr : out.data(), count, ecclFloat32, 0, comm, nullptr), rank == 0,
-          true);
+          ecclBroadcast(b, rank == 1 % n ? nullptr : out.data(), count, ecclFloat32, 0, comm, nullptr),
+          rank == 0 || !hearsFromRefuser(rank, 1 % n), true);
     check(2, "reduce with an invalid op",
           ecclReduce(b, out.data(), count, ecclFloat32, rank == 2 % n ? ecclRedOp_t(99) : ecclSum, 0, comm,
                      nullptr),
@@ -187,6 +195,43 @@ TEST(Refusal, APartDoneBeforeTheWordCameFailsTheNextCallEverywhere) {
     EXPECT_EQ(one[0], 3.0f);
   });
   unsetenv("ECCL_TIMEOUT_MS");
+}
+
+// Up to 4 KiB at 3 and 4 ranks broadcast and reduce take binomial trees
+// and allgather (4 ranks) recursive doubling; above, the chains and the
+// ring. Every root, both sides of the bound, in place and out of place.
+TEST_P(Threads, LatencyTreesAtEveryRootMatchTheChains) {
+  setenv("ECCL_SOCKET_IFNAME", "lo", 1);
+  runThreads(GetParam(), [](int rank, ecclComm_t comm) {
+    int n = 0;
+    ASSERT_EQ(ecclCommCount(comm, &n), ecclSuccess);
+    for (size_t count : {size_t(1), size_t(5), size_t(1024 / 2), size_t(1024), size_t(1025), size_t(3000)}) {
+      for (bool inPlace : {false, true}) {
+        const std::string where = " count " + std::to_string(count) + (inPlace ? " in place" : "") + " rank " +
+                                  std::to_string(rank) + " of " + std::to_string(n);
+        for (int root = 0; root < n; ++root) {
+          std::vector<int32_t> buf(count), in(count);
+          for (size_t i = 0; i < count; ++i) buf[i] = rank == root ? int32_t(i * 7 + root) : -1;
+          ASSERT_EQ(ecclBroadcast(buf.data(), buf.data(), count, ecclInt32, root, comm, nullptr), ecclSuccess) << where;
+          for (size_t i = 0; i < count; ++i) ASSERT_EQ(buf[i], int32_t(i * 7 + root)) << "broadcast root " << root << where;
+          for (size_t i = 0; i < count; ++i) in[i] = int32_t(i + 1000 * rank);
+          std::vector<int32_t> out(count, -5);
+          int32_t* dst = inPlace ? in.data() : out.data();
+          ASSERT_EQ(ecclReduce(in.data(), dst, count, ecclInt32, ecclSum, root, comm, nullptr), ecclSuccess) << where;
+          if (rank == root)
+            for (size_t i = 0; i < count; ++i)
+              ASSERT_EQ(dst[i], int32_t(n * i + 1000 * (n * (n - 1) / 2))) << "reduce root " << root << where;
+        }
+        std::vector<int32_t> all(count * n, -3);
+        for (size_t i = 0; i < count; ++i) all[rank * count + i] = int32_t(i * 11 + rank);
+        std::vector<int32_t> mine(all.begin() + rank * count, all.begin() + (rank + 1) * count);
+        const int32_t* src = inPlace ? all.data() + rank * count : mine.data();
+        ASSERT_EQ(ecclAllGather(src, all.data(), count, ecclInt32, comm, nullptr), ecclSuccess) << where;
+        for (int r = 0; r < n; ++r)
+          for (size_t i = 0; i < count; ++i) ASSERT_EQ(all[r * count + i], int32_t(i * 11 + r)) << "allgather from " << r << where;
+      }
+    }
+  });
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, Threads, ::testing::Values(1, 2, 3, 4));

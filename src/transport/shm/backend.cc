@@ -20,7 +20,7 @@
 namespace eccl::transport::shm {
 namespace {
 
-constexpr uint64_t kSegmentMagic = 0x4d48534c43434347ull;  // "ECCLSHM" + version 3 (the fast slots)
+constexpr uint64_t kSegmentMagic = 0x4d48534c43434348ull;  // "ECCLSHM" + version 4 (payload in the slot header's line)
 
 struct SegmentAnnouncement {
   uint64_t magic;
