@@ -78,12 +78,11 @@ const std::vector<Param>& all() {
        "Shared memory: a collective's messages of at most this many bytes (4096 at most) go through slots "
        "beside the lane, polled by the receiver, instead of as frames through the ring and the device: the "
        "latency of small collectives. 0: every message takes the ring."},
-      {"ECCL_SHM_ZERO_COPY_BYTES", "int", "0",
+      {"ECCL_SHM_ZERO_COPY_BYTES", "int", "262144",
        "Shared memory: chunks of at least this many bytes are copied once, by the sender straight into the "
        "receiver's buffer (process_vm_writev, where the kernel allows one process to write into the other: same "
        "user, no seccomp or Yama rule against it; tried once per lane), instead of into the ring and out of it. "
-       "0 (the default: on this project's 2-core machine it was no faster than the ring, where both processes "
-       "copy at once): always through the ring."},
+       "0: always through the ring."},
       {"ECCL_IB_HCA", "string", "",
        "ibverbs back end: the RDMA device to use, a name with an optional :port (mlx5_0:1); empty: the first "
        "device with an ACTIVE port."},
