@@ -112,6 +112,20 @@ constexpr size_t kTreeSegmentBytes = 64 << 10;
 // (recursive doubling, all-to-all and send/recv pairs open lazily), so
 // replacing one rank opens and closes O(1) connections.
 std::vector<int> latencyPeers(int r, int n);
+// Recursive doubling's ranks at n: p is the largest power of two <= n; of
+// the first 2 * extra ranks, each even one folds its data into its odd
+// neighbour and waits; the rest take virtual ranks 0..p-1 and exchange.
+struct DoublingLayout {
+  explicit DoublingLayout(int n) {
+    while (p * 2 <= n) p *= 2;
+    extra = n - p;
+  }
+  int p = 1, extra = 0;
+  bool pairedBelowExtra(int r) const { return r < 2 * extra; }
+  bool folded(int r) const { return pairedBelowExtra(r) && r % 2 == 0; }
+  int virtualRank(int r) const { return pairedBelowExtra(r) ? r / 2 : r - extra; }
+  int realRank(int v) const { return v < extra ? 2 * v + 1 : v + extra; }
+};
 // The ranks allreduceRecursiveDoubling has rank r of n exchange with.
 std::vector<int> recursiveDoublingPartners(int r, int n);
 // Whether recursive doubling at n ranks uses only latencyPeers, so it

@@ -27,16 +27,11 @@ std::vector<int> latencyPeers(int r, int n) {
 std::vector<int> recursiveDoublingPartners(int r, int n) {
   std::vector<int> partners;
   if (n <= 1) return partners;
-  int p = 1;
-  while (p * 2 <= n) p *= 2;
-  const int extra = n - p;
-  if (r < 2 * extra && r % 2 == 0) return {r + 1};
-  int virtualRank = r < 2 * extra ? r / 2 : r - extra;
-  if (r < 2 * extra) partners.push_back(r - 1);
-  for (int mask = 1; mask < p; mask <<= 1) {
-    const int v = virtualRank ^ mask;
-    partners.push_back(v < extra ? 2 * v + 1 : v + extra);
-  }
+  const DoublingLayout layout(n);
+  if (layout.folded(r)) return {r + 1};
+  if (layout.pairedBelowExtra(r)) partners.push_back(r - 1);
+  for (int mask = 1; mask < layout.p; mask <<= 1)
+    partners.push_back(layout.realRank(layout.virtualRank(r) ^ mask));
   std::sort(partners.begin(), partners.end());
   return partners;
 }

@@ -622,8 +622,7 @@ void Communicator::broadcast(const void* in, void* out, size_t count, ecclDataTy
       coll::broadcastBinomial(links, in, out, bytes, root);
     else
       coll::broadcastChain(links, in, out, bytes, root);
-  }, out,
-                bytes);
+  }, out, bytes);
 }
 
 void Communicator::reduce(const void* in, void* out, size_t count, ecclDataType_t type, ecclRedOp_t op, int root) {
@@ -670,8 +669,7 @@ void Communicator::allGather(const void* in, void* out, size_t sendCount, ecclDa
       coll::allGatherDoubling(links, in, out, bytes);
     else
       coll::allGatherRing(links, in, out, bytes);
-  }, out,
-                bytes * size());
+  }, out, bytes * size());
 }
 
 void Communicator::reduceScatter(const void* in, void* out, size_t recvCount, ecclDataType_t type, ecclRedOp_t op) {

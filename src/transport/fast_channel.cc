@@ -29,7 +29,6 @@ struct FastChannel::Slot {
   uint8_t payload[kPayloadBytes];
 };
 
-
 // One line before each direction's slots: the reader's word that it sleeps,
 // and the futex it sleeps on.
 struct FastChannel::Doorbell {

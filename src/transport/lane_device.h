@@ -60,7 +60,6 @@ class ThreadWakeFd {
 inline thread_local ThreadWakeFd t_wakeFd;
 inline int threadWakeFd() { return t_wakeFd.peek(); }
 
-
 constexpr size_t kReadBudgetPerEvent = 8 << 20;  // fairness between sockets
 constexpr size_t kRxBufferBytes = 32 << 10;
 constexpr size_t kDirectReadBytes = 8 << 10;  // payloads this large skip the receive buffer

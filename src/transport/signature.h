@@ -70,8 +70,8 @@ class SignatureBook {
   };
   // This rank starts collective `seq` of `epoch`.
   std::optional<Mismatch> local(uint32_t epoch, uint64_t seq, const CallSignature& mine) {
-    if (Entry* same = find(epoch, seq)) {
-      same->signature = mine;
+    if (size_t i = indexOf(epoch, seq); i < kHistory) {
+      mine_[i].signature = mine;
     } else {
       // Calls start in (epoch, seq) order: the oldest entry is the next slot.
       mine_[next_] = Entry{true, epoch, seq, mine};
@@ -90,9 +90,9 @@ class SignatureBook {
   }
   // A peer's first frame of a message of collective `seq` of `epoch`.
   std::optional<Mismatch> remote(uint32_t epoch, uint64_t seq, PeerId from, const CallSignature& theirs) {
-    if (const Entry* e = find(epoch, seq)) {
-      if (signaturesAgree(e->signature, theirs)) return std::nullopt;
-      return Mismatch{from, seq, e->signature, theirs};
+    if (size_t i = indexOf(epoch, seq); i < kHistory) {
+      if (signaturesAgree(mine_[i].signature, theirs)) return std::nullopt;
+      return Mismatch{from, seq, mine_[i].signature, theirs};
     }
     if (std::make_pair(epoch, seq) > newest_) {
       early_.try_emplace({epoch, seq, from}, theirs);
@@ -102,7 +102,7 @@ class SignatureBook {
   }
   // This rank's signature of a recent collective, if it has started it.
   std::optional<CallSignature> mine(uint32_t epoch, uint64_t seq) const {
-    if (const Entry* e = find(epoch, seq)) return e->signature;
+    if (size_t i = indexOf(epoch, seq); i < kHistory) return mine_[i].signature;
     return std::nullopt;
   }
   // This rank's recent collectives of `epoch`, oldest first (what a goodbye
@@ -131,14 +131,12 @@ class SignatureBook {
     uint64_t seq = 0;
     CallSignature signature;
   };
-  template <typename Self>
-  static auto* findIn(Self& self, uint32_t epoch, uint64_t seq) {
-    for (auto& e : self.mine_)
-      if (e.used && e.seq == seq && e.epoch == epoch) return &e;
-    return static_cast<decltype(&self.mine_[0])>(nullptr);
+  // Where (epoch, seq) is in the ring; kHistory when it is not.
+  size_t indexOf(uint32_t epoch, uint64_t seq) const {
+    for (size_t i = 0; i < kHistory; ++i)
+      if (mine_[i].used && mine_[i].seq == seq && mine_[i].epoch == epoch) return i;
+    return kHistory;
   }
-  Entry* find(uint32_t epoch, uint64_t seq) { return findIn(*this, epoch, seq); }
-  const Entry* find(uint32_t epoch, uint64_t seq) const { return findIn(*this, epoch, seq); }
 
   // The last kHistory calls, a ring: no allocation per call.
   std::array<Entry, kHistory> mine_{};
