@@ -468,8 +468,9 @@ typedef struct {
   size_t maxInFlightBytes; /* replication bytes posted at once; 0:
                               ECCL_SNAPSHOT_INFLIGHT_BYTES (default 8 MiB) */
 } ecclSnapshotConfig_t;
-/* Collective over the view (config NULL: the defaults); a replacement that
- * came as a standby calls it once promoted, before ecclSnapshotRestore.
+/* Collective over the view (config NULL: the defaults); a replacement or a
+ * rank the view grew by (both come as standbys) calls it once promoted,
+ * before ecclSnapshotRestore.
  * Called again after the view shrank (a recovery with no standby), it
  * starts the snapshots over on the survivors: every copy, own and held,
  * is dropped (read a departed rank's shards with ecclSnapshotGetHeld
@@ -514,7 +515,8 @@ ecclResult_t ecclSnapshotListHeld(ecclComm_t comm, ecclSnapshotHeldEntry_t* entr
 ecclResult_t ecclSnapshotGetHeld(ecclComm_t comm, int owner, const char* name, void* buff, size_t bytes,
                                  int64_t* version);
 /* Collective over the view after it changed (ecclCommRecover, a
- * replacement promoted): the ranks agree on the newest committed version
+ * replacement promoted, a grow: the ranks it added start empty, the others
+ * keep their numbers and copies): the ranks agree on the newest committed version
  * (*version), a replacement fetches its rank's shards from the survivors'
  * memory, and replication resumes. ecclRemoteError names the ranks whose
  * shards lost every replica (the rest is restored). */

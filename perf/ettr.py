@@ -31,7 +31,14 @@ contender:
            the dead stage, rebuilds its blocks from the snapshots while its
            neighbours replay their logs, and only it recomputes (MoEtion's
            localized recovery); where a log it needs died too, every stage
-           goes back to a full in-memory snapshot (counted as a rollback).
+           goes back to a full in-memory snapshot (counted as a rollback);
+  moe-replace, moe-shrink
+           the MoE model of python/examples/moe_elastic.py, expert parallel
+           with uneven replicas through torch_eccl.moe (perf/ettr_moe.py), at
+           a fixed global batch: replace as above (the newcomer gets its
+           experts from their surviving replicas); shrink re-places the
+           experts for the survivors, moving weights and Adam state from
+           surviving replicas (Lazarus), and grows back as shrink does.
 
 Faults (--fault): kill (SIGKILL one rank), stop (SIGSTOP one rank: a hung
 process, SIGKILLed --stop-kill-s later as a watchdog would), host (SIGKILL
@@ -77,7 +84,8 @@ ROOT = os.path.dirname(HERE)
 TRAIN = os.path.join(HERE, "ettr_train.py")
 TORCHFT = os.path.join(HERE, "ettr_torchft.py")
 PIPELINE = os.path.join(HERE, "ettr_pipeline.py")
-CONTENDERS = ("restart", "torchft", "replace", "shrink", "pipeline")
+MOE = os.path.join(HERE, "ettr_moe.py")
+CONTENDERS = ("restart", "torchft", "replace", "shrink", "pipeline", "moe-replace", "moe-shrink")
 PIPELINE_STAGES = 4
 
 
@@ -102,13 +110,16 @@ def command(contender, args, events, ckpt_every, ckpt_dir):
                 *train, *(["--ckpt-dir", ckpt_dir, "--ckpt-every", str(ckpt_every)] if ckpt_every else [])]
     launcher = os.path.join(args.build, "bootstrap", "eccl-run")
     spares = args.host_ranks if args.fault == "host" else 1
-    extra = ["--standby", str(spares), "--refill"] if contender in ("replace", "pipeline") else []
+    extra = ["--standby", str(spares), "--refill"] if contender in ("replace", "pipeline", "moe-replace") else []
     if contender == "pipeline":
         return [launcher, "-np", str(PIPELINE_STAGES), *extra, "--timeout", limit, py, PIPELINE, "--steps",
                 str(steps_of(contender, args)), "--step-ms", str(args.step_ms), "--events", events]
-    if contender == "shrink" and args.repair_steps >= 0:
+    if contender in ("shrink", "moe-shrink") and args.repair_steps >= 0:
         extra = ["--respawn", f"{args.repair_steps * args.step_ms / 1000:.3f}"]
-    if contender in ("shrink", "replace"):
+    if contender.startswith("moe-"):
+        train = [MOE, "--recovery", contender[len("moe-"):], "--steps", str(steps_of(contender, args)), "--step-ms",
+                 str(args.step_ms), "--events", events]
+    if contender in ("shrink", "replace", "moe-shrink", "moe-replace"):
         train += ["--grow-every", str(args.grow_every)]
     return [launcher, "-np", str(args.ranks), *extra, "--timeout", limit, py, *train]
 
@@ -168,9 +179,9 @@ class Injector(threading.Thread):
             newest = max((started[p]["restart"] for p in pids if p in started), default=0)
             pids = {p: r for p, r in pids.items() if started.get(p, {}).get("restart") == newest}
         lost = self.host_ranks if self.fault == "host" else 1
-        if self.contender == "shrink" and len(pids) - lost < 2:
+        if self.contender in ("shrink", "moe-shrink") and len(pids) - lost < 2:
             return {}  # shrink alone cannot come back from fewer than two
-        if self.contender in ("torchft", "replace", "pipeline") and len(pids) - lost < 1:
+        if self.contender in ("torchft", "replace", "pipeline", "moe-replace") and len(pids) - lost < 1:
             return {}  # the state comes from a live rank (replica group)
         return pids
 
@@ -396,7 +407,7 @@ def main():
         # replica groups healing one) with a quarter fewer processes to start
         # than four, which is most of the smoke's time (CI: 258 s at four).
         args.steps, args.step_ms, args.run_timeout, args.ranks = 40, 50, 240, 3
-        args.steps_by, args.repair_steps, args.grow_every = {"shrink": 160, "torchft": 160}, 0, 5
+        args.steps_by, args.repair_steps, args.grow_every = {"shrink": 160, "torchft": 160, "moe-shrink": 160}, 0, 5
     os.makedirs(args.out, exist_ok=True)
     results, baselines = [], {}
     for c in contenders:
@@ -414,6 +425,12 @@ def main():
         ckpt_cost = statistics.median(costs) if costs else 0.05
         print(f"ettr: restart: a checkpoint blocks for {ckpt_cost * 1000:.1f} ms (median of {len(costs)} saves; "
               f"{cal['step_s'] * 1000:.1f} ms/step saving every 5)", flush=True)
+    def save():
+        with open(os.path.join(args.out, "ettr.json"), "w") as f:
+            json.dump({"baselines": baselines, "runs": results, "checkpoint_cost_s": ckpt_cost,
+                       "steps": args.steps, "step_ms": args.step_ms, "ranks": args.ranks}, f, indent=1)
+
+    save()
     mtbfs = [None] if args.smoke else [int(m) for m in args.mtbf.split(",")]
     seeds = [0] if args.smoke else range(args.seeds)
     for mtbf in mtbfs:
@@ -426,15 +443,13 @@ def main():
                               at_step=15 if args.smoke else None, ckpt_every=every)
                 r = check(analyse(job, t_ff), baselines[c])
                 r.update(mtbf=mtbf, seed=seed)
-                if args.smoke and c == "shrink" and r.get("ok") and r["world_end"] != args.ranks:
+                if args.smoke and c in ("shrink", "moe-shrink") and r.get("ok") and r["world_end"] != args.ranks:
                     r.update(ok=False, ettr=0.0, why=f"ended with {r['world_end']} ranks: it never grew back")
                 if args.smoke and c == "pipeline" and args.fault == "host" and r.get("ok") and not r["rollbacks"]:
                     r.update(ok=False, ettr=0.0, why="two adjacent stages died and no stage rolled back")
                 results.append(r)
                 print(line(r), flush=True)
-    with open(os.path.join(args.out, "ettr.json"), "w") as f:
-        json.dump({"baselines": baselines, "runs": results, "checkpoint_cost_s": ckpt_cost,
-                   "steps": args.steps, "step_ms": args.step_ms, "ranks": args.ranks}, f, indent=1)
+                save()  # after every run: an interrupted table keeps what it measured
     if not args.smoke:
         summary(results, contenders, mtbfs, args.out)
     bad = [r for r in results if not r.get("ok")]
@@ -465,14 +480,14 @@ def pyplot(who: str):
 
 
 def summary(results, contenders, mtbfs, out):
-    print(f"\n{'contender':>10} {'MTBF':>6} {'runs':>4} {'failures':>8} {'ETTR':>6} {'min':>6} {'max':>6}")
+    print(f"\n{'contender':>11} {'MTBF':>6} {'runs':>4} {'failures':>8} {'ETTR':>6} {'min':>6} {'max':>6}")
     medians = {}
     for c in contenders:
         for m in mtbfs:
             rs = [r for r in results if r["contender"] == c and r["mtbf"] == m]
             e = [r.get("ettr", 0.0) for r in rs]
             medians[(c, m)] = statistics.median(e)
-            print(f"{c:>10} {m:>6} {len(rs):>4} {statistics.median([r['failures'] for r in rs]):>8} "
+            print(f"{c:>11} {m:>6} {len(rs):>4} {statistics.median([r['failures'] for r in rs]):>8} "
                   f"{medians[(c, m)]:>6.3f} {min(e):>6.3f} {max(e):>6.3f}")
     plt = pyplot("ettr")
     if not plt:

@@ -21,7 +21,9 @@ first-order models then give ETTR at any N:
            restarted on a spare node and heals from a peer);
   pipeline as replace: a standby takes the failed stage, and R includes its
            recomputation from its snapshots and its neighbours' logs (the
-           other stages wait for it).
+           other stages wait for it);
+  moe-replace, moe-shrink  as replace and shrink, R including the experts'
+           move (the MoE model, expert parallel with uneven replicas).
 
 D, R and W come from the measured runs at 4 ranks. Restart's R there is a
 cold start of 4 local processes; at scale it also pays scheduling, NCCL
@@ -95,7 +97,7 @@ def project(contender, gpus, args, costs, ckpt_cost_s):
         waste = ckpt_cost_s / tau + (restart + tau / 2) / m
         return max(0.0, 1 - waste), max(0.0, 1 - waste), 0
     waste = (c["stop_s"] + c["redo_s"] + (c["slow_s"] if args.with_slowdown else 0.0)) / m
-    if contender in ("replace", "pipeline"):
+    if contender in ("replace", "pipeline", "moe-replace"):
         standbys = args.failure_gpus * max(1, poisson_quantile(args.refill_s / m, 1 - 1e-3))
         ettr = max(0.0, 1 - waste)
         return ettr, ettr * gpus / (gpus + standbys), standbys
@@ -139,7 +141,7 @@ def main():
         sys.exit(f"ettr_project: {args.measured} has no successful run with a failure")
     print("per failure, measured (median over runs):")
     for c, v in costs.items():
-        print(f"  {c:>8}: detection+recovery {v['stop_s'] * 1000:8.1f} ms, recomputed {v['redo_s'] * 1000:8.1f} ms, "
+        print(f"  {c:>11}: detection+recovery {v['stop_s'] * 1000:8.1f} ms, recomputed {v['redo_s'] * 1000:8.1f} ms, "
               f"steps slower by {v['other_s'] * 1000:8.1f} ms ({v['runs']} runs)")
     print(f"  checkpoint: {ckpt_cost_s * 1000:.1f} ms blocking per save")
     print("\nthe model against the measured runs:")
@@ -159,12 +161,12 @@ def main():
     print(f"\nprojected (per-GPU MTBF {args.gpu_mtbf_h:,.0f} h, restart {args.restart_s:.0f} s, "
           f"refill {args.refill_s:.0f} s, repair {args.repair_s:.0f} s, {args.failure_gpus} GPUs per failure, "
           f"{args.replica_gpus} per replica):")
-    print(f"{'contender':>10} {'GPUs':>6} {'job MTBF':>9} {'ETTR':>6} {'GPU eff':>8} {'standbys':>8}")
+    print(f"{'contender':>11} {'GPUs':>6} {'job MTBF':>9} {'ETTR':>6} {'GPU eff':>8} {'standbys':>8}")
     for c in costs:
         for g in gpus:
             ettr, eff, standbys = project(c, g, args, costs, ckpt_cost_s)
             table.setdefault(c, []).append({"gpus": g, "ettr": ettr, "gpu_efficiency": eff, "standbys": standbys})
-            print(f"{c:>10} {g:>6} {args.gpu_mtbf_h / g:>8.1f}h {ettr:>6.3f} {eff:>8.3f} {standbys:>8}")
+            print(f"{c:>11} {g:>6} {args.gpu_mtbf_h / g:>8.1f}h {ettr:>6.3f} {eff:>8.3f} {standbys:>8}")
     if missed:
         sys.exit(1)
     if not args.out:

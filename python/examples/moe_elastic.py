@@ -64,6 +64,12 @@ def configure(experts: int, min_replicas: int) -> None:
     SLOTS = max(12 if min_replicas > 1 else 0, -(-experts * MIN_REPLICAS // 3) + 1)
 
 
+def replicas_for(load, world: int) -> list[int]:
+    """Replicas per expert for `world` ranks: MIN_REPLICAS each where the
+    slots allow it (at two ranks of four they hold one copy each)."""
+    return moe.allocate_replicas(load, world, SLOTS, max(1, min(MIN_REPLICAS, world * SLOTS // EXPERTS)))
+
+
 class Dense(torch.nn.Module):
     """The replicated part: embedding, causal attention, norms, routers, head."""
 
@@ -201,10 +207,16 @@ class Trainer:
         return moe.table_from_placement(self.placement, EXPERTS)
 
     # --- one step ------------------------------------------------------
+    def data(self):
+        """This rank's sequences and the loss's scale (the ranks' losses are
+        averaged): after a shrink each survivor keeps its own stream."""
+        x, y = batch(self.step, self.ident if self.shrunk else dist.get_rank())
+        return x, y, 1.0
+
     def train_step(self):
-        rank, world = dist.get_rank(), dist.get_world_size()
+        world = dist.get_world_size()
         table = self.table()
-        x, y = batch(self.step, self.ident if self.shrunk else rank)
+        x, y, scale = self.data()
         params = {e: [t.detach().requires_grad_(True) for t in ts[:len(ts) // 3]] for e, ts in self.experts.items()}
         h = self.dense.embed(x) + self.dense.pos
         mask = torch.triu(torch.ones(SEQ, SEQ, dtype=torch.bool), 1)
@@ -220,7 +232,7 @@ class Trainer:
             inputs, handle = moe.dispatch(f, ids, table)
             outs = [expert_forward(params[e], layer, rows) for e, rows in zip(handle.local_experts, inputs)]
             h = h + moe.combine(outs, w, handle).reshape(h.shape)
-        loss = F.cross_entropy(self.dense.head(h).reshape(-1, VOCAB), y.reshape(-1))
+        loss = F.cross_entropy(self.dense.head(h).reshape(-1, VOCAB), y.reshape(-1)) * scale
         for p in self.dense.parameters():
             p.grad = None
         loss.backward()
@@ -296,8 +308,7 @@ class Trainer:
             rebalance = (every_k > 0 and target_step % every_k == 0 and 0 < target_step < last_step
                          and self.rebalanced_at != target_step)
             if rebalance or world != len(self.placement):
-                reps = moe.allocate_replicas(self.load.tolist(), world, SLOTS, MIN_REPLICAS)
-                target = moe.place(reps, world, SLOTS)
+                target = moe.place(replicas_for(self.load.tolist(), world), world, SLOTS)
             else:
                 target = self.placement
             # A newcomer in a rank's place counts as holding that rank's
@@ -318,6 +329,8 @@ class Trainer:
                 transfers = copies_to(current, placement)
             if lost:  # every rank stops with the same message
                 placement = f"experts {lost} lost every replica and every snapshot copy"
+            # A newcomer (a standby in a rank's place, or one the view grew
+            # by) restores the copies; a view that shrank starts them over.
             view = "restore" if newcomers else "over" if world != len(self.placement) else None
             decision = [(placement, transfers, target_step, self.losses, rebalance, from_snapshot, view)]
         dist.broadcast_object_list(decision, src=src)
@@ -390,8 +403,7 @@ def main():
         print(f"rank {rank}: joined at epoch {torch_eccl.stats()['epoch']}; receiving the state", flush=True)
     else:
         world = dist.get_world_size()
-        reps = moe.allocate_replicas([1.0] * EXPERTS, world, SLOTS, MIN_REPLICAS)
-        trainer.fresh_experts(moe.place(reps, world, SLOTS))
+        trainer.fresh_experts(moe.place(replicas_for([1.0] * EXPERTS, world), world, SLOTS))
         trainer.start_snapshots("first")
     need_sync, failed_at, recoveries = joined, None, []
     while True:

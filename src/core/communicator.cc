@@ -281,6 +281,16 @@ void Communicator::recover(ecclRecoverPolicy_t policy) {
   membership::ViewUpdate v = client_->awaitView(deadlineAfterMs(timeoutMs_), fmt::format("ecclCommRecover (rank {})", rank_));
   auto agreed = Clock::now();
   uint32_t oldEpoch = view_.epoch;
+  if (v.epoch == oldEpoch) {
+    // Nobody failed and this member saw no failure (the caller's error was
+    // its own): the peers' calls go on in this epoch, so this member's
+    // sequence must not start over, or its next call waits for theirs.
+    MutexLock lock(errorMu_);
+    if (asyncError_ == ecclSuccess) {
+      log::info("ecclCommRecover (rank {}): nothing failed; epoch {} goes on", rank_, oldEpoch);
+      return;
+    }
+  }
   migration_->reset();  // a preparation the failure aborted is over
   // A member of the new view may be gone already: the view stands, revoked,
   // and the error tells the caller to recover again from it.

@@ -31,10 +31,14 @@ int64_t Snapshots::restore() {
   stopEngine();
   const int oldSize = size_;
   std::vector<RankInfo> infos = gatherInfo(comm_, replicas, fresh, committed, generation, hostKey_);
-  if (!fresh && oldSize != comm_.size())
+  // A grow keeps every rank's number and adds fresh ranks at the end: the
+  // copies still belong to the ranks they name. A shrink renumbers.
+  bool grewByNewcomers = comm_.size() > oldSize;
+  for (int r = oldSize; r < comm_.size() && grewByNewcomers; ++r) grewByNewcomers = infos[static_cast<size_t>(r)].fresh;
+  if (!fresh && oldSize != comm_.size() && !grewByNewcomers)
     fail(ecclInvalidUsage,
          "ecclSnapshotRestore: the view has {} ranks and the snapshots {}; snapshots follow ranks, so a view "
-         "that shrank or grew cannot restore them",
+         "that shrank cannot restore them (call ecclSnapshotConfigure to start over)",
          comm_.size(), oldSize);
   adoptView(infos, "ecclSnapshotRestore");
 

@@ -112,6 +112,28 @@ TEST_F(Elastic, ShrinkRenumbersDenselyAndReplaceWithoutStandbyIsAClearError) {
   expectOnlyVictimsDied(outcomes, {victim});
 }
 
+// A rank whose own code failed (not a peer) may call recover like one that
+// saw a failure: nothing failed, so its calls must go on in the same epoch
+// with the ranks that never called it, not start their count over.
+TEST_F(Elastic, RecoverWithNothingFailedLeavesTheSequenceAlone) {
+  constexpr int n = 3;
+  ProcessGroup group(n, [&](int index, int, const ecclUniqueId& id) {
+    ecclComm_t comm;
+    RANK_OK(ecclCommInitRank(&comm, n, id, index), nullptr);
+    for (int i = 0; i < 3; ++i) checkAllreduce(comm);
+    if (index != 2) {
+      for (ecclRecoverPolicy_t p : {ecclRecoverShrink, ecclRecoverReplaceOrShrink}) RANK_OK(ecclCommRecover(comm, p), comm);
+    }
+    ecclCommStats_t s = statsOf(comm);
+    RANK_CHECK(s.epoch == 1 && s.reconfigurations == 0 && s.nranks == n,
+               "epoch " + std::to_string(s.epoch) + " after recovering from nothing");
+    for (int i = 0; i < 3; ++i) checkAllreduce(comm);
+    RANK_OK(ecclCommDestroy(comm), comm);
+  });
+  auto outcomes = group.wait(std::chrono::seconds(60));
+  expectOnlyVictimsDied(outcomes, {});
+}
+
 // Logs are keyed by rank; a shrink renumbers ranks, so each survivor's
 // records must follow their peer to its new rank, and the records for the
 // member that left must go (nobody can ever be replayed them).

@@ -384,6 +384,63 @@ TEST_F(Snapshot, AfterAShrinkTheHolderReadsTheDepartedRanksShardsAndTheRanksStar
   }
 }
 
+// A grow keeps every rank's number and adds an empty rank at the end: the
+// old ranks restore what they had, the new one owns nothing yet, fetches
+// the copies it now holds (its predecessor's in the larger ring), and its
+// own shards replicate from the next version on.
+TEST_F(Snapshot, AGrownViewRestoresAndItsNewRankHoldsAndReplicates) {
+  constexpr int n = 3;
+  ProcessGroup group(n + 1, [](int index, int, const ecclUniqueId& id) {
+    ecclComm_t comm;
+    if (index == n) {
+      RANK_OK(ecclCommInitStandby(&comm, id, nullptr), nullptr);
+      configure(comm, 1);
+    } else {
+      RANK_OK(ecclCommInitRank(&comm, n, id, index), nullptr);
+      configure(comm, 1);
+      for (int64_t v = 1; v <= 3; ++v) {
+        putVersion(comm, index, v);
+        RANK_OK(ecclSnapshotCommit(comm, v), comm);
+      }
+      RANK_OK(ecclSnapshotWait(comm, 3, 30000), comm);
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the standby registered
+      RANK_OK(ecclCommGrow(comm, 1), comm);
+    }
+    int rank = -1, count = -1;
+    RANK_OK(ecclCommUserRank(comm, &rank), comm);
+    RANK_CHECK(rank == index, "rank " + std::to_string(rank) + " after the grow");
+    int64_t restored = -1;
+    RANK_OK(ecclSnapshotRestore(comm, &restored), comm);
+    RANK_CHECK(restored == 3, "restored version " + std::to_string(restored));
+    if (rank < n) checkDense(comm, rank, 3);
+    const int owner = (rank + n) % (n + 1);
+    RANK_OK(ecclSnapshotListHeld(comm, nullptr, 0, &count), comm);
+    RANK_CHECK(count == (owner < n ? 6 : 0), "rank " + std::to_string(rank) + " holds " + std::to_string(count) +
+                                                 " copies of rank " + std::to_string(owner) + " after the grow");
+    for (int64_t v = 4; v <= 5; ++v) {
+      putVersion(comm, rank, v);
+      RANK_OK(ecclSnapshotCommit(comm, v), comm);
+    }
+    RANK_OK(ecclSnapshotWait(comm, 5, 30000), comm);
+    if (rank < n) checkDense(comm, rank, 5);
+    RANK_OK(ecclSnapshotListHeld(comm, nullptr, 0, &count), comm);
+    RANK_CHECK(count == (owner < n ? kNames : 4), "rank " + std::to_string(rank) + " holds " + std::to_string(count) +
+                                                      " copies of rank " + std::to_string(owner) + " at version 5");
+    for (int k = 0; k < kNames; ++k) {
+      const int64_t from = owner < n ? denseVersion(k, 5, -1) : inVersion(k, 5) ? 5 : inVersion(k, 4) ? 4 : -1;
+      if (from < 0) continue;
+      std::vector<uint8_t> got(bytesOf(owner, k));
+      int64_t version = -1;
+      RANK_OK(ecclSnapshotGetHeld(comm, owner, nameOf(k).c_str(), got.data(), got.size(), &version), comm);
+      RANK_CHECK(version == from && got == contentOf(owner, k, from),
+                 "rank " + std::to_string(owner) + "'s " + nameOf(k) + " differs in its holder's memory");
+    }
+    RANK_OK(ecclCommDestroy(comm), comm);
+  });
+  auto outcomes = group.wait(std::chrono::seconds(90));
+  for (const auto& o : outcomes) EXPECT_TRUE(o.exited && o.exitCode == 0) << describe(outcomes);
+}
+
 TEST_F(Snapshot, PersistAndLoadAcrossAWholeJobRestartAndAPersistKilledMidway) {
   char tmpl[] = "/tmp/eccl-snapshots-XXXXXX";
   ASSERT_NE(mkdtemp(tmpl), nullptr);
