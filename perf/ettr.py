@@ -85,7 +85,9 @@ TRAIN = os.path.join(HERE, "ettr_train.py")
 TORCHFT = os.path.join(HERE, "ettr_torchft.py")
 PIPELINE = os.path.join(HERE, "ettr_pipeline.py")
 MOE = os.path.join(HERE, "ettr_moe.py")
-CONTENDERS = ("restart", "torchft", "replace", "shrink", "pipeline", "moe-replace", "moe-shrink")
+MOE_RESTART = os.path.join(HERE, "ettr_moe_restart.py")
+CONTENDERS = ("restart", "torchft", "replace", "shrink", "pipeline", "moe-restart", "moe-replace", "moe-shrink")
+RESTARTS = ("restart", "moe-restart")  # torchrun restarts every worker; checkpoints
 PIPELINE_STAGES = 4
 
 
@@ -104,7 +106,10 @@ def command(contender, args, events, ckpt_every, ckpt_dir):
         return [py, TORCHFT, "--replicas", str(args.ranks), "--steps", str(steps_of(contender, args)), "--step-ms",
                 str(args.step_ms),
                 "--events", events]
-    if contender == "restart":
+    if contender == "moe-restart":
+        train = [MOE_RESTART, "--steps", str(steps_of(contender, args)), "--step-ms", str(args.step_ms), "--events",
+                 events]
+    if contender in RESTARTS:
         return [py, "-m", "torch.distributed.run", "--nproc-per-node", str(args.ranks), "--max-restarts", "1000",
                 "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--monitor-interval", "0.1",
                 *train, *(["--ckpt-dir", ckpt_dir, "--ckpt-every", str(ckpt_every)] if ckpt_every else [])]
@@ -175,7 +180,7 @@ class Injector(threading.Thread):
             elif e["ev"] == "done":
                 finished.add(e["pid"])
         pids = {p: r for p, r in rank_of.items() if p not in finished and p not in self.stopped and alive(p)}
-        if self.contender == "restart":
+        if self.contender in RESTARTS:
             newest = max((started[p]["restart"] for p in pids if p in started), default=0)
             pids = {p: r for p, r in pids.items() if started.get(p, {}).get("restart") == newest}
         lost = self.host_ranks if self.fault == "host" else 1
@@ -399,7 +404,12 @@ def main():
     ap.add_argument("--smoke", action="store_true",
                     help="one fault per contender at step 15 of 40 (torchft and shrink: of 160, the killed rank "
                          "coming back), at 3 ranks (pipeline: its 4 stages); the check only")
+    ap.add_argument("--from-json", nargs="+", metavar="FILE",
+                    help="no runs: the table and plot (in --out) from earlier runs' ettr.json files, merged (a "
+                         "contender in a later file replaces its runs in earlier ones)")
     args = ap.parse_args()
+    if args.from_json:
+        return summarize_files(args.from_json, args.out)
     contenders = [c for c in args.contenders.split(",") if c]
     args.steps_by = {}  # steps per contender where they differ (the smoke's)
     if args.smoke:
@@ -417,17 +427,19 @@ def main():
         baselines[c] = b
         print(f"ettr: {c}: fault-free {b['steps']} steps in {b['wall']:.2f} s ({b['step_s'] * 1000:.1f} ms/step)",
               flush=True)
-    ckpt_cost = None
-    if "restart" in contenders and not args.smoke:
-        cal_job = run_job("restart", args, "restart-calibration", ckpt_every=5)
+    ckpt_costs = {}  # per checkpointing contender: the blocking cost of a save
+    for c in [c for c in contenders if c in RESTARTS and not args.smoke]:
+        cal_job = run_job(c, args, f"{c}-calibration", ckpt_every=5)
         cal = analyse(cal_job)
         costs = [e["blocking"] for e in cal_job["events"] if e["ev"] == "ckpt"]
-        ckpt_cost = statistics.median(costs) if costs else 0.05
-        print(f"ettr: restart: a checkpoint blocks for {ckpt_cost * 1000:.1f} ms (median of {len(costs)} saves; "
+        ckpt_costs[c] = statistics.median(costs) if costs else 0.05
+        print(f"ettr: {c}: a checkpoint blocks for {ckpt_costs[c] * 1000:.1f} ms (median of {len(costs)} saves; "
               f"{cal['step_s'] * 1000:.1f} ms/step saving every 5)", flush=True)
+
     def save():
         with open(os.path.join(args.out, "ettr.json"), "w") as f:
-            json.dump({"baselines": baselines, "runs": results, "checkpoint_cost_s": ckpt_cost,
+            json.dump({"baselines": baselines, "runs": results, "checkpoint_cost_s": ckpt_costs.get("restart"),
+                       "checkpoint_costs_s": ckpt_costs,
                        "steps": args.steps, "step_ms": args.step_ms, "ranks": args.ranks}, f, indent=1)
 
     save()
@@ -438,7 +450,7 @@ def main():
             for c in contenders:  # alternating contenders within each seed
                 t_ff = baselines[c]["step_s"]
                 mtbf_s = mtbf * t_ff if mtbf else None
-                every = 0 if c != "restart" else 10 if args.smoke else young_interval(ckpt_cost, mtbf_s, t_ff)
+                every = 0 if c not in RESTARTS else 10 if args.smoke else young_interval(ckpt_costs[c], mtbf_s, t_ff)
                 job = run_job(c, args, f"{c}-mtbf{mtbf or 'smoke'}-seed{seed}", mtbf_s=mtbf_s, seed=seed,
                               at_step=15 if args.smoke else None, ckpt_every=every)
                 r = check(analyse(job, t_ff), baselines[c])
@@ -456,6 +468,24 @@ def main():
     for r in bad:
         print(f"ettr: {r['tag']}: {r.get('why')}")
     sys.exit(1 if bad else 0)
+
+
+def summarize_files(paths, out):
+    """The summary of several runs' JSON (e.g. a contender run on its own
+    after the others), contenders in the harness's order."""
+    runs, baselines = [], {}
+    for path in paths:  # a contender in a later file replaces its runs in earlier ones
+        with open(path) as f:
+            data = json.load(f)
+        mine = [r for r in data["runs"] if r.get("mtbf")]
+        runs = [r for r in runs if r["contender"] not in {m["contender"] for m in mine}] + mine
+        baselines.update(data["baselines"])
+    contenders = [c for c in CONTENDERS if any(r["contender"] == c for r in runs)]
+    mtbfs = sorted({r["mtbf"] for r in runs})
+    for c in contenders:
+        print(f"ettr: {c}: fault-free {baselines[c]['step_s'] * 1000:.1f} ms/step")
+    os.makedirs(out, exist_ok=True)
+    summary(runs, contenders, mtbfs, out)
 
 
 def line(r):
@@ -480,21 +510,27 @@ def pyplot(who: str):
 
 
 def summary(results, contenders, mtbfs, out):
-    print(f"\n{'contender':>11} {'MTBF':>6} {'runs':>4} {'failures':>8} {'ETTR':>6} {'min':>6} {'max':>6}")
+    parts = ("checkpoint", "detection", "recovery", "recompute", "grow", "other")
+    print(f"\n{'contender':>11} {'MTBF':>6} {'runs':>4} {'failures':>8} {'ETTR':>6} {'min':>6} {'max':>6}  "
+          + " ".join(f"{p:>10}" for p in parts) + "  (lost s, medians)")
     medians = {}
     for c in contenders:
         for m in mtbfs:
             rs = [r for r in results if r["contender"] == c and r["mtbf"] == m]
+            if not rs:
+                continue
             e = [r.get("ettr", 0.0) for r in rs]
             medians[(c, m)] = statistics.median(e)
+            lost = " ".join(f"{statistics.median([r.get('lost_s', {}).get(p, 0.0) for r in rs]):>10.2f}" for p in parts)
             print(f"{c:>11} {m:>6} {len(rs):>4} {statistics.median([r['failures'] for r in rs]):>8} "
-                  f"{medians[(c, m)]:>6.3f} {min(e):>6.3f} {max(e):>6.3f}")
+                  f"{medians[(c, m)]:>6.3f} {min(e):>6.3f} {max(e):>6.3f}  {lost}")
     plt = pyplot("ettr")
     if not plt:
         return
     fig, ax = plt.subplots(figsize=(6, 4))
     for c in contenders:
-        ax.plot(mtbfs, [medians[(c, m)] for m in mtbfs], marker="o", label=c)
+        have = [m for m in mtbfs if (c, m) in medians]
+        ax.plot(have, [medians[(c, m)] for m in have], marker="o", label=c)
         for m in mtbfs:
             ax.scatter([m] * len([r for r in results if r["contender"] == c and r["mtbf"] == m]),
                        [r.get("ettr", 0) for r in results if r["contender"] == c and r["mtbf"] == m], s=8, alpha=0.4)

@@ -45,7 +45,7 @@ import os
 import statistics
 import sys
 
-from ettr import pyplot
+from ettr import RESTARTS, pyplot
 
 
 def per_failure_costs(runs):
@@ -67,13 +67,13 @@ def per_failure_costs(runs):
     return out
 
 
-def predicted_measured_ettr(run, costs, baseline_step_s, ckpt_cost_s):
+def predicted_measured_ettr(run, costs, baseline_step_s, ckpt_costs):
     """What the model says this run's ETTR should be, from its failures."""
     c = costs[run["contender"]]
     work = run.get("work_steps", run["steps"]) * baseline_step_s
     lost = run["failures"] * (c["stop_s"] + c["redo_s"] + c["other_s"])
-    if run["contender"] == "restart" and run.get("ckpt_every"):
-        lost += (run["steps"] // run["ckpt_every"]) * (ckpt_cost_s or 0.0)
+    if run["contender"] in RESTARTS and run.get("ckpt_every"):
+        lost += (run["steps"] // run["ckpt_every"]) * ckpt_costs.get(run["contender"], 0.05)
     return work / (work + lost)
 
 
@@ -87,11 +87,12 @@ def poisson_quantile(mean, p):
     return k
 
 
-def project(contender, gpus, args, costs, ckpt_cost_s):
+def project(contender, gpus, args, costs, ckpt_costs):
     """(job ETTR, GPU-time efficiency, standbys) at `gpus` GPUs."""
     m = args.gpu_mtbf_h * 3600 / gpus  # the job's MTBF, seconds
     c = costs[contender]
-    if contender == "restart":
+    if contender in RESTARTS:
+        ckpt_cost_s = ckpt_costs.get(contender, 0.05)
         restart = max(args.restart_s, c["stop_s"])
         tau = math.sqrt(2 * ckpt_cost_s * m)
         waste = ckpt_cost_s / tau + (restart + tau / 2) / m
@@ -135,7 +136,8 @@ def main():
     with open(args.measured) as f:
         measured = json.load(f)
     runs, baselines = measured["runs"], measured["baselines"]
-    ckpt_cost_s = measured.get("checkpoint_cost_s") or 0.05
+    # Older files name the DDP job's cost only.
+    ckpt_costs = measured.get("checkpoint_costs_s") or {"restart": measured.get("checkpoint_cost_s") or 0.05}
     costs = per_failure_costs(runs)
     if not costs:
         sys.exit(f"ettr_project: {args.measured} has no successful run with a failure")
@@ -143,14 +145,15 @@ def main():
     for c, v in costs.items():
         print(f"  {c:>11}: detection+recovery {v['stop_s'] * 1000:8.1f} ms, recomputed {v['redo_s'] * 1000:8.1f} ms, "
               f"steps slower by {v['other_s'] * 1000:8.1f} ms ({v['runs']} runs)")
-    print(f"  checkpoint: {ckpt_cost_s * 1000:.1f} ms blocking per save")
+    for c, cost in sorted(ckpt_costs.items()):
+        print(f"  {c} checkpoint: {cost * 1000:.1f} ms blocking per save")
     print("\nthe model against the measured runs:")
     print(f"{'run':>30} {'failures':>8} {'measured':>9} {'model':>7}")
     check = []
     for r in runs:
         if not r.get("ok") or r["contender"] not in costs:
             continue
-        model = predicted_measured_ettr(r, costs, baselines[r["contender"]]["step_s"], ckpt_cost_s)
+        model = predicted_measured_ettr(r, costs, baselines[r["contender"]]["step_s"], ckpt_costs)
         check.append({"tag": r["tag"], "measured": r["ettr"], "model": model})
         print(f"{r['tag']:>30} {r['failures']:>8} {r['ettr']:>9.3f} {model:>7.3f}")
     missed = [c for c in check if args.tolerance is not None and abs(c["model"] - c["measured"]) > args.tolerance]
@@ -164,7 +167,7 @@ def main():
     print(f"{'contender':>11} {'GPUs':>6} {'job MTBF':>9} {'ETTR':>6} {'GPU eff':>8} {'standbys':>8}")
     for c in costs:
         for g in gpus:
-            ettr, eff, standbys = project(c, g, args, costs, ckpt_cost_s)
+            ettr, eff, standbys = project(c, g, args, costs, ckpt_costs)
             table.setdefault(c, []).append({"gpus": g, "ettr": ettr, "gpu_efficiency": eff, "standbys": standbys})
             print(f"{c:>11} {g:>6} {args.gpu_mtbf_h / g:>8.1f}h {ettr:>6.3f} {eff:>8.3f} {standbys:>8}")
     if missed:
@@ -173,7 +176,7 @@ def main():
         return
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "ettr_projection.json"), "w") as f:
-        json.dump({"assumptions": vars(args), "per_failure": costs, "checkpoint_cost_s": ckpt_cost_s,
+        json.dump({"assumptions": vars(args), "per_failure": costs, "checkpoint_costs_s": ckpt_costs,
                    "model_check": check, "projection": table}, f, indent=1)
     plt = pyplot("ettr_project")
     if not plt:
