@@ -436,7 +436,7 @@ int main(int argc, char** argv) {
   std::vector<eccl::Clock::time_point> respawnAt;  // one per dead rank, while --respawn
   while (running > 0) {
     double elapsed = std::chrono::duration<double>(eccl::Clock::now() - started).count();
-    if (!jobEnding && !timedOut)
+    if (!jobEnding && !timedOut && !standbysReleased)
       for (auto due = respawnAt.begin(); due != respawnAt.end();) {
         if (eccl::Clock::now() < *due) {
           ++due;
@@ -472,7 +472,7 @@ int main(int argc, char** argv) {
     // one more is started for it at once, as a scheduler replaces a failed
     // node (refilling only after promotions left a job with more dead
     // ranks than idle standbys waiting for ones nobody would start).
-    if (refill && !jobEnding && !timedOut) {
+    if (refill && !jobEnding && !timedOut && !standbysReleased) {
       int pool = 0, unreplaced = 0;
       for (auto& c : children) {
         pool += available(c);
@@ -533,8 +533,9 @@ int main(int argc, char** argv) {
                                                             : std::uniform_int_distribution<int>(
                                                                   coordChaosMs / 2, coordChaosMs * 3 / 2)(chaosRng));
     }
-    // When no rank is left, standbys that were never promoted are released.
-    if (!standbysReleased && standbys > 0) {
+    // When no rank is left, standbys that were never promoted are released
+    // (those --respawn started too: nobody is left to promote them).
+    if (!standbysReleased && (standbys > 0 || respawnSeconds >= 0)) {
       bool onlyIdle = true;
       for (auto& c : children)
         if (!c.exited && !idle.count(static_cast<uint64_t>(c.pid))) onlyIdle = false;
