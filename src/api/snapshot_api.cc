@@ -41,7 +41,8 @@ ecclResult_t ecclSnapshotConfigure(ecclComm_t comm, const ecclSnapshotConfig_t* 
     settings.maxInFlightBytes =
         cfg.maxInFlightBytes ? cfg.maxInFlightBytes : static_cast<size_t>(params::snapshotInFlightBytes());
     api::Entered entered(comm, c.callerRole());
-    if (comm->snapshots) {
+    const bool startingOver = comm->snapshots != nullptr;
+    if (startingOver) {
       snapshot::Snapshots& old = *comm->snapshots;
       {
         SharedCallerTurn same(old.callerRole());  // the role entered above, named through the snapshots
@@ -58,7 +59,7 @@ ecclResult_t ecclSnapshotConfigure(ecclComm_t comm, const ecclSnapshotConfig_t* 
     auto created = std::make_unique<snapshot::Snapshots>(c);
     {
       CallerTurn same(created->callerRole());  // likewise
-      created->configure(settings);
+      created->configure(settings, startingOver);
     }
     comm->snapshots = std::move(created);
   });

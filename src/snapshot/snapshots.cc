@@ -44,7 +44,7 @@ void Snapshots::stopEngine() {
   }
 }
 
-void Snapshots::configure(const Config& config) {
+void Snapshots::configure(const Config& config, bool startingOver) {
   if (comm_.isStandby()) fail(ecclInvalidUsage, "ecclSnapshotConfigure: this standby has no rank yet; call it once promoted");
   {
     MutexLock lock(mu_);
@@ -55,9 +55,10 @@ void Snapshots::configure(const Config& config) {
     MutexLock lock(mu_);
     config_ = config;
   }
-  if (comm_.startedAsStandby()) {
+  if (comm_.startedAsStandby() && !startingOver) {
     // A replacement: ecclSnapshotRestore, collective with the survivors,
-    // is where it meets them.
+    // is where it meets them. (Once it has snapshotted with them, a start
+    // over after a shrink is theirs too: it gathers with them below.)
     MutexLock lock(mu_);
     fresh_ = true;
     configured_ = true;

@@ -46,7 +46,9 @@ class Snapshots {
   // Collective over the view for its members (they agree on the replica
   // count and learn each other's hosts); local for a member that came as a
   // standby, whose restore() does the same with the others.
-  void configure(const Config& config) ECCL_REQUIRES(callerRole());
+  // `startingOver`: after a shrink, replacing this member's earlier
+  // snapshots; always collective, even for a member that came as a standby.
+  void configure(const Config& config, bool startingOver) ECCL_REQUIRES(callerRole());
   // Copies `bytes` into version `version`: `fill` writes them into the
   // snapshot's own buffer (one copy, from host or device memory).
   void put(int64_t version, const std::string& name, size_t bytes, const std::function<void(uint8_t*)>& fill);

@@ -384,6 +384,67 @@ TEST_F(Snapshot, AfterAShrinkTheHolderReadsTheDepartedRanksShardsAndTheRanksStar
   }
 }
 
+// A replacement snapshots with the others from its restore on; when the
+// view then shrinks, its configure starts over with theirs (collective),
+// not as a newcomer's (local, waiting for a restore nobody calls).
+TEST_F(Snapshot, AReplacementStartsOverWithTheOthersAfterALaterShrink) {
+  constexpr int n = 3;
+  // A rank that dies with its last allreduce's frames unread resets the
+  // connections and fails that allreduce on its peers: it waits first.
+  auto dieAfterThePeersRead = [] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    raise(SIGKILL);
+  };
+  ProcessGroup group(n + 1, [&](int index, int, const ecclUniqueId& id) {
+    ecclComm_t comm;
+    float one = 1;
+    auto untilFailure = [&] {
+      ecclResult_t rc = ecclSuccess;
+      while (rc == ecclSuccess) rc = ecclAllReduce(&one, &one, 1, ecclFloat32, ecclSum, comm, nullptr);
+    };
+    int rank = -1;
+    if (index == n) {
+      RANK_OK(ecclCommInitStandby(&comm, id, nullptr), nullptr);
+      configure(comm, 1);
+      RANK_OK(ecclSnapshotRestore(comm, nullptr), comm);
+    } else {
+      RANK_OK(ecclCommInitRank(&comm, n, id, index), nullptr);
+      configure(comm, 1);
+      putVersion(comm, index, 1);
+      RANK_OK(ecclSnapshotCommit(comm, 1), comm);
+      RANK_OK(ecclSnapshotWait(comm, 1, 30000), comm);
+      RANK_OK(ecclAllReduce(&one, &one, 1, ecclFloat32, ecclSum, comm, nullptr), comm);
+      if (index == 2) dieAfterThePeersRead();
+      untilFailure();
+      RANK_OK(ecclCommRecover(comm, ecclRecoverReplace), comm);
+      RANK_OK(ecclSnapshotRestore(comm, nullptr), comm);
+    }
+    RANK_OK(ecclCommUserRank(comm, &rank), comm);
+    putVersion(comm, rank, 2);
+    RANK_OK(ecclSnapshotCommit(comm, 2), comm);
+    RANK_OK(ecclSnapshotWait(comm, 2, 30000), comm);
+    RANK_OK(ecclAllReduce(&one, &one, 1, ecclFloat32, ecclSum, comm, nullptr), comm);
+    if (index == 0) dieAfterThePeersRead();
+    untilFailure();
+    RANK_OK(ecclCommRecover(comm, ecclRecoverShrink), comm);
+    configure(comm, 1);  // the replacement (now rank 1) starts over with rank 0
+    RANK_OK(ecclCommUserRank(comm, &rank), comm);
+    putVersion(comm, rank, 3);
+    RANK_OK(ecclSnapshotCommit(comm, 3), comm);
+    RANK_OK(ecclSnapshotWait(comm, 3, 30000), comm);
+    int count = -1;
+    RANK_OK(ecclSnapshotListHeld(comm, nullptr, 0, &count), comm);
+    RANK_CHECK(count == 2, "rank " + std::to_string(rank) + " holds " + std::to_string(count) + " copies of version 3");
+    RANK_OK(ecclCommDestroy(comm), comm);
+  });
+  auto outcomes = group.wait(std::chrono::seconds(90));
+  for (int i = 0; i <= n; ++i) {
+    const auto& o = outcomes[static_cast<size_t>(i)];
+    if (i == 0 || i == 2) EXPECT_TRUE(!o.exited && o.signal == SIGKILL) << describe(outcomes);
+    else EXPECT_TRUE(o.exited && o.exitCode == 0) << describe(outcomes);
+  }
+}
+
 // A grow keeps every rank's number and adds an empty rank at the end: the
 // old ranks restore what they had, the new one owns nothing yet, fetches
 // the copies it now holds (its predecessor's in the larger ring), and its
