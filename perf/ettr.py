@@ -168,17 +168,39 @@ class Injector(threading.Thread):
         self.stop = threading.Event()
         self.kills = []
         self.stopped = {}  # pid -> when to SIGKILL it
+        self.offsets, self.started, self.rank_of, self.finished = {}, {}, {}, set()
+        self.first_step_t, self.max_step = None, 0
 
-    def candidates(self, evs):
+    def follow(self):
+        """Reads only what the ranks appended since the last look and keeps
+        what candidates() needs: the injector shares the training's cores,
+        and re-reading every event 50 times a second (thousands of lines by
+        the end) cost the faulted runs a fifth of a core that their
+        fault-free baselines never paid."""
+        for path in glob.glob(os.path.join(self.dir, "*.jsonl")):
+            with open(path) as f:
+                f.seek(self.offsets.get(path, 0))
+                data = f.read()
+            whole = data[:data.rfind("\n") + 1]  # a line still being written waits for the next look
+            self.offsets[path] = self.offsets.get(path, 0) + len(whole.encode())
+            for line in whole.splitlines():
+                try:
+                    e = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a line cut short by a kill
+                if e["ev"] == "start":
+                    self.started[e["pid"]] = e
+                elif e["ev"] in ("ready", "step") and "rank" in e:
+                    self.rank_of[e["pid"]] = e["rank"]
+                    if e["ev"] == "step":
+                        self.first_step_t = min(self.first_step_t or e["t"], e["t"])
+                        self.max_step = max(self.max_step, e["step"])
+                elif e["ev"] == "done":
+                    self.finished.add(e["pid"])
+
+    def candidates(self):
         """Live ranks, pid -> rank, of the newest restart (torchrun)."""
-        started, rank_of, finished = {}, {}, set()
-        for e in evs:
-            if e["ev"] == "start":
-                started[e["pid"]] = e
-            elif e["ev"] in ("ready", "step") and "rank" in e:
-                rank_of[e["pid"]] = e["rank"]
-            elif e["ev"] == "done":
-                finished.add(e["pid"])
+        started, rank_of, finished = self.started, self.rank_of, self.finished
         pids = {p: r for p, r in rank_of.items() if p not in finished and p not in self.stopped and alive(p)}
         if self.contender in RESTARTS:
             newest = max((started[p]["restart"] for p in pids if p in started), default=0)
@@ -220,23 +242,22 @@ class Injector(threading.Thread):
 
     def run(self):
         next_at = None
-        while not self.stop.wait(0.02):
+        while not self.stop.wait(0.05):
             self.reap_stopped()
-            evs = read_events(self.dir)
-            steps = [e for e in evs if e["ev"] == "step"]
-            if not steps:
+            self.follow()
+            if self.first_step_t is None:
                 continue
             if self.at_step is not None:
-                if self.kills or max(e["step"] for e in steps) < self.at_step:
+                if self.kills or self.max_step < self.at_step:
                     continue
             else:
                 now = time.time()
                 if next_at is None:
-                    next_at = steps[0]["t"] + self.rng.expovariate(1 / self.mtbf_s)
+                    next_at = self.first_step_t + self.rng.expovariate(1 / self.mtbf_s)
                 if now < next_at:
                     continue
                 next_at = now + self.rng.expovariate(1 / self.mtbf_s)
-            pids = self.candidates(evs)
+            pids = self.candidates()
             if pids:
                 self.inject(pids)
         for pid in self.stopped:  # the job ended: no stopped process outlives it
@@ -367,7 +388,10 @@ def check(run, baseline):
     # The last-20 spread measures batch-to-batch noise, not the samples
     # these runs leave out: two spreads (a CI run under load saw torchft
     # end 1.01 spreads off; a model that lost its training ends far away).
-    elif run["world_min"] < baseline["world_min"] or (run["contender"] == "torchft" and run["failures"]):
+    # torchft's quorums differ between runs even without a failure (a
+    # replica group late for one on this loaded host: a fault-free run
+    # here committed a step with two of four), so it is judged by loss.
+    elif run["world_min"] < baseline["world_min"] or run["contender"] == "torchft":
         spread = max(baseline["losses"]) - min(baseline["losses"])
         if not abs(run["loss"] - baseline["loss"]) <= max(2 * spread, 1e-6):
             run.update(ok=False, why=f"final loss {run['loss']:.5f} against {baseline['loss']:.5f} "
