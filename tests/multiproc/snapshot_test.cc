@@ -56,6 +56,24 @@ void putVersion(ecclComm_t comm, int rank, int64_t v) {
     }
 }
 
+// Puts versions `from`..`to`, commits each, and waits until `to` is committed everywhere.
+void putCommitted(ecclComm_t comm, int rank, int64_t from, int64_t to) {
+  for (int64_t v = from; v <= to; ++v) {
+    putVersion(comm, rank, v);
+    RANK_OK(ecclSnapshotCommit(comm, v), comm);
+  }
+  RANK_OK(ecclSnapshotWait(comm, to, 30000), comm);
+}
+
+// This rank holds `owner`'s copy of name k as put at version `from`.
+void checkHeldCopy(ecclComm_t comm, int owner, int k, int64_t from) {
+  std::vector<uint8_t> got(bytesOf(owner, k));
+  int64_t version = -1;
+  RANK_OK(ecclSnapshotGetHeld(comm, owner, nameOf(k).c_str(), got.data(), got.size(), &version), comm);
+  RANK_CHECK(version == from && got == contentOf(owner, k, from),
+             "rank " + std::to_string(owner) + "'s " + nameOf(k) + " differs in its holder's memory");
+}
+
 // This rank's dense view equals what it put up to version v.
 void checkDense(ecclComm_t comm, int rank, int64_t v, int64_t abandoned = -1) {
   std::vector<ecclSnapshotEntry_t> entries(kNames + 2);
@@ -336,11 +354,7 @@ TEST_F(Snapshot, AfterAShrinkTheHolderReadsTheDepartedRanksShardsAndTheRanksStar
     for (int k = 0; k < kNames; ++k) {
       const int64_t from = denseVersion(k, 3, -1);
       if (from < 0) continue;
-      std::vector<uint8_t> got(bytesOf(owner, k));
-      int64_t version = -1;
-      RANK_OK(ecclSnapshotGetHeld(comm, owner, nameOf(k).c_str(), got.data(), got.size(), &version), comm);
-      RANK_CHECK(version == from && got == contentOf(owner, k, from),
-                 "rank " + std::to_string(owner) + "'s " + nameOf(k) + " differs in its holder's memory");
+      checkHeldCopy(comm, owner, k, from);
     }
     std::vector<uint8_t> one8(8);
     RANK_CHECK(ecclSnapshotGetHeld(comm, rank, nameOf(0).c_str(), one8.data(), one8.size(), nullptr) ==
@@ -410,9 +424,7 @@ TEST_F(Snapshot, AReplacementStartsOverWithTheOthersAfterALaterShrink) {
     } else {
       RANK_OK(ecclCommInitRank(&comm, n, id, index), nullptr);
       configure(comm, 1);
-      putVersion(comm, index, 1);
-      RANK_OK(ecclSnapshotCommit(comm, 1), comm);
-      RANK_OK(ecclSnapshotWait(comm, 1, 30000), comm);
+      putCommitted(comm, index, 1, 1);
       RANK_OK(ecclAllReduce(&one, &one, 1, ecclFloat32, ecclSum, comm, nullptr), comm);
       if (index == 2) dieAfterThePeersRead();
       untilFailure();
@@ -420,18 +432,14 @@ TEST_F(Snapshot, AReplacementStartsOverWithTheOthersAfterALaterShrink) {
       RANK_OK(ecclSnapshotRestore(comm, nullptr), comm);
     }
     RANK_OK(ecclCommUserRank(comm, &rank), comm);
-    putVersion(comm, rank, 2);
-    RANK_OK(ecclSnapshotCommit(comm, 2), comm);
-    RANK_OK(ecclSnapshotWait(comm, 2, 30000), comm);
+    putCommitted(comm, rank, 2, 2);
     RANK_OK(ecclAllReduce(&one, &one, 1, ecclFloat32, ecclSum, comm, nullptr), comm);
     if (index == 0) dieAfterThePeersRead();
     untilFailure();
     RANK_OK(ecclCommRecover(comm, ecclRecoverShrink), comm);
     configure(comm, 1);  // the replacement (now rank 1) starts over with rank 0
     RANK_OK(ecclCommUserRank(comm, &rank), comm);
-    putVersion(comm, rank, 3);
-    RANK_OK(ecclSnapshotCommit(comm, 3), comm);
-    RANK_OK(ecclSnapshotWait(comm, 3, 30000), comm);
+    putCommitted(comm, rank, 3, 3);
     int count = -1;
     RANK_OK(ecclSnapshotListHeld(comm, nullptr, 0, &count), comm);
     RANK_CHECK(count == 2, "rank " + std::to_string(rank) + " holds " + std::to_string(count) + " copies of version 3");
@@ -459,11 +467,7 @@ TEST_F(Snapshot, AGrownViewRestoresAndItsNewRankHoldsAndReplicates) {
     } else {
       RANK_OK(ecclCommInitRank(&comm, n, id, index), nullptr);
       configure(comm, 1);
-      for (int64_t v = 1; v <= 3; ++v) {
-        putVersion(comm, index, v);
-        RANK_OK(ecclSnapshotCommit(comm, v), comm);
-      }
-      RANK_OK(ecclSnapshotWait(comm, 3, 30000), comm);
+      putCommitted(comm, index, 1, 3);
       std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the standby registered
       RANK_OK(ecclCommGrow(comm, 1), comm);
     }
@@ -478,11 +482,7 @@ TEST_F(Snapshot, AGrownViewRestoresAndItsNewRankHoldsAndReplicates) {
     RANK_OK(ecclSnapshotListHeld(comm, nullptr, 0, &count), comm);
     RANK_CHECK(count == (owner < n ? 6 : 0), "rank " + std::to_string(rank) + " holds " + std::to_string(count) +
                                                  " copies of rank " + std::to_string(owner) + " after the grow");
-    for (int64_t v = 4; v <= 5; ++v) {
-      putVersion(comm, rank, v);
-      RANK_OK(ecclSnapshotCommit(comm, v), comm);
-    }
-    RANK_OK(ecclSnapshotWait(comm, 5, 30000), comm);
+    putCommitted(comm, rank, 4, 5);
     if (rank < n) checkDense(comm, rank, 5);
     RANK_OK(ecclSnapshotListHeld(comm, nullptr, 0, &count), comm);
     RANK_CHECK(count == (owner < n ? kNames : 4), "rank " + std::to_string(rank) + " holds " + std::to_string(count) +
@@ -490,11 +490,7 @@ TEST_F(Snapshot, AGrownViewRestoresAndItsNewRankHoldsAndReplicates) {
     for (int k = 0; k < kNames; ++k) {
       const int64_t from = owner < n ? denseVersion(k, 5, -1) : inVersion(k, 5) ? 5 : inVersion(k, 4) ? 4 : -1;
       if (from < 0) continue;
-      std::vector<uint8_t> got(bytesOf(owner, k));
-      int64_t version = -1;
-      RANK_OK(ecclSnapshotGetHeld(comm, owner, nameOf(k).c_str(), got.data(), got.size(), &version), comm);
-      RANK_CHECK(version == from && got == contentOf(owner, k, from),
-                 "rank " + std::to_string(owner) + "'s " + nameOf(k) + " differs in its holder's memory");
+      checkHeldCopy(comm, owner, k, from);
     }
     RANK_OK(ecclCommDestroy(comm), comm);
   });
