@@ -2,7 +2,7 @@
 the model of python/examples/moe_elastic.py (a small transformer language
 model, 16 experts a layer, top-2, uneven replicas from the planner,
 dispatch and combine through torch_eccl.moe, the replicas' gradients
-summed in one call) at a fixed global batch of GLOBAL_SEQUENCES split over
+summed in one call) at a fixed global batch of model.GLOBAL_SEQUENCES split over
 the ranks, each step padded to --step-ms as perf/ettr_train.py pads its
 steps (a larger share of the batch per rank after a shrink: a longer pad).
 
@@ -40,21 +40,14 @@ from ettr_train import Events, try_grow  # noqa: E402
 
 import torch_eccl  # noqa: E402
 
-GLOBAL_SEQUENCES = 4 * model.BATCH  # the fault-free job's four ranks' worth
-
-
 class Job(model.Trainer):
     def data(self):
-        """This rank's rows of the step's global batch; the loss scaled so
+        """This rank's rows of the step's global batch, its loss scaled so
         that the mean over ranks is the global batch's mean at any size."""
-        rank, world = dist.get_rank(), dist.get_world_size()
-        xs, ys = zip(*(model.batch(self.step, part) for part in range(GLOBAL_SEQUENCES // model.BATCH)))
-        x, y = torch.cat(xs), torch.cat(ys)
-        rows = torch.tensor_split(torch.arange(GLOBAL_SEQUENCES), world)[rank]
-        return x[rows], y[rows], rows.numel() * world / GLOBAL_SEQUENCES
+        return model.global_batch_share(self.step, dist.get_rank(), dist.get_world_size())
 
     def rows(self) -> int:
-        return torch.tensor_split(torch.arange(GLOBAL_SEQUENCES), dist.get_world_size())[dist.get_rank()].numel()
+        return torch.tensor_split(torch.arange(model.GLOBAL_SEQUENCES), dist.get_world_size())[dist.get_rank()].numel()
 
 
 def model_digest(job: Job) -> str:

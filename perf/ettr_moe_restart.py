@@ -31,8 +31,6 @@ import moe_elastic as model  # noqa: E402
 from ettr_train import Checkpoints, Events, init_restarted_gloo  # noqa: E402
 from moe_bench import a2a_layer  # noqa: E402
 
-GLOBAL_SEQUENCES = 4 * model.BATCH  # as perf/ettr_moe.py's
-
 
 class Layer(torch.nn.Module):
     """The dense part (every rank) and this rank's experts (one replica each)."""
@@ -65,9 +63,7 @@ def build(rank: int, world: int):
 def train_step(net: Layer, opt, step: int) -> float:
     """One step of the global batch; returns the global batch's mean loss."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    xs, ys = zip(*(model.batch(step, part) for part in range(GLOBAL_SEQUENCES // model.BATCH)))
-    rows = torch.tensor_split(torch.arange(GLOBAL_SEQUENCES), world)[rank]
-    x, y = torch.cat(xs)[rows], torch.cat(ys)[rows]
+    x, y, scale = model.global_batch_share(step, rank, world)
     d = net.dense
     h = d.embed(x) + d.pos
     mask = torch.triu(torch.ones(model.SEQ, model.SEQ, dtype=torch.bool), 1)
@@ -80,7 +76,7 @@ def train_step(net: Layer, opt, step: int) -> float:
         owner = net.owner(ids.reshape(-1))
         out, _ = a2a_layer(f, ids, w, net.expert(layer), owner, None)
         h = h + out.reshape(h.shape)
-    loss = F.cross_entropy(d.head(h).reshape(-1, model.VOCAB), y.reshape(-1)) * rows.numel() * world / GLOBAL_SEQUENCES
+    loss = F.cross_entropy(d.head(h).reshape(-1, model.VOCAB), y.reshape(-1)) * scale
     opt.zero_grad(set_to_none=False)
     loss.backward()
     for p in net.parameters():  # an expert no token reached: a zero gradient, as after any other step
@@ -117,7 +113,7 @@ def main():
     ckpt = Checkpoints(args.ckpt_dir, args.ckpt_every, events, args.pg_timeout_s) if args.ckpt_dir else None
     step = ckpt.load(net, opt) if ckpt else 0
     events("ready", rank=rank, world=world, step=step)
-    rows = torch.tensor_split(torch.arange(GLOBAL_SEQUENCES), world)[rank].numel()
+    rows = torch.tensor_split(torch.arange(model.GLOBAL_SEQUENCES), world)[rank].numel()
     loss = float("nan")
     while step < args.steps:
         started = time.monotonic()

@@ -113,6 +113,18 @@ def batch(step: int, rank: int):
     return x[:, :-1], x[:, 1:]
 
 
+GLOBAL_SEQUENCES = 4 * BATCH  # the ETTR jobs' fixed global batch: four ranks' worth
+
+
+def global_batch_share(step: int, rank: int, world: int):
+    """This rank's rows of the step's global batch (GLOBAL_SEQUENCES, the
+    same at any world size) and the scale for its loss, so that the mean
+    over ranks is the global batch's mean."""
+    xs, ys = zip(*(batch(step, part) for part in range(GLOBAL_SEQUENCES // BATCH)))
+    rows = torch.tensor_split(torch.arange(GLOBAL_SEQUENCES), world)[rank]
+    return torch.cat(xs)[rows], torch.cat(ys)[rows], rows.numel() * world / GLOBAL_SEQUENCES
+
+
 class Trainer:
     def __init__(self, ident: int):
         torch.manual_seed(1234)
