@@ -526,8 +526,11 @@ ecclResult_t ecclSnapshotRestore(ecclComm_t comm, int64_t* version);
 ecclResult_t ecclSnapshotPersist(ecclComm_t comm, const char* directory);
 /* Until the last persist finished; *version (may be NULL): what is on disk. */
 ecclResult_t ecclSnapshotPersistWait(ecclComm_t comm, int64_t timeoutMs, int64_t* version);
-/* Collective, on a new job's configured communicator: reads the newest
- * version every rank persisted under `directory` and replicates it. */
+/* Collective: reads the newest version every rank persisted under
+ * `directory` and replicates it. On a new job's configured communicator,
+ * or after ecclSnapshotRestore failed with shards in no memory: then every
+ * rank drops the copies it holds and goes back to that version (the
+ * directory must be one that a replacement's host reaches too). */
 ecclResult_t ecclSnapshotLoad(ecclComm_t comm, const char* directory, int64_t* version);
 
 /* Operations between GroupStart and GroupEnd are posted together at

@@ -185,6 +185,8 @@ def persist_wait(timeout: timedelta | None = None, group: dist.ProcessGroup | No
 
 
 def load(directory: str, group: dist.ProcessGroup | None = None) -> int:
-    """Collective on a new job's configured group: the newest version every
-    rank persisted under ``directory``, replicated anew."""
+    """Collective: the newest version every rank persisted under
+    ``directory``, replicated anew. On a new job's configured group, or
+    after :func:`restore` raised that shards are in no memory (every rank
+    goes back to the persisted version)."""
     return _backend(group).snapshot_load(str(directory))

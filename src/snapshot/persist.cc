@@ -1,7 +1,8 @@
 // The second level: a committed version written to a directory in the
 // background, one file per rank and name (written, fsynced, renamed into
 // place), each rank's manifest last; load() takes the newest version every
-// rank's manifest names, after a whole-job restart.
+// rank's manifest names, after a whole-job restart or when a restore found
+// shards in no memory (the directory must then be one every host reaches).
 //
 //   <dir>/v<version>/rank<r>/<name, hex>   the bytes
 //   <dir>/v<version>/rank<r>.manifest      "name-hex version bytes crc" lines
@@ -178,9 +179,13 @@ int64_t Snapshots::load(const std::string& directory) {
   {
     MutexLock lock(mu_);
     if (!configured_ || fresh_) fail(ecclInvalidUsage, "ecclSnapshotLoad: call ecclSnapshotConfigure first (as a member)");
-    if (committed_ >= 0 || open_ || replicating_)
-      fail(ecclInvalidUsage, "ecclSnapshotLoad: this communicator has snapshots already; load into a new job");
+    if ((committed_ >= 0 || open_ || replicating_) && !lostShards_)
+      fail(ecclInvalidUsage,
+           "ecclSnapshotLoad: this communicator has snapshots already; load into a new job, or after an "
+           "ecclSnapshotRestore that found shards in no memory");
   }
+  // A persist still writing may remove the version chosen below once done.
+  if (persister_.joinable()) persister_.join();
   // The newest version whose manifest every rank has.
   std::vector<int64_t> mine = manifestsOf(directory, rank_);
   int64_t bound = INT64_MAX;
@@ -231,7 +236,12 @@ int64_t Snapshots::load(const std::string& directory) {
   stopEngine();
   {
     MutexLock lock(mu_);
+    // After a loss the memory level is given up whole: every copy, held or
+    // pending, is of versions the loaded one replaces.
     store_.ownCommitted = std::move(copies);
+    store_.ownPending.clear();
+    store_.heldCommitted.clear();
+    store_.heldPending.clear();
   }
   generation_++;
   redistribute(std::move(catalog), version, /*fresh=*/false);

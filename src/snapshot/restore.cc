@@ -112,15 +112,16 @@ int64_t Snapshots::redistribute(std::vector<CatalogDelta> catalog, int64_t newes
   mine.lost = 0;
   for (const std::string& name : lost) mine.lost += name.rfind(fmt::format("{}:", rank_), 0) == 0;
   std::vector<RankInfo> outcome = gatherRecords(comm_, mine);
-  {
-    MutexLock lock(mu_);
-    fresh_ = false;
-  }
-  startEngine();
   std::vector<std::string> losers;
   for (int r = 0; r < size_; ++r)
     if (outcome[static_cast<size_t>(r)].lost)
       losers.push_back(fmt::format("rank {} lost {} name(s)", r, outcome[static_cast<size_t>(r)].lost));
+  {
+    MutexLock lock(mu_);
+    fresh_ = false;
+    lostShards_ = !losers.empty();
+  }
+  startEngine();
   if (!losers.empty())
     fail(ecclRemoteError, "ecclSnapshotRestore: version {}: every replica of some shards is gone ({}){}", newest,
          fmt::join(losers, "; "), lost.empty() ? "" : fmt::format("; here: {}", fmt::join(lost, ", ")));

@@ -82,7 +82,8 @@ class Snapshots {
   // its rank's shards from the survivors, every rank fetches the replicas
   // it now holds, and replication resumes at the new epoch.
   int64_t restore() ECCL_REQUIRES(callerRole());
-  // Second level (persist.cc).
+  // Second level (persist.cc). load(): on a new job's communicator, or
+  // after a restore that lost shards (every rank drops what it holds).
   void persist(const std::string& directory);
   int64_t waitPersisted(int64_t timeoutMs);
   int64_t load(const std::string& directory) ECCL_REQUIRES(callerRole());
@@ -133,6 +134,9 @@ class Snapshots {
   std::vector<transport::MemberId> members_;
   std::vector<std::string> hosts_;
   bool fresh_ ECCL_GUARDED_BY(mu_) = false;  // came as a standby and restored nothing yet
+  // The last restore found shards in no memory: load() may replace what is
+  // left with the persisted version (the second level's reason to exist).
+  bool lostShards_ ECCL_GUARDED_BY(mu_) = false;
   uint64_t generation_ = 0;  // restores so far, agreed by the ranks (Loop)
 
   Store store_ ECCL_GUARDED_BY(mu_);

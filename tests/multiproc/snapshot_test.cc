@@ -3,7 +3,8 @@
 // replacement restores its shards from the survivors' memory (and no file
 // is read); two ranks killed at once with two replicas lose nothing, and a
 // corrupt copy makes the replacement ask the next holder; with one replica
-// and both copies of a shard gone, restore names the lost names; persist
+// and both copies of a shard gone, restore names the lost names and the
+// ranks go back to the version persisted before; persist
 // and load carry a version across a whole-job restart, and a persist killed
 // midway leaves the previous version loadable.
 #include <gtest/gtest.h>
@@ -206,11 +207,26 @@ int64_t recoverAndRestore(ecclComm_t comm, bool recoverFirst, std::string* lost)
 // With `joinerDies`, the first standby promoted is killed before it
 // restores (the survivors are in their restore), and a second one takes
 // its place.
+// When shards are lost (`expectLost`), version 3 was persisted before the
+// failure: every member goes back to it from the directory and goes on.
+void loadAfterTheLoss(ecclComm_t comm, int rank, const std::string& dir) {
+  int64_t v = -1;
+  RANK_OK(ecclSnapshotLoad(comm, dir.c_str(), &v), comm);
+  RANK_CHECK(v == 3, "loaded version " + std::to_string(v));
+  checkDense(comm, rank, 3);
+  putVersion(comm, rank, 5);
+  RANK_OK(ecclSnapshotCommit(comm, 5), comm);
+  RANK_OK(ecclSnapshotWait(comm, 5, 30000), comm);
+  checkDense(comm, rank, 5, /*abandoned=*/4);
+  RANK_CHECK(ecclSnapshotLoad(comm, dir.c_str(), &v) == ecclInvalidUsage, "a load with nothing lost");
+}
+
 void killAndRestore(int n, int replicas, std::vector<int> victims, bool corruptFirstHolder, bool expectLost,
                     bool joinerDies = false) {
   const int standbys = static_cast<int>(victims.size()) + (joinerDies ? 1 : 0);
   ReadyFiles marks;
   const std::string firstJoiner = marks.dir + "/first-joiner";
+  const std::string persisted = marks.dir + "/persisted";
   ProcessGroup group(n + standbys, [=](int index, int, const ecclUniqueId& id) {
     ecclComm_t comm;
     std::string lost;
@@ -228,6 +244,7 @@ void killAndRestore(int n, int replicas, std::vector<int> victims, bool corruptF
       int64_t v = recoverAndRestore(comm, false, &lost);
       if (expectLost) {
         RANK_CHECK(v == -2, "nothing was lost");
+        loadAfterTheLoss(comm, rank, persisted);
       } else {
         RANK_CHECK(v == 3, "restored version " + std::to_string(v));
         checkDense(comm, rank, 3);  // from the survivors' memory: no file exists
@@ -249,6 +266,13 @@ void killAndRestore(int n, int replicas, std::vector<int> victims, bool corruptF
       RANK_OK(ecclSnapshotCommit(comm, v), comm);
     }
     RANK_OK(ecclSnapshotWait(comm, 3, 30000), comm);
+    if (expectLost) {
+      RANK_CHECK(ecclSnapshotLoad(comm, persisted.c_str(), nullptr) == ecclInvalidUsage, "a load over snapshots");
+      RANK_OK(ecclSnapshotPersist(comm, persisted.c_str()), comm);
+      int64_t onDisk = -1;
+      RANK_OK(ecclSnapshotPersistWait(comm, 30000, &onDisk), comm);
+      RANK_CHECK(onDisk == 3, "persisted " + std::to_string(onDisk));
+    }
     float one = 1;
     // The victims die once they finished this allreduce, which others may
     // not have yet: for them the failure shows up here or later.
@@ -280,6 +304,7 @@ void killAndRestore(int n, int replicas, std::vector<int> victims, bool corruptF
     if (expectLost) {
       RANK_CHECK(v == -2, "nothing was lost");
       RANK_CHECK(lost.find("rank " + std::to_string(victims.front()) + " lost") != std::string::npos, lost);
+      loadAfterTheLoss(comm, rank, persisted);
     } else {
       RANK_CHECK(v == 3, "restored version " + std::to_string(v));
       putVersion(comm, rank, 5);
@@ -312,7 +337,7 @@ TEST_F(Snapshot, TwoRanksKilledWithTwoReplicasLoseNothingAndACorruptCopyIsRefetc
 
 TEST_F(Snapshot, AReplacementKilledBeforeItRestoredIsReplacedInTurn) { killAndRestore(4, 1, {2}, false, false, true); }
 
-TEST_F(Snapshot, WithEveryReplicaOfAShardGoneRestoreNamesTheLostNames) {
+TEST_F(Snapshot, WithEveryReplicaOfAShardGoneRestoreNamesThemAndTheRanksLoadThePersistedVersion) {
   killAndRestore(4, 1, {2, 3}, false, true);
 }
 
