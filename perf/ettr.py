@@ -32,6 +32,8 @@ contender:
            neighbours replay their logs, and only it recomputes (MoEtion's
            localized recovery); where a log it needs died too, every stage
            goes back to a full in-memory snapshot (counted as a rollback);
+           where a stage and both its holders died, to the full snapshot
+           persisted to disk one iteration after it was put (from disk);
   moe-replace, moe-shrink
            the MoE model of python/examples/moe_elastic.py, expert parallel
            with uneven replicas through torch_eccl.moe (perf/ettr_moe.py), at
@@ -71,6 +73,7 @@ import json
 import math
 import os
 import random
+import shutil
 import signal
 import socket
 import statistics
@@ -118,7 +121,8 @@ def command(contender, args, events, ckpt_every, ckpt_dir):
     extra = ["--standby", str(spares), "--refill"] if contender in ("replace", "pipeline", "moe-replace") else []
     if contender == "pipeline":
         return [launcher, "-np", str(PIPELINE_STAGES), *extra, "--timeout", limit, py, PIPELINE, "--steps",
-                str(steps_of(contender, args)), "--step-ms", str(args.step_ms), "--events", events]
+                str(steps_of(contender, args)), "--step-ms", str(args.step_ms), "--events", events,
+                "--persist-dir", ckpt_dir]
     if contender in ("shrink", "moe-shrink") and args.repair_steps >= 0:
         extra = ["--respawn", f"{args.repair_steps * args.step_ms / 1000:.3f}"]
     if contender.startswith("moe-"):
@@ -294,6 +298,7 @@ def run_job(contender, args, tag, mtbf_s=None, seed=0, at_step=None, ckpt_every=
     if injector:
         injector.stop.set()
         injector.join()
+    shutil.rmtree(ckpt_dir, ignore_errors=True)  # a restart run's checkpoints take gigabytes; the events say all
     return {"contender": contender, "tag": tag, "rc": rc, "launched": start, "events": read_events(events),
             "kills": injector.kills if injector else [], "log": os.path.join(base, "job.log"), "ckpt_every": ckpt_every,
             "ranks": PIPELINE_STAGES if contender == "pipeline" else args.ranks}
@@ -346,6 +351,7 @@ def analyse(job, t_ff=None):
             grows[e["step"]] = max(grows.get(e["step"], 0.0), e["seconds"])
     out["grew"] = len(grows)
     out["rollbacks"] = len({(e["to"], e["era"]) for e in evs if e["ev"] == "rollback"})  # pipeline: to full snapshots
+    out["from_disk"] = len({(e["to"], e["era"]) for e in evs if e["ev"] == "rollback" and e.get("disk")})
     detect = recover = recompute = 0.0
     for k in job["kills"]:
         after = [e for e in evs if e["t"] > k["t"]]
@@ -516,6 +522,7 @@ def line(r):
     lost = r.get("lost_s", {})
     parts = " ".join(f"{k} {v:6.2f}" for k, v in lost.items())
     rolled = f"  rollbacks {r['rollbacks']}" if r.get("rollbacks") else ""
+    rolled += f" ({r['from_disk']} from disk)" if r.get("from_disk") else ""
     return (f"ettr: {r['tag']:<28} failures {r['failures']:>2}  ETTR {r.get('ettr', 0):.3f}  "
             f"{'ok  ' if r.get('ok') else 'FAIL'} lost s: {parts}{rolled}")
 

@@ -36,6 +36,13 @@ earlier rollback), every stage goes back to the newest full snapshot they
 all hold and recomputes from there (a global rollback, counted). A
 failure during any of this starts it over.
 
+The second level (Gemini's, MoEtion's): one iteration after each full
+snapshot every stage persists it (torch_eccl.snapshot.persist, written in
+the background). When a stage and both stages holding its copies die
+before a restore (three kills within a recovery), the restore names the
+shards no memory holds and every stage goes back to the persisted version
+(snapshot.load) and rolls back to its full snapshot.
+
 Events (perf/ettr.py reads them) as perf/ettr_train.py writes them; the
 "done" digest covers every stage's parameters (gathered), so every rank
 reports the same one and it equals a failure-free run's bit for bit.
@@ -302,20 +309,22 @@ def rollback_to_full(st: Stage, rows: torch.Tensor, new: bool) -> int:
     return f
 
 
-def recover_stage(st: Stage, new: bool, era: int, events):
+def recover_stage(st: Stage, new: bool, era: int, events, from_disk: bool = False):
     """One attempt at the recovery; returns (era, kind). A failed op in it
-    raises, and the caller starts over."""
+    raises, and the caller starts over. `from_disk`: the snapshots were
+    just loaded from the persisted version, and every stage goes back to it."""
     from torch_eccl import log
 
     for opt in st.opts:  # what the interrupted iteration (or rebuild) had accumulated is redone
         opt.zero_grad(set_to_none=True)
     rows = positions(st, new, era)
     era = int(rows[:, ERA_COL].max())
-    t = local_plan(rows)
+    t = None if from_disk else local_plan(rows)
     if t is None:
         f = rollback_to_full(st, rows, new)
-        events("rollback", rank=st.s, to=f, era=era)
-        return era + 1, "global"  # a new era on every recovery: a redone iteration snapshots under a newer version
+        events("rollback", rank=st.s, to=f, era=era, disk=from_disk)
+        # A new era on every recovery: a redone iteration snapshots under a newer version.
+        return era + 1, "disk" if from_disk else "global"
     if not new:
         if st.done == t + 1:
             for b in range(BLOCKS):
@@ -330,6 +339,36 @@ def recover_stage(st: Stage, new: bool, era: int, events):
         rebuild(st, t)
     events("plan", rank=st.s, t=t, rows=rows.tolist())
     return era + 1, "local"
+
+
+def restore_snapshots(persist_dir: str | None, events, st: Stage) -> bool:
+    """From the other stages' memory; from the persisted version where no
+    memory holds some shards. Returns whether it came from disk."""
+    from torch_eccl import snapshot
+
+    try:
+        st.version = snapshot.restore()
+        return False
+    except RuntimeError as e:
+        if "every replica of some shards is gone" not in str(e) or not persist_dir:
+            raise
+        events("lost", rank=st.s, why=str(e).splitlines()[0][:300])
+    st.version = snapshot.load(persist_dir)
+    events("loaded", rank=st.s, version=st.version)
+    return True
+
+
+def persist_after(st: Stage, it: int, persist_dir: str | None):
+    """One iteration after a full snapshot was put (nothing put since, so
+    every stage's newest committed version is that one): persisted in the
+    background, the previous persist long done."""
+    from torch_eccl import snapshot
+
+    if not persist_dir or it <= 2 or (it - 2) % FULL_EVERY:
+        return
+    snapshot.wait(st.version)
+    snapshot.persist_wait()
+    snapshot.persist(persist_dir)
 
 
 def warm_up():
@@ -361,6 +400,7 @@ def main():
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--step-ms", type=float, default=100)
     ap.add_argument("--events", required=True)
+    ap.add_argument("--persist-dir", help="the second level: full snapshots persisted here (every host reaches it)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     events = Events(args.events)
@@ -391,10 +431,9 @@ def main():
                     torch_eccl.recover("replace")
                     events("recovered", rank=st.s, world=STAGES)
                 joining = False
-                snapshot.restore()
-                st.version = snapshot.committed()  # what was put since is dropped everywhere
+                from_disk = restore_snapshots(args.persist_dir, events, st)  # what was put since is dropped
                 events("restored", rank=st.s, version=st.version)
-                era, kind = recover_stage(st, new, era, events)
+                era, kind = recover_stage(st, new, era, events, from_disk)
                 new = failed = False
                 events("ready", rank=st.s, world=STAGES, step=st.done, how=kind)
             if st.done >= args.steps:
@@ -409,11 +448,12 @@ def main():
             st.done = it
             events("step", rank=st.s, world=STAGES, step=it, **loss_fields(st, loss))
             snapshot_after(st, it, era)
+            persist_after(st, it, args.persist_dir)
             time.sleep(max(0.0, args.step_ms / 1000 - (time.monotonic() - started)))
         except RuntimeError as e:
             events("fail", rank=st.s, step=st.done, why=str(e).splitlines()[0][:300])
             failed = True
-            if "every replica of some shards is gone" in str(e):  # a stage and both its holders died together
+            if "every replica of some shards is gone" in str(e):  # with no second level to go back to
                 raise SystemExit(f"ettr_pipeline: stage {st.s}: state lost from every memory: {e}") from e
             refusals = refusals + 1 if "refused" in str(e) else 0
             if refusals >= 3:  # each waited ECCL_REPLACE_WAIT_MS for standbys that did not come
