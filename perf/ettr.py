@@ -62,6 +62,7 @@ check, or dies, counts as ETTR 0 with the reason.
     perf/ettr.py --mtbf 100,300,1000 --seeds 3 --steps 1000 --out build/ettr
     perf/ettr.py --smoke            # CI: one kill per contender, the check only
     perf/ettr.py --smoke --contenders pipeline --fault host   # CI: the pipeline's rollback
+    perf/ettr.py --smoke --contenders pipeline --fault host --host-ranks 3   # CI: back to disk
     perf/ettr.py --fault stop --mtbf 300 --seeds 1
 """
 
@@ -219,7 +220,8 @@ class Injector(threading.Thread):
     def inject(self, pids):
         if self.fault == "host":
             hosts = sorted({r // self.host_ranks for r in pids.values()})
-            host = self.rng.choice(hosts)
+            # A one-off fault (the smoke's) takes the first host: the same case every run.
+            host = hosts[0] if self.at_step is not None else self.rng.choice(hosts)
             victims = sorted(p for p, r in pids.items() if r // self.host_ranks == host)
         else:
             victims = [self.rng.choice(sorted(pids))]
@@ -489,6 +491,9 @@ def main():
                     r.update(ok=False, ettr=0.0, why=f"ended with {r['world_end']} ranks: it never grew back")
                 if args.smoke and c == "pipeline" and args.fault == "host" and r.get("ok") and not r["rollbacks"]:
                     r.update(ok=False, ettr=0.0, why="two adjacent stages died and no stage rolled back")
+                if args.smoke and c == "pipeline" and args.fault == "host" and args.host_ranks >= 3 and r.get("ok") \
+                        and not r["from_disk"]:
+                    r.update(ok=False, ettr=0.0, why="a stage and both its holders died and none went back to disk")
                 results.append(r)
                 print(line(r), flush=True)
                 save()  # after every run: an interrupted table keeps what it measured

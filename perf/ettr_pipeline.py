@@ -36,8 +36,8 @@ earlier rollback), every stage goes back to the newest full snapshot they
 all hold and recomputes from there (a global rollback, counted). A
 failure during any of this starts it over.
 
-The second level (Gemini's, MoEtion's): one iteration after each full
-snapshot every stage persists it (torch_eccl.snapshot.persist, written in
+The second level (Gemini's, MoEtion's): at the start and one iteration
+after each full snapshot every stage persists it (torch_eccl.snapshot.persist, written in
 the background). When a stage and both stages holding its copies die
 before a restore (three kills within a recovery), the restore names the
 shards no memory holds and every stage goes back to the persisted version
@@ -196,7 +196,7 @@ def full_iterations() -> dict[int, int]:
     return {k: v[f"f{k}.b0"] % ERA for k in range(2)}
 
 
-def first_snapshot(st: Stage):
+def first_snapshot(st: Stage, persist_dir: str | None):
     from torch_eccl import snapshot
 
     for b in range(BLOCKS):
@@ -205,6 +205,8 @@ def first_snapshot(st: Stage):
             snapshot.put(0, name, state)
     snapshot.commit(0)
     snapshot.wait(0)
+    if persist_dir:  # the second level holds the start from the start
+        snapshot.persist(persist_dir)
 
 
 # --- recovery ----------------------------------------------------------
@@ -353,7 +355,12 @@ def restore_snapshots(persist_dir: str | None, events, st: Stage) -> bool:
         if "every replica of some shards is gone" not in str(e) or not persist_dir:
             raise
         events("lost", rank=st.s, why=str(e).splitlines()[0][:300])
-    st.version = snapshot.load(persist_dir)
+    try:
+        st.version = snapshot.load(persist_dir)
+    except RuntimeError as e:
+        if "holds no version" in str(e):
+            raise SystemExit(f"ettr_pipeline: stage {st.s}: state lost from every memory and disk: {e}") from e
+        raise
     events("loaded", rank=st.s, version=st.version)
     return True
 
@@ -418,7 +425,7 @@ def main():
     log.configure(64 << 20, peers=neighbours(st.s))
     era, loss = 0, float("nan")
     if not new:
-        first_snapshot(st)
+        first_snapshot(st, args.persist_dir)
         events("ready", rank=st.s, world=STAGES, step=0)
     # A promoted standby joins the recovery in progress (it is in the new
     # view already); anyone whose op fails recovers and starts it over. A

@@ -94,7 +94,10 @@ int64_t Snapshots::redistribute(std::vector<CatalogDelta> catalog, int64_t newes
       const auto& h = holders[static_cast<size_t>(owner)];
       const bool holds = owner != rank_ && std::find(h.begin(), h.end(), rank_) != h.end();
       if (!holds) store_.heldCommitted.erase(owner);
-      if (!holds && !(owner == rank_ && fresh)) continue;
+      // Its own names too, not only when fresh: after a restore that lost
+      // some, a member that came as a standby is no longer fresh and still
+      // lacks them (a later restore must say so again, not succeed).
+      if (!holds && owner != rank_) continue;
       for (const auto& [name, entry] : catalog[static_cast<size_t>(owner)])
         if (const Copy* have = store_.find(owner, name, entry, rank_); !have || !have->intact())
           needs.push_back({owner, name, entry});

@@ -211,6 +211,9 @@ int64_t recoverAndRestore(ecclComm_t comm, bool recoverFirst, std::string* lost)
 // failure: every member goes back to it from the directory and goes on.
 void loadAfterTheLoss(ecclComm_t comm, int rank, const std::string& dir) {
   int64_t v = -1;
+  // Restoring again cannot conjure the lost shards: it says so again.
+  RANK_CHECK(ecclSnapshotRestore(comm, &v) == ecclRemoteError, "a second restore succeeded");
+  RANK_CHECK(std::string(ecclGetLastError(comm)).find("every replica") != std::string::npos, ecclGetLastError(comm));
   RANK_OK(ecclSnapshotLoad(comm, dir.c_str(), &v), comm);
   RANK_CHECK(v == 3, "loaded version " + std::to_string(v));
   checkDense(comm, rank, 3);
