@@ -433,6 +433,9 @@ def main():
     ap.add_argument("--repair-steps", type=int, default=100,
                     help="shrink: a replacement starts this many fault-free steps after a failure (-1: never)")
     ap.add_argument("--grow-every", type=int, default=10, help="shrink: steps between the ranks' asks to grow")
+    ap.add_argument("--skip-runs", metavar="FILE",
+                    help="an earlier run's ettr.json: contender, MTBF and seed pairs it holds are not run again "
+                         "(merge the two with --from-json)")
     ap.add_argument("--smoke", action="store_true",
                     help="one fault per contender at step 15 of 40 (torchft and shrink: of 160, the killed rank "
                          "coming back), at 3 ranks (pipeline: its 4 stages); the check only")
@@ -477,9 +480,15 @@ def main():
     save()
     mtbfs = [None] if args.smoke else [int(m) for m in args.mtbf.split(",")]
     seeds = [0] if args.smoke else range(args.seeds)
+    done = set()
+    if args.skip_runs:
+        with open(args.skip_runs) as f:
+            done = {run_key(r) for r in json.load(f)["runs"]}
     for mtbf in mtbfs:
         for seed in seeds:
             for c in contenders:  # alternating contenders within each seed
+                if (c, mtbf, seed) in done:
+                    continue
                 t_ff = baselines[c]["step_s"]
                 mtbf_s = mtbf * t_ff if mtbf else None
                 every = 0 if c not in RESTARTS else 10 if args.smoke else young_interval(ckpt_costs[c], mtbf_s, t_ff)
@@ -505,21 +514,33 @@ def main():
     sys.exit(1 if bad else 0)
 
 
+def run_key(r):
+    return r["contender"], r.get("mtbf"), r.get("seed")
+
+
 def summarize_files(paths, out):
     """The summary of several runs' JSON (e.g. a contender run on its own
     after the others), contenders in the harness's order."""
-    runs, baselines = [], {}
-    for path in paths:  # a contender in a later file replaces its runs in earlier ones
+    merged = os.path.join(out, "ettr.json")
+    if any(os.path.realpath(p) == os.path.realpath(merged) for p in paths):
+        sys.exit(f"ettr: --out {out} would overwrite {merged}, an input")
+    runs, baselines, costs = [], {}, {}
+    for path in paths:  # a run in a later file replaces the same contender, MTBF and seed in earlier ones
         with open(path) as f:
             data = json.load(f)
         mine = [r for r in data["runs"] if r.get("mtbf")]
-        runs = [r for r in runs if r["contender"] not in {m["contender"] for m in mine}] + mine
+        runs = [r for r in runs if run_key(r) not in {run_key(m) for m in mine}] + mine
         baselines.update(data["baselines"])
+        costs.update(data.get("checkpoint_costs_s") or {})
+        shape = {k: data[k] for k in ("steps", "step_ms", "ranks")}
     contenders = [c for c in CONTENDERS if any(r["contender"] == c for r in runs)]
+    os.makedirs(out, exist_ok=True)
+    with open(merged, "w") as f:  # what perf/ettr_project.py reads
+        json.dump({"baselines": baselines, "runs": runs, "checkpoint_cost_s": costs.get("restart"),
+                   "checkpoint_costs_s": costs, **shape, "merged_from": list(paths)}, f, indent=1)
     mtbfs = sorted({r["mtbf"] for r in runs})
     for c in contenders:
         print(f"ettr: {c}: fault-free {baselines[c]['step_s'] * 1000:.1f} ms/step")
-    os.makedirs(out, exist_ok=True)
     summary(runs, contenders, mtbfs, out)
 
 
