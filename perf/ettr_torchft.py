@@ -75,9 +75,13 @@ def replica_main(a) -> int:
         out = ((ddp(xs) - ys) ** 2).mean()
         out.backward()
         opt.step()  # commits only if every participant's allreduce succeeded
-        if a.attempt and manager.num_participants() == 1 and a.replicas > 1:
+        if a.attempt and manager.num_participants() == 1 and os.path.exists(finished_mark(a.events)):
             # Restarted after the others finished: nobody to heal from or
             # train with (the injector never kills every replica group).
+            # One participant alone says nothing: a replica that healed in
+            # this step does not count, so with every other group dead but
+            # one it sees one (at MTBF 100 three restarted groups gave up
+            # and one group trained on a quarter of the batch to the end).
             events("gave_up", rank=a.replica, step=manager.current_step())
             manager.shutdown(wait=False)
             return 0
@@ -100,6 +104,12 @@ def replica_main(a) -> int:
            loss_sum=final * GLOBAL_BATCH, rows=GLOBAL_BATCH, digest=digest(model))
     manager.shutdown(wait=False)
     return 0
+
+
+def finished_mark(events_dir: str) -> str:
+    """The driver makes it once a replica group finished (not a .jsonl:
+    perf/ettr.py reads only those)."""
+    return os.path.join(events_dir, "a-replica-finished")
 
 
 def free_port() -> int:
@@ -132,6 +142,7 @@ def driver_main(a) -> int:
                     continue
                 if p.returncode == 0:
                     done.add(i)
+                    open(finished_mark(a.events), "w").close()
                 elif p.returncode == -signal.SIGKILL:  # the injector's (or a watchdog's): restart it
                     attempts[i] += 1
                     print(f"ettr_torchft: replica {i} was killed; restart {attempts[i]}", flush=True)
