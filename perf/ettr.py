@@ -571,16 +571,24 @@ def summary(results, contenders, mtbfs, out):
     print(f"\n{'contender':>11} {'MTBF':>6} {'runs':>4} {'failures':>8} {'ETTR':>6} {'min':>6} {'max':>6}  "
           + " ".join(f"{p:>10}" for p in parts) + "  (lost s, medians)")
     medians = {}
-    for c in contenders:
-        for m in mtbfs:
-            rs = [r for r in results if r["contender"] == c and r["mtbf"] == m]
+    # The same table in Markdown for docs/ettr.md: failures per run in seed order.
+    md = ["| contender | MTBF | failures | checks | ETTR median (min-max) | "
+          + " | ".join(f"{p} s" for p in parts) + " |", "| --- " * (5 + len(parts)) + "|"]
+    for m in mtbfs:
+        for c in contenders:
+            rs = sorted((r for r in results if r["contender"] == c and r["mtbf"] == m), key=lambda r: r["seed"])
             if not rs:
                 continue
             e = [r.get("ettr", 0.0) for r in rs]
             medians[(c, m)] = statistics.median(e)
-            lost = " ".join(f"{statistics.median([r.get('lost_s', {}).get(p, 0.0) for r in rs]):>10.2f}" for p in parts)
+            lost = [statistics.median([r.get('lost_s', {}).get(p, 0.0) for r in rs]) for p in parts]
             print(f"{c:>11} {m:>6} {len(rs):>4} {statistics.median([r['failures'] for r in rs]):>8} "
-                  f"{medians[(c, m)]:>6.3f} {min(e):>6.3f} {max(e):>6.3f}  {lost}")
+                  f"{medians[(c, m)]:>6.3f} {min(e):>6.3f} {max(e):>6.3f}  " + " ".join(f"{v:>10.2f}" for v in lost))
+            md.append(f"| {c} | {m} | {'/'.join(str(r['failures']) for r in rs)} | "
+                      f"{sum(1 for r in rs if r.get('ok'))}/{len(rs)} | {medians[(c, m)]:.3f} ({min(e):.3f}-{max(e):.3f}) | "
+                      + " | ".join(f"{v:.2f}" for v in lost) + " |")
+    with open(os.path.join(out, "ettr-table.md"), "w") as f:
+        f.write("\n".join(md) + "\n")
     plt = pyplot("ettr")
     if not plt:
         return
