@@ -142,7 +142,9 @@ ecclResult_t ecclMigrationSend(const void* sendbuff, size_t count, ecclDataType_
 ecclResult_t ecclMigrationRecv(void* recvbuff, size_t count, ecclDataType_t datatype,
                                ecclComm_t comm, ecclStream_t stream);
 /* Collective over the current view: admits `count` registered standbys as
- * new ranks appended at the end. Returns when the new view is active. */
+ * new ranks appended at the end. Returns when the new view is active. A
+ * rank failing before every rank asked refuses it on every caller (recover
+ * first). */
 ecclResult_t ecclCommGrow(ecclComm_t comm, int count);
 
 /* This member's identity in its job: unique, stable across views, never

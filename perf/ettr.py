@@ -101,7 +101,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def command(contender, args, events, ckpt_every, ckpt_dir):
+def command(contender, args, events, ckpt_every, ckpt_dir, faulted=True):
     py = args.python
     train = [TRAIN, "--recovery", contender, "--steps", str(steps_of(contender, args)), "--step-ms",
              str(args.step_ms), "--events", events]
@@ -123,7 +123,7 @@ def command(contender, args, events, ckpt_every, ckpt_dir):
     if contender == "pipeline":
         return [launcher, "-np", str(PIPELINE_STAGES), *extra, "--timeout", limit, py, PIPELINE, "--steps",
                 str(steps_of(contender, args)), "--step-ms", str(args.step_ms), "--events", events,
-                "--persist-dir", ckpt_dir]
+                "--persist-dir", ckpt_dir, *(["--die-at", args.pipeline_die_at] if args.pipeline_die_at and faulted else [])]
     if contender in ("shrink", "moe-shrink") and args.repair_steps >= 0:
         extra = ["--respawn", f"{args.repair_steps * args.step_ms / 1000:.3f}"]
     if contender.startswith("moe-"):
@@ -283,7 +283,7 @@ def run_job(contender, args, tag, mtbf_s=None, seed=0, at_step=None, ckpt_every=
     # host is busy (the launcher's coordinator starved under CI's load).
     env = {"ECCL_HEARTBEAT_TIMEOUT_MS": "10000", **os.environ, "PYTHONPATH": os.path.join(args.build, "python"),
            "ECCL_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
-    cmd = command(contender, args, events, ckpt_every, ckpt_dir)
+    cmd = command(contender, args, events, ckpt_every, ckpt_dir, faulted=bool(mtbf_s or at_step is not None))
     log = open(os.path.join(base, "job.log"), "w")
     start = time.time()
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=ROOT)
@@ -433,6 +433,10 @@ def main():
     ap.add_argument("--repair-steps", type=int, default=100,
                     help="shrink: a replacement starts this many fault-free steps after a failure (-1: never)")
     ap.add_argument("--grow-every", type=int, default=10, help="shrink: steps between the ranks' asks to grow")
+    ap.add_argument("--pipeline-die-at", metavar="STAGE:ITERATION", default="",
+                    help="tests: that pipeline stage kills itself before that iteration's step (one stage ahead)")
+    ap.add_argument("--runs", metavar="C:MTBF:SEED,...", default="",
+                    help="only these runs (e.g. a seed rerun after a fix; merge with --from-json)")
     ap.add_argument("--skip-runs", metavar="FILE",
                     help="an earlier run's ettr.json: contender, MTBF and seed pairs it holds are not run again "
                          "(merge the two with --from-json)")
@@ -446,6 +450,11 @@ def main():
     if args.from_json:
         return summarize_files(args.from_json, args.out)
     contenders = [c for c in args.contenders.split(",") if c]
+    only = {(c, int(m), int(sd)) for c, m, sd in (r.split(":") for r in args.runs.split(",") if r)}
+    if only:  # baselines for these contenders only, at these MTBFs and seeds
+        contenders = [c for c in contenders if any(o[0] == c for o in only)]
+        args.mtbf = ",".join(str(m) for m in sorted({o[1] for o in only}))
+        args.seeds = max(o[2] for o in only) + 1
     args.steps_by = {}  # steps per contender where they differ (the smoke's)
     if args.smoke:
         # Three ranks: every contender's path (a shrink to two and back, two
@@ -487,7 +496,7 @@ def main():
     for mtbf in mtbfs:
         for seed in seeds:
             for c in contenders:  # alternating contenders within each seed
-                if (c, mtbf, seed) in done:
+                if (c, mtbf, seed) in done or (only and (c, mtbf, seed) not in only):
                     continue
                 t_ff = baselines[c]["step_s"]
                 mtbf_s = mtbf * t_ff if mtbf else None

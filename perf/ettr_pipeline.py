@@ -53,6 +53,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import signal
 import sys
 import time
 
@@ -67,6 +68,7 @@ D = WIDTH // BLOCKS
 EVERY, FULL_EVERY = 2, 32
 ERA = 1_000_000  # snapshot version = era * ERA + iteration, a new era per recovery: versions must only grow
 LR = 1e-3
+DIE_AT = None  # tests (--die-at): (stage, iteration) where this process kills itself
 
 
 class Stage:
@@ -146,6 +148,8 @@ def micro_batch(st: Stage, it: int, mb: int) -> float:
         down = torch.empty(ROWS, WIDTH)
         dist.recv(down, st.s + 1)
         torch.autograd.backward(outs, [down[:, st.sl(b)].contiguous() for b in range(BLOCKS)])
+    if DIE_AT == (st.s, it) and mb == MICRO - 1:
+        os.kill(os.getpid(), signal.SIGKILL)  # the stages after it have stepped, those before wait for this
     if st.s > 0:
         dist.send(inp.grad, st.s - 1)
     return loss_sum
@@ -339,7 +343,7 @@ def recover_stage(st: Stage, new: bool, era: int, events, from_disk: bool = Fals
                 log.replay(n, need, t)
     else:
         rebuild(st, t)
-    events("plan", rank=st.s, t=t, rows=rows.tolist())
+    events("plan", rank=st.s, meet=t, rows=rows.tolist())  # not t=: that is the event's time
     return era + 1, "local"
 
 
@@ -408,6 +412,9 @@ def main():
     ap.add_argument("--step-ms", type=float, default=100)
     ap.add_argument("--events", required=True)
     ap.add_argument("--persist-dir", help="the second level: full snapshots persisted here (every host reaches it)")
+    ap.add_argument("--die-at", metavar="STAGE:ITERATION", default="",
+                    help="tests: that stage's first process SIGKILLs itself in that iteration before it sends its "
+                         "last gradient back (the stages after it have stepped: one iteration ahead of the others)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     events = Events(args.events)
@@ -421,6 +428,9 @@ def main():
         raise SystemExit(f"ettr_pipeline: {STAGES} stages, one per rank; run with -np {STAGES}")
     st = Stage(dist.get_rank())
     new = torch_eccl.stats()["joined_epoch"] != 1
+    if args.die_at and not new:  # the first process only: its replacement redoes the iteration
+        global DIE_AT
+        DIE_AT = tuple(int(x) for x in args.die_at.split(":"))
     snapshot.configure(replicas=2)  # any two stages may die together
     log.configure(64 << 20, peers=neighbours(st.s))
     era, loss = 0, float("nan")
@@ -449,8 +459,12 @@ def main():
                 break
             started = time.monotonic()
             it = st.done + 1
-            st.kept = [st.block_state(b) for b in range(BLOCKS)]
             loss = sum(micro_batch(st, it, mb) for mb in range(MICRO))
+            # Kept only now, at the step: a stage that finished `it` and
+            # failed in `it` + 1 must still hold the state before `it`'s step
+            # (kept at the top of the iteration, it held `it`'s own, and a
+            # rollback from `it` to `it` - 1 applied `it`'s step twice).
+            st.kept = [st.block_state(b) for b in range(BLOCKS)]
             step_blocks(st, range(BLOCKS))
             st.done = it
             events("step", rank=st.s, world=STAGES, step=it, **loss_fields(st, loss))

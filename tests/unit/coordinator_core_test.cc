@@ -473,6 +473,37 @@ TEST(CoordinatorRecovery, SurvivorsAskingForDifferentPoliciesAreRefused) {
   EXPECT_EQ(membersOf(h.to(3, CoordKind::kView).at(0)), (std::vector<uint64_t>{1, 3}));
 }
 
+// Two ranks asked to grow, then the third died before it asked: the grow
+// can never gather every rank, so the askers hear so at once (they waited
+// for their deadline, and the recovery for them, before) and recover.
+TEST(CoordinatorRecovery, ARankFailingBeforeEveryoneAskedToGrowRefusesTheAskers) {
+  Harness h;
+  formThree(h);
+  h.joinStandby(9);
+  h.clear();
+  for (uint64_t m : {1, 2}) {
+    CoordMessage grow;
+    grow.kind = CoordKind::kGrow;
+    grow.epoch = 1;
+    grow.nranks = 1;
+    h.say(m, grow);
+  }
+  EXPECT_TRUE(h.to(1, CoordKind::kError).empty());
+  h.closed(3);
+  for (uint64_t m : {1, 2}) {
+    auto errors = h.to(m, CoordKind::kError);
+    ASSERT_EQ(errors.size(), 1u) << "member " << m;
+    EXPECT_THAT(errors[0].text, HasSubstr("grow refused"));
+    EXPECT_THAT(errors[0].text, HasSubstr("recover first"));
+    EXPECT_THAT(errors[0].text, HasSubstr("rank 2"));
+  }
+  h.clear();
+  recover(h, {1, 2}, RecoverPolicy::kShrink);
+  auto views = h.to(1, CoordKind::kView);
+  ASSERT_EQ(views.size(), 1u);
+  EXPECT_EQ(membersOf(views[0]), (std::vector<uint64_t>{1, 2}));
+}
+
 TEST(CoordinatorRecovery, StaleEpochIsRefused) {
   Harness h;
   formThree(h);

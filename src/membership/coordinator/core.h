@@ -218,6 +218,9 @@ class CoordinatorCore {
                  bool quiet = false);
   void commitView(std::vector<uint64_t> next, const std::vector<uint64_t>& promoted, const std::string& story,
                   const std::vector<uint64_t>& leavers, uint64_t uuid = 0);
+  // A rank of the view failed or left: the grow asked so far can never
+  // gather every rank, and its askers must recover with the others.
+  void refuseGrowAsks(const std::string& why);
 
   // Expected migration and its vote (vote.cc).
   std::string startMigration(int64_t rank, const std::string& asker);

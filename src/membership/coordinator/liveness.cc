@@ -186,6 +186,7 @@ void CoordinatorCore::declareFailed(uint64_t member, const std::string& reason, 
     auto mm = members.find(v);
     if (mm != members.end() && !isFailed(v)) send(mm->second, f);
   }
+  refuseGrowAsks(lastFailure);
   breakGroupsOf(member, lastFailure);
   if (voter) return decideVote();
   tryRecover();
@@ -212,6 +213,7 @@ void CoordinatorCore::departed(uint64_t mid) {
     lastFailure = fmt::format("{} left the job (it destroyed its communicator)", label(mid));
   }
   eraseMember(mid);
+  if (emptiesRank) refuseGrowAsks(lastFailure);
   if (voting) decideVote();
   if (emptiesRank) tryRecover();
 }

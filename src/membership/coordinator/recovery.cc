@@ -91,6 +91,13 @@ void CoordinatorCore::onGrow(uint64_t from, const CoordMessage& msg) {
   commitView(next, standbys, fmt::format("grew from {} to {} ranks", view.size(), next.size()), {});
 }
 
+void CoordinatorCore::refuseGrowAsks(const std::string& why) {
+  std::vector<uint64_t> asked;
+  for (uint64_t v : view)
+    if (auto it = members.find(v); it != members.end() && it->second.ask == Member::Ask::kGrow) asked.push_back(v);
+  if (!asked.empty()) refuseAll(asked, "grow", fmt::format("grow refused: {}; recover first", why), /*quiet=*/true);
+}
+
 void CoordinatorCore::tryRecover() {
   if (failed.empty()) return releaseReservations();
   if (pending && pending->voting) return;  // the vote decides first
