@@ -64,6 +64,8 @@ check, or dies, counts as ETTR 0 with the reason.
     perf/ettr.py --smoke --contenders pipeline --fault host   # CI: the pipeline's rollback
     perf/ettr.py --smoke --contenders pipeline --fault host --host-ranks 3   # CI: back to disk
     perf/ettr.py --fault stop --mtbf 300 --seeds 1
+    perf/ettr.py --runs pipeline:100:1 --out build/ettr-again   # one seed again after a fix
+    perf/ettr.py --from-json build/ettr/ettr.json build/ettr-again/ettr.json --out build/ettr-all
 """
 
 from __future__ import annotations
