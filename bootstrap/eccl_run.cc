@@ -178,14 +178,17 @@ Fault parseFault(const std::string& spec, int sig, int np) {
 }
 
 // This process's environment plus the variables ecclCommInitFromEnv reads.
-std::vector<std::string> rankEnvironment(int rank, int nranks, const std::string& idText, bool standby) {
+// hostId: ECCL_HOSTID for the child ("" keeps this process's).
+std::vector<std::string> rankEnvironment(int rank, int nranks, const std::string& idText, bool standby,
+                                         const std::string& hostId) {
   std::vector<std::string> env;
   for (char** e = environ; *e; ++e) {
     std::string_view v(*e);
     if (!v.starts_with("ECCL_RANK=") && !v.starts_with("ECCL_NRANKS=") && !v.starts_with("ECCL_UNIQUE_ID=") &&
-        !v.starts_with("ECCL_ROLE="))
+        !v.starts_with("ECCL_ROLE=") && !(!hostId.empty() && v.starts_with("ECCL_HOSTID=")))
       env.emplace_back(v);
   }
+  if (!hostId.empty()) env.push_back("ECCL_HOSTID=" + hostId);
   env.push_back(standby ? "ECCL_ROLE=standby" : "ECCL_ROLE=rank");
   env.push_back(fmt::format("ECCL_RANK={}", rank));
   env.push_back(fmt::format("ECCL_NRANKS={}", nranks));
@@ -220,6 +223,12 @@ int main(int argc, char** argv) {
   app.add_flag("--refill", refill,
                "keep --standby K idle: start a standby whenever one is promoted, and one for each dead rank the "
                "view still holds");
+  int ranksPerHost = 0;
+  app.add_option("--ranks-per-host", ranksPerHost,
+                 "simulated hosts: ECCL_HOSTID=hostI for ranks I*N to I*N+N-1, spareJ for the standbys started "
+                 "J*N to J*N+N-1 (a spare host each N; refills included), so snapshot copies avoid the ranks a host "
+                 "fault takes together")
+      ->check(CLI::Range(1, 4096));
   double respawnSeconds = -1;  // never
   app.add_option("--respawn", respawnSeconds,
                  "SECONDS after a rank dies, start a new standby in its place (a repaired host coming back; the "
@@ -388,7 +397,10 @@ int main(int argc, char** argv) {
       perror("eccl-run: pipe");
       return false;
     }
-    std::vector<std::string> env = rankEnvironment(standby ? -1 : index, np, idText, standby);
+    std::string hostId;
+    if (ranksPerHost > 0)
+      hostId = standby ? fmt::format("spare{}", standbysStarted / ranksPerHost) : fmt::format("host{}", index / ranksPerHost);
+    std::vector<std::string> env = rankEnvironment(standby ? -1 : index, np, idText, standby, hostId);
     std::vector<std::string> argv = launchArgs(hosts[static_cast<size_t>(index) % hosts.size()], rsh, env, command);
     std::vector<char*> envp, args;
     for (auto& e : env) envp.push_back(e.data());

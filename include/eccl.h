@@ -473,8 +473,10 @@ typedef struct {
 /* Collective over the view (config NULL: the defaults); a replacement or a
  * rank the view grew by (both come as standbys) calls it once promoted,
  * before ecclSnapshotRestore.
- * Called again after the view shrank (a recovery with no standby), it
- * starts the snapshots over on the survivors: every copy, own and held,
+ * Called again after the view shrank (a recovery with no standby), or
+ * after ecclSnapshotRestore failed with shards in no memory (the caller
+ * rebuilt its state another way, e.g. from data-parallel replicas), it
+ * starts the snapshots over on the ranks: every copy, own and held,
  * is dropped (read a departed rank's shards with ecclSnapshotGetHeld
  * first) and nothing is committed until the next version. */
 ecclResult_t ecclSnapshotConfigure(ecclComm_t comm, const ecclSnapshotConfig_t* config);

@@ -45,7 +45,11 @@ contender:
 Faults (--fault): kill (SIGKILL one rank), stop (SIGSTOP one rank: a hung
 process, SIGKILLed --stop-kill-s later as a watchdog would), host (SIGKILL
 every rank of one simulated host of --host-ranks ranks; replace then keeps
-that many standbys).
+that many standbys). eccl-run gives each simulated host its own
+ECCL_HOSTID (--ranks-per-host; standbys come on spare hosts), so the
+snapshots keep a rank's copies off its host, as on a cluster;
+--hide-hosts leaves them one machine (the pipeline's test of its second
+level).
 
 ETTR = steps x (the contender's fault-free step time) / wall time from the
 first step's start to the end (torchft: each step counts as the share of
@@ -120,10 +124,14 @@ def command(contender, args, events, ckpt_every, ckpt_dir, faulted=True):
                 "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--monitor-interval", "0.1",
                 *train, *(["--ckpt-dir", ckpt_dir, "--ckpt-every", str(ckpt_every)] if ckpt_every else [])]
     launcher = os.path.join(args.build, "bootstrap", "eccl-run")
+    if args.fault == "host" and not args.hide_hosts:
+        launcher = [launcher, "--ranks-per-host", str(args.host_ranks)]
+    else:
+        launcher = [launcher]
     spares = args.host_ranks if args.fault == "host" else 1
     extra = ["--standby", str(spares), "--refill"] if contender in ("replace", "pipeline", "moe-replace") else []
     if contender == "pipeline":
-        return [launcher, "-np", str(PIPELINE_STAGES), *extra, "--timeout", limit, py, PIPELINE, "--steps",
+        return [*launcher, "-np", str(PIPELINE_STAGES), *extra, "--timeout", limit, py, PIPELINE, "--steps",
                 str(steps_of(contender, args)), "--step-ms", str(args.step_ms), "--events", events,
                 "--persist-dir", ckpt_dir, *(["--die-at", args.pipeline_die_at] if args.pipeline_die_at and faulted else [])]
     if contender in ("shrink", "moe-shrink") and args.repair_steps >= 0:
@@ -133,7 +141,7 @@ def command(contender, args, events, ckpt_every, ckpt_dir, faulted=True):
                  str(args.step_ms), "--events", events]
     if contender in ("shrink", "replace", "moe-shrink", "moe-replace"):
         train += ["--grow-every", str(args.grow_every)]
-    return [launcher, "-np", str(args.ranks), *extra, "--timeout", limit, py, *train]
+    return [*launcher, "-np", str(args.ranks), *extra, "--timeout", limit, py, *train]
 
 
 def steps_of(contender, args) -> int:
@@ -219,12 +227,25 @@ class Injector(threading.Thread):
             return {}  # the state comes from a live rank (replica group)
         return pids
 
+    def host_of(self, pid, rank):
+        """The simulated host eccl-run named (a replacement's is a spare
+        one), else the rank's."""
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                for var in f.read().split(b"\0"):
+                    if var.startswith(b"ECCL_HOSTID="):
+                        return var[len(b"ECCL_HOSTID="):].decode()
+        except OSError:
+            pass
+        return f"host{rank // self.host_ranks}"
+
     def inject(self, pids):
         if self.fault == "host":
-            hosts = sorted({r // self.host_ranks for r in pids.values()})
+            host_of = {p: self.host_of(p, r) for p, r in pids.items()}
+            hosts = sorted(set(host_of.values()), key=lambda h: (min(r for p, r in pids.items() if host_of[p] == h), h))
             # A one-off fault (the smoke's) takes the first host: the same case every run.
             host = hosts[0] if self.at_step is not None else self.rng.choice(hosts)
-            victims = sorted(p for p, r in pids.items() if r // self.host_ranks == host)
+            victims = sorted(p for p in pids if host_of[p] == host)
         else:
             victims = [self.rng.choice(sorted(pids))]
         sig = signal.SIGSTOP if self.fault == "stop" else signal.SIGKILL
@@ -291,8 +312,13 @@ def run_job(contender, args, tag, mtbf_s=None, seed=0, at_step=None, ckpt_every=
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=ROOT)
     injector = None
     if mtbf_s or at_step is not None:
+        # eccl-run's repair (--respawn) follows a rank's death: in the smoke a
+        # stopped rank of the shrink contenders dies soon, so that it comes
+        # back within the run (before eccl sees it hang: detection is then
+        # the kill's).
+        stop_kill_s = 2.0 if args.smoke and contender in ("shrink", "moe-shrink") else args.stop_kill_s
         injector = Injector(events, contender, mtbf_s, seed, at_step, args.ranks, args.fault, args.host_ranks,
-                            args.stop_kill_s)
+                            stop_kill_s)
         injector.start()
     try:
         rc = proc.wait(timeout=args.run_timeout + 30)
@@ -431,6 +457,9 @@ def main():
     ap.add_argument("--run-timeout", type=int, default=900)
     ap.add_argument("--fault", choices=["kill", "stop", "host"], default="kill")
     ap.add_argument("--host-ranks", type=int, default=2, help="--fault host: ranks per simulated host")
+    ap.add_argument("--hide-hosts", action="store_true",
+                    help="--fault host: no ECCL_HOSTID per simulated host (eccl sees one machine: snapshot copies "
+                         "may share their owner's host)")
     ap.add_argument("--stop-kill-s", type=float, default=20, help="--fault stop: SIGKILL a stopped rank this late")
     ap.add_argument("--repair-steps", type=int, default=100,
                     help="shrink: a replacement starts this many fault-free steps after a failure (-1: never)")
@@ -462,7 +491,9 @@ def main():
         # Three ranks: every contender's path (a shrink to two and back, two
         # replica groups healing one) with a quarter fewer processes to start
         # than four, which is most of the smoke's time (CI: 258 s at four).
-        args.steps, args.step_ms, args.run_timeout, args.ranks = 40, 50, 240, 3
+        # A host fault takes two: four ranks, so that shrink keeps two.
+        args.steps, args.step_ms, args.run_timeout = 40, 50, 240
+        args.ranks = 4 if args.fault == "host" else 3
         args.steps_by, args.repair_steps, args.grow_every = {"shrink": 160, "torchft": 160, "moe-shrink": 160}, 0, 5
     os.makedirs(args.out, exist_ok=True)
     results, baselines = [], {}
@@ -514,6 +545,11 @@ def main():
                 if args.smoke and c == "pipeline" and args.fault == "host" and args.host_ranks >= 3 and r.get("ok") \
                         and not r["from_disk"]:
                     r.update(ok=False, ettr=0.0, why="a stage and both its holders died and none went back to disk")
+                if args.smoke and c == "moe-replace" and args.fault == "host" and args.hide_hosts and r.get("ok"):
+                    with open(job["log"], errors="replace") as f:
+                        if "the snapshots start over" not in f.read():
+                            r.update(ok=False, ettr=0.0, why="a host's ranks died with their copies and no rank "
+                                                             "started the snapshots over")
                 results.append(r)
                 print(line(r), flush=True)
                 save()  # after every run: an interrupted table keeps what it measured

@@ -355,8 +355,8 @@ def restore_snapshots(persist_dir: str | None, events, st: Stage) -> bool:
     try:
         st.version = snapshot.restore()
         return False
-    except RuntimeError as e:
-        if "every replica of some shards is gone" not in str(e) or not persist_dir:
+    except snapshot.ShardsLost as e:
+        if not persist_dir:
             raise
         events("lost", rank=st.s, why=str(e).splitlines()[0][:300])
     try:
@@ -474,7 +474,7 @@ def main():
         except RuntimeError as e:
             events("fail", rank=st.s, step=st.done, why=str(e).splitlines()[0][:300])
             failed = True
-            if "every replica of some shards is gone" in str(e):  # with no second level to go back to
+            if isinstance(e, snapshot.ShardsLost):  # with no second level to go back to
                 raise SystemExit(f"ettr_pipeline: stage {st.s}: state lost from every memory: {e}") from e
             refusals = refusals + 1 if "refused" in str(e) else 0
             if refusals >= 3:  # each waited ECCL_REPLACE_WAIT_MS for standbys that did not come

@@ -140,20 +140,32 @@ class Trainer:
         self.rebalanced_at = 0
         self.shrunk = False
         self.prev_candidate = None
-        self.snapshots = False  # configured on the current view
+        # The snapshots' state on this rank: NONE (never configured here),
+        # CONFIGURED (a replacement's configure is done, its restore is not)
+        # or SETTLED (snapshotting with the others). Gathered in sync so
+        # that every rank takes the same next call.
+        self.snap = SNAP_NONE
         self.snapshot_base = 0  # versions: the view's epoch in the high digits, the step below
 
     # --- peer-memory snapshots of the experts ----------------------------
     def start_snapshots(self, how: str):
         """`first`: a fresh view; `over`: the view shrank (every copy is
         dropped: read what is needed first); `restore`: a standby took a
-        rank (it configures, then everyone restores)."""
-        world = dist.get_world_size()
-        if how in ("first", "over") or not self.snapshots:
-            snapshot.configure(replicas=min(1, world - 1))
+        rank, or a restore was cut short (a newcomer configures, then
+        everyone restores; where some shards are in no memory, e.g. a
+        host took a rank and its copies along, the experts came back from
+        their replicas and the snapshots start over)."""
+        replicas = min(1, dist.get_world_size() - 1)
+        if how in ("first", "over") or self.snap == SNAP_NONE:
+            snapshot.configure(replicas=replicas)
+            self.snap = SNAP_CONFIGURED if how == "restore" else SNAP_SETTLED
         if how == "restore":
-            snapshot.restore()
-        self.snapshots = True
+            try:
+                snapshot.restore()
+            except snapshot.ShardsLost as e:  # every rank raises it
+                print(f"rank {dist.get_rank()}: {str(e).splitlines()[0]}; the snapshots start over", flush=True)
+                snapshot.configure(replicas=replicas)
+            self.snap = SNAP_SETTLED
         self.snapshot_base = int(torch_eccl.stats()["epoch"]) * 1_000_000
 
     def put_snapshot(self):
@@ -165,7 +177,7 @@ class Trainer:
     def held_snapshots(self) -> dict[int, tuple[int, int]]:
         """Expert -> (owner, version) of the copies this rank holds of other
         ranks' experts (owners numbered as in the snapshots' view)."""
-        if not self.snapshots:
+        if self.snap == SNAP_NONE:
             return {}
         out = {}
         for (owner, name), version in snapshot.held().items():
@@ -282,20 +294,41 @@ class Trainer:
         rank, world = dist.get_rank(), dist.get_world_size()
         # Who, at which step, holding which experts, and which experts'
         # snapshot copies (other ranks') this rank holds.
-        mine = torch.full((2 + SLOTS + EXPERTS,), -1, dtype=torch.long)
-        mine[0], mine[1] = self.ident, self.step
+        mine = torch.full((3 + SLOTS + EXPERTS,), -1, dtype=torch.long)
+        mine[0], mine[1], mine[-1] = self.ident, self.step, self.snap
         held = sorted(self.experts)
         mine[2:2 + len(held)] = torch.tensor(held, dtype=torch.long)
         copies = self.held_snapshots()
-        for e in copies:
-            mine[2 + SLOTS + e] = 1
-        every = torch.empty(world, 2 + SLOTS + EXPERTS, dtype=torch.long)
+        for e, (_, version) in copies.items():  # the step each copy is of
+            mine[2 + SLOTS + e] = version % 1_000_000
+        every = torch.empty(world, 3 + SLOTS + EXPERTS, dtype=torch.long)
         dist.all_gather_into_tensor(every, mine)
         steps = every[:, 1].tolist()
         survivors = [r for r in range(world) if steps[r] >= 0]
         src = survivors[0]
         target_step = min(steps[r] for r in survivors)
-        if self.step > target_step:  # finished the step the others failed in
+        current = [[e for e in row[2:2 + SLOTS].tolist() if e >= 0] for row in every]
+        # An expert no survivor holds comes back from a snapshot copy (the
+        # newest, on the lowest rank): its holder counts as an owner, and
+        # the move goes on from there.
+        alive = {e for row in current for e in row}
+        from_snapshot = {}  # expert -> (holder, step of its copy)
+        for e in range(EXPERTS):
+            copy_steps = [(int(every[r, 2 + SLOTS + e]), -r) for r in range(world) if every[r, 2 + SLOTS + e] >= 0]
+            if e not in alive and copy_steps:
+                step, holder = max(copy_steps)
+                from_snapshot[e] = (-holder, step)
+        # A copy one step behind (its owner died before that step's
+        # snapshot committed): everyone goes back a step when every
+        # survivor can (each keeps the state before its last step), and
+        # the sums stay exact.
+        behind = min((step for _, step in from_snapshot.values()), default=target_step)
+        if behind == target_step - 1 and all(steps[r] == target_step for r in survivors):
+            if rank == src:
+                print(f"rank {rank}: the snapshot copies of experts {sorted(from_snapshot)} are of step {behind}: "
+                      f"every rank goes back to it from step {target_step}", flush=True)
+            target_step = behind
+        if self.step > target_step:  # finished the step the others failed in, or going back
             self.restore(self.prev)
         newcomers = any(s < 0 for s in steps)
         if newcomers:
@@ -304,18 +337,8 @@ class Trainer:
                 dist.broadcast(t, src=src)
         decision = [None]
         if rank == src:
-            current = [[e for e in row[2:2 + SLOTS].tolist() if e >= 0] for row in every]
-            # An expert no survivor holds comes back from a snapshot copy:
-            # its holder counts as an owner, and the move goes on from there.
-            from_snapshot = {}
-            alive = {e for row in current for e in row}
-            for e in range(EXPERTS):
-                if e in alive:
-                    continue
-                holders = [r for r in range(world) if every[r, 2 + SLOTS + e] == 1]
-                if holders:
-                    from_snapshot[e] = holders[0]
-                    current[holders[0]].append(e)
+            for e, (holder, _) in from_snapshot.items():
+                current[holder].append(e)
             lost = [e for e in range(EXPERTS) if e not in alive and e not in from_snapshot]
             rebalance = (every_k > 0 and target_step % every_k == 0 and 0 < target_step < last_step
                          and self.rebalanced_at != target_step)
@@ -342,14 +365,17 @@ class Trainer:
             if lost:  # every rank stops with the same message
                 placement = f"experts {lost} lost every replica and every snapshot copy"
             # A newcomer (a standby in a rank's place, or one the view grew
-            # by) restores the copies; a view that shrank starts them over.
-            view = "restore" if newcomers else "over" if world != len(self.placement) else None
-            decision = [(placement, transfers, target_step, self.losses, rebalance, from_snapshot, view)]
+            # by) restores the copies, and so does a view whose restore a
+            # failure cut short; a view that shrank starts them over.
+            unsettled = any(int(every[r, -1]) != SNAP_SETTLED for r in range(world))
+            view = ("restore" if newcomers else "over" if world != len(self.placement) else
+                    "restore" if unsettled else None)
+            decision = [(placement, transfers, target_step, self.losses, rebalance, view)]
         dist.broadcast_object_list(decision, src=src)
-        placement, transfers, target_step, losses, rebalance, from_snapshot, view = decision[0]
+        placement, transfers, target_step, losses, rebalance, view = decision[0]
         if isinstance(placement, str):
             raise SystemExit(f"rank {rank}: {placement}")
-        for e, holder in sorted(from_snapshot.items()):
+        for e, (holder, _) in sorted(from_snapshot.items()):
             if holder == rank:
                 self.experts[e], version = self.expert_from_snapshot(e, copies[e][0])
                 held.append(e)
@@ -363,9 +389,12 @@ class Trainer:
         if rebalance:
             self.load.zero_()
             self.rebalanced_at = target_step
-        if view or not self.snapshots:
-            self.start_snapshots(view or "first")
+        if view:
+            self.start_snapshots(view)
         return len(transfers) if rebalance else -1
+
+
+SNAP_NONE, SNAP_CONFIGURED, SNAP_SETTLED = 0, 1, 2
 
 
 def copies_to(current, placement):

@@ -78,8 +78,9 @@ def configure(replicas: int | None = None, max_in_flight_bytes: int = 0, group: 
     """Collective over the group (a replacement calls it once promoted).
     ``replicas``: copies of each rank's state on other ranks (None:
     ECCL_SNAPSHOT_REPLICAS, default 1). Called again after the group
-    shrank, it starts the snapshots over on the survivors, dropping every
-    copy: read what the departed ranks left with :func:`get_held` first."""
+    shrank, or after :func:`restore` raised :class:`ShardsLost`, it starts
+    the snapshots over on the ranks, dropping every copy: read what the
+    departed ranks left with :func:`get_held` first."""
     _backend(group).snapshot_configure(-1 if replicas is None else int(replicas), int(max_in_flight_bytes))
 
 
@@ -147,11 +148,25 @@ def get_held(owner: int, name: str, out: torch.Tensor, group: dist.ProcessGroup 
     return _backend(group).snapshot_get_held(int(owner), str(name), out)
 
 
+class ShardsLost(RuntimeError):
+    """:func:`restore` found shards that no rank's memory holds (every
+    replica died with its owner); every rank raises it. Go on with
+    :func:`load` (the persisted version) or, where the state came back
+    another way, start over with :func:`configure`."""
+
+
 def restore(group: dist.ProcessGroup | None = None) -> int:
     """Collective after the group's view changed (torch_eccl.recover, or a
     replacement once promoted): a replacement gets its rank's state from
-    the survivors' memory. Returns the version the ranks agreed on."""
-    return _backend(group).snapshot_restore()
+    the survivors' memory. Returns the version the ranks agreed on; raises
+    :class:`ShardsLost` where some shards are in no memory (the rest is
+    restored)."""
+    try:
+        return _backend(group).snapshot_restore()
+    except RuntimeError as e:
+        if "every replica of some shards is gone" in str(e):  # ecclSnapshotRestore's ecclRemoteError
+            raise ShardsLost(str(e)) from e
+        raise
 
 
 def get_state_dict(prefix: str = "state", group: dist.ProcessGroup | None = None):

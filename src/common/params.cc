@@ -140,6 +140,9 @@ const std::vector<Param>& all() {
       {"ECCL_RANK", "int", "-1", "Rank of this process (set by eccl-run)."},
       {"ECCL_NRANKS", "int", "-1", "Number of ranks (set by eccl-run)."},
       {"ECCL_UNIQUE_ID", "string", "", "The job's unique id as text (set by eccl-run)."},
+      {"ECCL_HOSTID", "string", "",
+       "The failure domain this process shares with others (snapshot copies go to other ones); empty: the host "
+       "name and network namespace. eccl-run --ranks-per-host sets it per simulated host. Transports ignore it."},
   };
   return table;
 }
@@ -227,5 +230,6 @@ int pinProgressThread() { return static_cast<int>(getInt("ECCL_PIN_PROGRESS_THRE
 int envRank() { return static_cast<int>(getInt("ECCL_RANK")); }
 int envNranks() { return static_cast<int>(getInt("ECCL_NRANKS")); }
 std::string envUniqueId() { return getString("ECCL_UNIQUE_ID"); }
+std::string hostId() { return getString("ECCL_HOSTID"); }
 
 }  // namespace eccl::params

@@ -65,5 +65,6 @@ bool checkCalls();
 int envRank();
 int envNranks();
 std::string envUniqueId();
+std::string hostId();  // ECCL_HOSTID: the failure domain; empty when unset
 
 }  // namespace eccl::params

@@ -8,13 +8,16 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "common/params.h"
 #include "snapshot/gather.h"
 
 namespace eccl::snapshot {
 namespace {
 
-// Ranks on one host share its fate: the host name and network namespace.
+// Ranks on one host share its fate: the host name and network namespace,
+// unless ECCL_HOSTID names the failure domain (a launcher's simulated host).
 std::string thisHost() {
+  if (std::string id = params::hostId(); !id.empty()) return "id:" + id;
   char name[256] = {};
   gethostname(name, sizeof(name) - 1);
   struct stat ns {};
@@ -84,6 +87,11 @@ void Snapshots::checkConfig(const Config& config, int size) {
 bool Snapshots::viewShrank() const {
   MutexLock lock(mu_);
   return configured_ && !fresh_ && comm_.currentEpoch() != epoch_ && comm_.size() < size_;
+}
+
+bool Snapshots::shardsLost() const {
+  MutexLock lock(mu_);
+  return lostShards_;
 }
 
 void Snapshots::adoptView(const std::vector<RankInfo>& infos, const char* what) {

@@ -75,6 +75,9 @@ class Snapshots {
   // The communicator's view is smaller than the snapshots' (a recovery
   // shrank it): the snapshots may start over on it (a new configure).
   bool viewShrank() const ECCL_REQUIRES_SHARED(callerRole());
+  // The last ecclSnapshotRestore found shards in no memory (configure or
+  // load may start over).
+  bool shardsLost() const ECCL_REQUIRES_SHARED(callerRole());
   // ecclInvalidArgument unless `config` suits a view of `size` ranks.
   static void checkConfig(const Config& config, int size);
   // Collective over the current view after a view change: the ranks agree

@@ -224,8 +224,31 @@ void loadAfterTheLoss(ecclComm_t comm, int rank, const std::string& dir) {
   RANK_CHECK(ecclSnapshotLoad(comm, dir.c_str(), &v) == ecclInvalidUsage, "a load with nothing lost");
 }
 
+// Or they start the snapshots over instead (the state came back another
+// way): the copies are gone and new versions replicate.
+void startOverAfterTheLoss(ecclComm_t comm, int rank, int replicas) {
+  int64_t v = -1;
+  RANK_CHECK(ecclSnapshotRestore(comm, &v) == ecclRemoteError, "a second restore succeeded");
+  configure(comm, replicas);
+  int64_t committed = 0;
+  int held = -1;
+  RANK_OK(ecclSnapshotCommitted(comm, &committed), comm);
+  RANK_OK(ecclSnapshotListHeld(comm, nullptr, 0, &held), comm);
+  RANK_CHECK(committed == -1 && held == 0, "started over with version " + std::to_string(committed) + " and " +
+                                               std::to_string(held) + " held copies");
+  putCommitted(comm, rank, 5, 6);
+  int count = -1;
+  RANK_OK(ecclSnapshotList(comm, nullptr, 0, &count), comm);
+  RANK_CHECK(count == kNames / 2, "lists " + std::to_string(count) + " names after versions 5 and 6");
+  RANK_CHECK(ecclSnapshotConfigure(comm, nullptr) == ecclInvalidUsage, "configured again with nothing lost");
+}
+
+enum class AfterLoss { kLoad, kStartOver };
+
+// ranksPerHost > 0: ECCL_HOSTID simulates hosts of that many ranks (the
+// standbys on a spare one), so copies avoid the ranks a host takes along.
 void killAndRestore(int n, int replicas, std::vector<int> victims, bool corruptFirstHolder, bool expectLost,
-                    bool joinerDies = false) {
+                    bool joinerDies = false, AfterLoss afterLoss = AfterLoss::kLoad, int ranksPerHost = 0) {
   const int standbys = static_cast<int>(victims.size()) + (joinerDies ? 1 : 0);
   ReadyFiles marks;
   const std::string firstJoiner = marks.dir + "/first-joiner";
@@ -233,6 +256,14 @@ void killAndRestore(int n, int replicas, std::vector<int> victims, bool corruptF
   ProcessGroup group(n + standbys, [=](int index, int, const ecclUniqueId& id) {
     ecclComm_t comm;
     std::string lost;
+    if (ranksPerHost > 0)
+      setenv("ECCL_HOSTID", index < n ? ("host" + std::to_string(index / ranksPerHost)).c_str() : "spare", 1);
+    else
+      unsetenv("ECCL_HOSTID");
+    auto afterTheLoss = [&](int rank) {
+      if (afterLoss == AfterLoss::kLoad) loadAfterTheLoss(comm, rank, persisted);
+      else startOverAfterTheLoss(comm, rank, replicas);
+    };
     if (index >= n) {
       RANK_OK(ecclCommInitStandby(&comm, id, nullptr), nullptr);
       int rank = -1;
@@ -247,7 +278,7 @@ void killAndRestore(int n, int replicas, std::vector<int> victims, bool corruptF
       int64_t v = recoverAndRestore(comm, false, &lost);
       if (expectLost) {
         RANK_CHECK(v == -2, "nothing was lost");
-        loadAfterTheLoss(comm, rank, persisted);
+        afterTheLoss(rank);
       } else {
         RANK_CHECK(v == 3, "restored version " + std::to_string(v));
         checkDense(comm, rank, 3);  // from the survivors' memory: no file exists
@@ -307,7 +338,7 @@ void killAndRestore(int n, int replicas, std::vector<int> victims, bool corruptF
     if (expectLost) {
       RANK_CHECK(v == -2, "nothing was lost");
       RANK_CHECK(lost.find("rank " + std::to_string(victims.front()) + " lost") != std::string::npos, lost);
-      loadAfterTheLoss(comm, rank, persisted);
+      afterTheLoss(rank);
     } else {
       RANK_CHECK(v == 3, "restored version " + std::to_string(v));
       putVersion(comm, rank, 5);
@@ -342,6 +373,15 @@ TEST_F(Snapshot, AReplacementKilledBeforeItRestoredIsReplacedInTurn) { killAndRe
 
 TEST_F(Snapshot, WithEveryReplicaOfAShardGoneRestoreNamesThemAndTheRanksLoadThePersistedVersion) {
   killAndRestore(4, 1, {2, 3}, false, true);
+}
+
+TEST_F(Snapshot, WithEveryReplicaOfAShardGoneTheRanksMayStartOverInstead) {
+  killAndRestore(4, 1, {2, 3}, false, true, false, AfterLoss::kStartOver);
+}
+
+// The same two ranks, one simulated host: their copies are on the other.
+TEST_F(Snapshot, ASimulatedHostsTwoRanksKeepTheirCopiesOnTheOtherHost) {
+  killAndRestore(4, 1, {2, 3}, false, false, false, AfterLoss::kLoad, 2);
 }
 
 // No standby: the view shrinks and the departed rank's shards stay only in
