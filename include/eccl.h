@@ -475,7 +475,9 @@ typedef struct {
  * before ecclSnapshotRestore.
  * Called again after the view shrank (a recovery with no standby), or
  * after ecclSnapshotRestore failed with shards in no memory (the caller
- * rebuilt its state another way, e.g. from data-parallel replicas), it
+ * rebuilt its state another way, e.g. from data-parallel replicas) or on
+ * a view that shrank (a recovery that replaced a rank and dropped another:
+ * the replacement calls it again with the others), it
  * starts the snapshots over on the ranks: every copy, own and held,
  * is dropped (read a departed rank's shards with ecclSnapshotGetHeld
  * first) and nothing is committed until the next version. */
@@ -523,7 +525,9 @@ ecclResult_t ecclSnapshotGetHeld(ecclComm_t comm, int owner, const char* name, v
  * keep their numbers and copies): the ranks agree on the newest committed version
  * (*version), a replacement fetches its rank's shards from the survivors'
  * memory, and replication resumes. ecclRemoteError names the ranks whose
- * shards lost every replica (the rest is restored). */
+ * shards lost every replica (the rest is restored); ecclInvalidUsage on
+ * every rank when the view shrank (snapshots follow rank numbers): start
+ * over with ecclSnapshotConfigure. */
 ecclResult_t ecclSnapshotRestore(ecclComm_t comm, int64_t* version);
 /* Writes this rank's newest committed version under `directory` in the
  * background (files fsynced and renamed into place, the manifest last). */

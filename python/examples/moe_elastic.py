@@ -23,8 +23,9 @@ Every step each rank also puts its experts into a peer-memory snapshot
 (torch_eccl.snapshot, replicated to the next rank in the background). An
 expert whose every replica died (--min-replicas 1 lets the planner leave
 cold experts with one) comes back from the copy a survivor holds, as of
-the last committed snapshot, and the snapshots start over on the
-survivors.
+the last committed snapshot (one step behind the survivors: every rank
+goes back that step, so the sums stay exact), and the snapshots start
+over on the survivors.
 
     eccl-run -np 4 python moe_elastic.py --out base.json
     eccl-run -np 4 --standby 1 --kill-when "2:step 30" python moe_elastic.py --out standby.json
@@ -153,8 +154,9 @@ class Trainer:
         dropped: read what is needed first); `restore`: a standby took a
         rank, or a restore was cut short (a newcomer configures, then
         everyone restores; where some shards are in no memory, e.g. a
-        host took a rank and its copies along, the experts came back from
-        their replicas and the snapshots start over)."""
+        host took a rank and its copies along, or the same recovery also
+        dropped a rank, the experts came back from their replicas and the
+        snapshots start over)."""
         replicas = min(1, dist.get_world_size() - 1)
         if how in ("first", "over") or self.snap == SNAP_NONE:
             snapshot.configure(replicas=replicas)
@@ -162,7 +164,7 @@ class Trainer:
         if how == "restore":
             try:
                 snapshot.restore()
-            except snapshot.ShardsLost as e:  # every rank raises it
+            except (snapshot.ShardsLost, snapshot.ViewShrank) as e:  # every rank raises either
                 print(f"rank {dist.get_rank()}: {str(e).splitlines()[0]}; the snapshots start over", flush=True)
                 snapshot.configure(replicas=replicas)
             self.snap = SNAP_SETTLED

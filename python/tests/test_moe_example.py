@@ -59,3 +59,15 @@ def test_moe_training_survives_a_killed_rank_with_and_without_a_standby(tmp_path
     s = json.load(open(shrink))
     assert s["world"] == 3 and len(s["experts"]) == 16 and len(s["losses"]) == 24, s
     assert s["recovery_ms"] and max(s["recovery_ms"]) < 5000, s
+
+
+def test_one_recovery_that_replaces_a_rank_and_drops_another_starts_the_snapshots_over():
+    # Ranks 2 and 3 die together with one standby: it takes rank 2 and the
+    # view shrinks to 3 ranks, so the snapshots cannot follow their rank
+    # numbers; every rank, the newcomer too, starts them over.
+    rc, out = run((["--standby", "1", "--kill-when", "2:step 10 ", "--kill-when", "3:step 10 "],
+                   ["--print-every", "1", "--rebalance", "0"]))
+    assert rc == 0, out
+    assert len(re.findall(r"a view that shrank cannot restore them.*the snapshots start over", out)) == 3, out
+    done = re.findall(r"done after 24 steps on 3 ranks, dense sha256 (\w+), 16 experts", out)
+    assert len(done) == 3 and len(set(done)) == 1, out

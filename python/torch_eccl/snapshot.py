@@ -155,17 +155,25 @@ class ShardsLost(RuntimeError):
     another way, start over with :func:`configure`."""
 
 
+class ViewShrank(RuntimeError):
+    """:func:`restore` on a view smaller than the snapshots' (one recovery
+    replaced a rank and dropped another): every rank raises it, the
+    newcomer too; start over with :func:`configure` on every rank."""
+
+
 def restore(group: dist.ProcessGroup | None = None) -> int:
     """Collective after the group's view changed (torch_eccl.recover, or a
     replacement once promoted): a replacement gets its rank's state from
     the survivors' memory. Returns the version the ranks agreed on; raises
     :class:`ShardsLost` where some shards are in no memory (the rest is
-    restored)."""
+    restored), :class:`ViewShrank` where the view shrank."""
     try:
         return _backend(group).snapshot_restore()
     except RuntimeError as e:
         if "every replica of some shards is gone" in str(e):  # ecclSnapshotRestore's ecclRemoteError
             raise ShardsLost(str(e)) from e
+        if "a view that shrank cannot restore them" in str(e):  # its ecclInvalidUsage
+            raise ViewShrank(str(e)) from e
         raise
 
 

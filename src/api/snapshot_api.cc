@@ -46,11 +46,11 @@ ecclResult_t ecclSnapshotConfigure(ecclComm_t comm, const ecclSnapshotConfig_t* 
       snapshot::Snapshots& old = *comm->snapshots;
       {
         SharedCallerTurn same(old.callerRole());  // the role entered above, named through the snapshots
-        if (!old.viewShrank() && !old.shardsLost())
+        if (!old.mayStartOver())
           fail(ecclInvalidUsage,
                "ecclSnapshotConfigure: snapshots are configured already (again only after the view shrank or an "
-               "ecclSnapshotRestore found shards in no memory; after a replacement every rank calls "
-               "ecclSnapshotRestore)");
+               "ecclSnapshotRestore found shards in no memory or a shrunken view; after a replacement every rank "
+               "calls ecclSnapshotRestore)");
       }
       // Starting over (a shrunken view, or state lost): checked first, so a refused
       // configure keeps the copies the caller may still read.

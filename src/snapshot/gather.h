@@ -19,6 +19,7 @@ struct RankInfo {
   uint64_t generation = 0; // restores this rank took part in
   uint64_t needs = 0;      // restore: copies it must fetch
   uint64_t lost = 0;       // restore: its own names no survivor had
+  int64_t viewSize = 0;    // restore: ranks in the view its snapshots follow (0: fresh)
   char host[88] = {};
   std::string hostKey() const { return std::string(host, strnlen(host, sizeof(host))); }
 };
@@ -30,8 +31,10 @@ inline std::vector<RankInfo> gatherRecords(Communicator& comm, const RankInfo& m
 }
 
 inline std::vector<RankInfo> gatherInfo(Communicator& comm, int replicas, bool fresh, int64_t committed,
-                                        uint64_t generation, const std::string& hostKey) ECCL_REQUIRES(comm.callerRole()) {
+                                        uint64_t generation, const std::string& hostKey, int viewSize = 0)
+    ECCL_REQUIRES(comm.callerRole()) {
   RankInfo mine;
+  mine.viewSize = viewSize;
   mine.replicas = replicas;
   mine.fresh = fresh ? 1 : 0;
   mine.committed = committed;

@@ -29,17 +29,29 @@ int64_t Snapshots::restore() {
     generation = generation_;
   }
   stopEngine();
-  const int oldSize = size_;
-  std::vector<RankInfo> infos = gatherInfo(comm_, replicas, fresh, committed, generation, hostKey_);
+  std::vector<RankInfo> infos = gatherInfo(comm_, replicas, fresh, committed, generation, hostKey_, fresh ? 0 : size_);
   // A grow keeps every rank's number and adds fresh ranks at the end: the
-  // copies still belong to the ranks they name. A shrink renumbers.
-  bool grewByNewcomers = comm_.size() > oldSize;
-  for (int r = oldSize; r < comm_.size() && grewByNewcomers; ++r) grewByNewcomers = infos[static_cast<size_t>(r)].fresh;
-  if (!fresh && oldSize != comm_.size() && !grewByNewcomers)
+  // copies still belong to the ranks they name. A shrink renumbers. The
+  // verdict comes from every rank's record, so a newcomer in a view that
+  // also shrank (a replacement and a shrink in one recovery) fails too.
+  const int size = comm_.size();
+  int64_t shrankFrom = 0;
+  for (const RankInfo& info : infos) {
+    if (info.fresh || info.viewSize == size) continue;
+    bool grewByNewcomers = size > info.viewSize;
+    for (int64_t r = info.viewSize; r < size && grewByNewcomers; ++r) grewByNewcomers = infos[static_cast<size_t>(r)].fresh;
+    if (!grewByNewcomers) shrankFrom = info.viewSize;
+  }
+  if (shrankFrom) {
+    {
+      MutexLock lock(mu_);
+      startOverDue_ = true;
+    }
     fail(ecclInvalidUsage,
          "ecclSnapshotRestore: the view has {} ranks and the snapshots {}; snapshots follow ranks, so a view "
-         "that shrank cannot restore them (call ecclSnapshotConfigure to start over)",
-         comm_.size(), oldSize);
+         "that shrank cannot restore them (call ecclSnapshotConfigure on every rank to start over)",
+         size, shrankFrom);
+  }
   adoptView(infos, "ecclSnapshotRestore");
 
   int64_t newest = -1;

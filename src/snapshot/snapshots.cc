@@ -89,9 +89,10 @@ bool Snapshots::viewShrank() const {
   return configured_ && !fresh_ && comm_.currentEpoch() != epoch_ && comm_.size() < size_;
 }
 
-bool Snapshots::shardsLost() const {
+bool Snapshots::mayStartOver() const {
+  if (viewShrank()) return true;
   MutexLock lock(mu_);
-  return lostShards_;
+  return lostShards_ || startOverDue_;
 }
 
 void Snapshots::adoptView(const std::vector<RankInfo>& infos, const char* what) {

@@ -75,9 +75,9 @@ class Snapshots {
   // The communicator's view is smaller than the snapshots' (a recovery
   // shrank it): the snapshots may start over on it (a new configure).
   bool viewShrank() const ECCL_REQUIRES_SHARED(callerRole());
-  // The last ecclSnapshotRestore found shards in no memory (configure or
-  // load may start over).
-  bool shardsLost() const ECCL_REQUIRES_SHARED(callerRole());
+  // A configure may start the snapshots over: the view shrank, or the last
+  // ecclSnapshotRestore found shards in no memory or a view that shrank.
+  bool mayStartOver() const ECCL_REQUIRES_SHARED(callerRole());
   // ecclInvalidArgument unless `config` suits a view of `size` ranks.
   static void checkConfig(const Config& config, int size);
   // Collective over the current view after a view change: the ranks agree
@@ -140,6 +140,7 @@ class Snapshots {
   // The last restore found shards in no memory: load() may replace what is
   // left with the persisted version (the second level's reason to exist).
   bool lostShards_ ECCL_GUARDED_BY(mu_) = false;
+  bool startOverDue_ ECCL_GUARDED_BY(mu_) = false;  // a restore found the view shrank
   uint64_t generation_ = 0;  // restores so far, agreed by the ranks (Loop)
 
   Store store_ ECCL_GUARDED_BY(mu_);

@@ -466,6 +466,54 @@ TEST_F(Snapshot, AfterAShrinkTheHolderReadsTheDepartedRanksShardsAndTheRanksStar
   }
 }
 
+// One recovery both replaces and shrinks (two ranks dead, one standby):
+// the view is smaller than the snapshots, so restore fails on every rank,
+// the newcomer's included, and every rank's configure starts over together.
+TEST_F(Snapshot, AReplacementAndAShrinkInOneRecoveryFailRestoreEverywhereAndStartOver) {
+  constexpr int n = 4;
+  ProcessGroup group(n + 1, [&](int index, int, const ecclUniqueId& id) {
+    ecclComm_t comm;
+    auto startOver = [&] {
+      int64_t v = 0;
+      RANK_CHECK(ecclSnapshotRestore(comm, &v) == ecclInvalidUsage, "restored on a view that shrank");
+      const std::string why = ecclGetLastError(comm);
+      RANK_CHECK(why.find("the view has 3 ranks and the snapshots 4") != std::string::npos, why);
+      configure(comm, 1);
+      int rank = -1;
+      RANK_OK(ecclCommUserRank(comm, &rank), comm);
+      putCommitted(comm, rank, 5, 5);
+      int held = -1;
+      RANK_OK(ecclSnapshotListHeld(comm, nullptr, 0, &held), comm);
+      // One owner's copies: version 5 names two of the kNames.
+      RANK_CHECK(held == 2, "rank " + std::to_string(rank) + " holds " + std::to_string(held) + " copies of version 5");
+      RANK_OK(ecclCommDestroy(comm), comm);
+    };
+    if (index == n) {
+      RANK_OK(ecclCommInitStandby(&comm, id, nullptr), nullptr);
+      configure(comm, 1);
+      return startOver();
+    }
+    RANK_OK(ecclCommInitRank(&comm, n, id, index), nullptr);
+    configure(comm, 1);
+    putCommitted(comm, index, 1, 3);
+    float one = 1;
+    ecclResult_t rc = ecclAllReduce(&one, &one, 1, ecclFloat32, ecclSum, comm, nullptr);
+    if (index >= 2) raise(SIGKILL);
+    while (rc == ecclSuccess) rc = ecclAllReduce(&one, &one, 1, ecclFloat32, ecclSum, comm, nullptr);
+    RANK_OK(ecclCommRecover(comm, ecclRecoverReplaceOrShrink), comm);
+    int size = 0;
+    RANK_OK(ecclCommCount(comm, &size), comm);
+    RANK_CHECK(size == n - 1, "the view has " + std::to_string(size) + " ranks");
+    startOver();
+  });
+  auto outcomes = group.wait(std::chrono::seconds(90));
+  for (int i = 0; i <= n; ++i) {
+    const auto& o = outcomes[static_cast<size_t>(i)];
+    if (i == 2 || i == 3) EXPECT_TRUE(!o.exited && o.signal == SIGKILL) << describe(outcomes);
+    else EXPECT_TRUE(o.exited && o.exitCode == 0) << describe(outcomes);
+  }
+}
+
 // A replacement snapshots with the others from its restore on; when the
 // view then shrinks, its configure starts over with theirs (collective),
 // not as a newcomer's (local, waiting for a restore nobody calls).
