@@ -181,6 +181,48 @@ def test_a_killed_rank_is_recovered_by_a_standby_through_the_python_api(monkeypa
     world.values([out[4]])
 
 
+def deadline_body(index, _n, _port, job_id):
+    import torch_eccl
+
+    pg_timeout = timedelta(seconds=4)
+    if index == 2:
+        _env(job_id, "standby")
+        torch_eccl.init_process_group(timeout=pg_timeout)
+        dist.broadcast(torch.empty(1), src=0)  # rank 0 stops itself after this
+        start = time.monotonic()
+        try:
+            dist.all_reduce(torch.ones(10))
+            raise AssertionError("an allreduce with a stopped peer returned")
+        except RuntimeError as e:
+            return time.monotonic() - start, str(e)
+    _env(job_id, "rank", index, 2)
+    torch_eccl.init_process_group(timeout=pg_timeout)
+    _check_sum("epoch 1")
+    if index == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        while True:
+            dist.all_reduce(torch.ones(10))
+    except RuntimeError:
+        pass
+    torch_eccl.recover("replace")
+    dist.broadcast(torch.ones(1), src=0)
+    os.kill(os.getpid(), signal.SIGSTOP)  # hung: no heartbeat timeout finds it within the test
+
+
+def test_a_promoted_standbys_ops_have_the_process_groups_deadline(monkeypatch):
+    # Not ECCL_TIMEOUT_MS's default (30 s): the original ranks take the
+    # process group's timeout, and so must the rank a standby became.
+    monkeypatch.setenv("ECCL_REPLACE_WAIT_MS", "30000")
+    monkeypatch.setenv("ECCL_HEARTBEAT_TIMEOUT_MS", "60000")  # the coordinator's: it runs here
+    monkeypatch.delenv("ECCL_TIMEOUT_MS", raising=False)
+    out = world.run(3, deadline_body, job(), timeout=90, env={"ECCL_HEARTBEAT_TIMEOUT_MS": "60000"}, stopped=(0,))
+    assert out[1].status == "died", out
+    seconds, why = world.values([out[2]])[0]
+    assert 3 <= seconds < 15, f"the promoted standby's allreduce failed after {seconds:.1f} s: {why}"
+    assert "4000" in why or "timed out" in why.lower(), why
+
+
 def migration_body(index, _n, _port, job_id):
     import torch_eccl
 

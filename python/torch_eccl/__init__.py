@@ -20,6 +20,7 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch.distributed.constants import default_pg_timeout
 
 from . import _C
 from ._C import ProcessGroupEccl
@@ -126,15 +127,19 @@ def _ms(timeout: timedelta | None, default_ms: int) -> int:
     return default_ms if timeout is None else int(timeout.total_seconds() * 1000)
 
 
-def wait_for_promotion(job: str | None = None, timeout: timedelta | None = None) -> tuple[int, int]:
+def wait_for_promotion(job: str | None = None, timeout: timedelta | None = None,
+                       op_timeout: timedelta | None = None) -> tuple[int, int]:
     """Registers this process as a standby of ``job`` (default: ECCL_UNIQUE_ID)
     and blocks until a recovery, grow or migration gives it a rank; returns
     ``(rank, world_size)``. The next eccl process group this process makes
-    (with that rank and size) uses the promoted communicator."""
+    (with that rank and size) uses the promoted communicator. Its ops'
+    deadline is ECCL_TIMEOUT_MS where set, as a rank's is, else
+    ``op_timeout`` (give the process group's timeout; None: eccl's
+    default)."""
     job = job or os.environ.get("ECCL_UNIQUE_ID", "")
     if not job:
         raise ValueError("torch_eccl.wait_for_promotion: no job (pass one or set ECCL_UNIQUE_ID)")
-    op_timeout = int(os.environ.get("ECCL_TIMEOUT_MS", "0") or 0)
+    op_timeout = int(os.environ.get("ECCL_TIMEOUT_MS", "0") or 0) or _ms(op_timeout, 0)
     global _env_job_taken, _promotion_pending
     _env_job_taken = True
     promoted = _C.await_standby(job, _ms(timeout, 0), op_timeout)
@@ -145,9 +150,10 @@ def wait_for_promotion(job: str | None = None, timeout: timedelta | None = None)
 def init_process_group(timeout: timedelta | None = None, **kwargs) -> None:
     """torch.distributed.init_process_group("eccl") from eccl-run's
     environment: a rank takes ECCL_RANK of ECCL_NRANKS; a standby
-    (ECCL_ROLE=standby) first waits for a rank (wait_for_promotion)."""
+    (ECCL_ROLE=standby) first waits for a rank (wait_for_promotion), its
+    ops then bound by the process group's timeout as a rank's are."""
     if os.environ.get("ECCL_ROLE", "rank") == "standby":
-        rank, size = wait_for_promotion()
+        rank, size = wait_for_promotion(op_timeout=timeout if timeout is not None else default_pg_timeout)
     else:
         try:
             rank, size = int(os.environ["ECCL_RANK"]), int(os.environ["ECCL_NRANKS"])
