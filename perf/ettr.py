@@ -242,7 +242,10 @@ class Injector(threading.Thread):
     def inject(self, pids):
         if self.fault == "host":
             host_of = {p: self.host_of(p, r) for p, r in pids.items()}
-            hosts = sorted(set(host_of.values()), key=lambda h: (min(r for p, r in pids.items() if host_of[p] == h), h))
+            first_rank = {}
+            for p, r in pids.items():
+                first_rank[host_of[p]] = min(r, first_rank.get(host_of[p], r))
+            hosts = sorted(first_rank, key=lambda h: (first_rank[h], h))
             # A one-off fault (the smoke's) takes the first host: the same case every run.
             host = hosts[0] if self.at_step is not None else self.rng.choice(hosts)
             victims = sorted(p for p in pids if host_of[p] == host)

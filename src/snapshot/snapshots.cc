@@ -84,15 +84,10 @@ void Snapshots::checkConfig(const Config& config, int size) {
   if (config.maxInFlightBytes == 0) fail(ecclInvalidArgument, "ecclSnapshotConfigure: maxInFlightBytes is 0");
 }
 
-bool Snapshots::viewShrank() const {
-  MutexLock lock(mu_);
-  return configured_ && !fresh_ && comm_.currentEpoch() != epoch_ && comm_.size() < size_;
-}
-
 bool Snapshots::mayStartOver() const {
-  if (viewShrank()) return true;
   MutexLock lock(mu_);
-  return lostShards_ || startOverDue_;
+  const bool viewShrank = configured_ && !fresh_ && comm_.currentEpoch() != epoch_ && comm_.size() < size_;
+  return viewShrank || lostShards_ || startOverDue_;
 }
 
 void Snapshots::adoptView(const std::vector<RankInfo>& infos, const char* what) {

@@ -72,10 +72,8 @@ class Snapshots {
   std::vector<Held> listHeld() const;
   int64_t getHeld(int owner, const std::string& name, size_t bytes,
                   const std::function<void(const uint8_t*)>& read) const;
-  // The communicator's view is smaller than the snapshots' (a recovery
-  // shrank it): the snapshots may start over on it (a new configure).
-  bool viewShrank() const ECCL_REQUIRES_SHARED(callerRole());
-  // A configure may start the snapshots over: the view shrank, or the last
+  // A configure may start the snapshots over: the communicator's view is
+  // smaller than the snapshots' (a recovery shrank it), or the last
   // ecclSnapshotRestore found shards in no memory or a view that shrank.
   bool mayStartOver() const ECCL_REQUIRES_SHARED(callerRole());
   // ecclInvalidArgument unless `config` suits a view of `size` ranks.

@@ -66,6 +66,14 @@ void putCommitted(ecclComm_t comm, int rank, int64_t from, int64_t to) {
   RANK_OK(ecclSnapshotWait(comm, to, 30000), comm);
 }
 
+// This rank holds `expected` copies of other ranks' names (`what` says which).
+void checkHeldCount(ecclComm_t comm, int rank, int expected, const std::string& what) {
+  int count = -1;
+  RANK_OK(ecclSnapshotListHeld(comm, nullptr, 0, &count), comm);
+  RANK_CHECK(count == expected, "rank " + std::to_string(rank) + " holds " + std::to_string(count) + " copies of " +
+                                    what + ", not " + std::to_string(expected));
+}
+
 // This rank holds `owner`'s copy of name k as put at version `from`.
 void checkHeldCopy(ecclComm_t comm, int owner, int k, int64_t from) {
   std::vector<uint8_t> got(bytesOf(owner, k));
@@ -482,10 +490,7 @@ TEST_F(Snapshot, AReplacementAndAShrinkInOneRecoveryFailRestoreEverywhereAndStar
       int rank = -1;
       RANK_OK(ecclCommUserRank(comm, &rank), comm);
       putCommitted(comm, rank, 5, 5);
-      int held = -1;
-      RANK_OK(ecclSnapshotListHeld(comm, nullptr, 0, &held), comm);
-      // One owner's copies: version 5 names two of the kNames.
-      RANK_CHECK(held == 2, "rank " + std::to_string(rank) + " holds " + std::to_string(held) + " copies of version 5");
+      checkHeldCount(comm, rank, 2, "version 5");  // one owner's: version 5 names two of the kNames
       RANK_OK(ecclCommDestroy(comm), comm);
     };
     if (index == n) {
@@ -556,9 +561,7 @@ TEST_F(Snapshot, AReplacementStartsOverWithTheOthersAfterALaterShrink) {
     configure(comm, 1);  // the replacement (now rank 1) starts over with rank 0
     RANK_OK(ecclCommUserRank(comm, &rank), comm);
     putCommitted(comm, rank, 3, 3);
-    int count = -1;
-    RANK_OK(ecclSnapshotListHeld(comm, nullptr, 0, &count), comm);
-    RANK_CHECK(count == 2, "rank " + std::to_string(rank) + " holds " + std::to_string(count) + " copies of version 3");
+    checkHeldCount(comm, rank, 2, "version 3");
     RANK_OK(ecclCommDestroy(comm), comm);
   });
   auto outcomes = group.wait(std::chrono::seconds(90));
