@@ -308,7 +308,7 @@ def run_job(contender, args, tag, mtbf_s=None, seed=0, at_step=None, ckpt_every=
     # finds hung ones, and its 3 s default can pass for a failure when the
     # host is busy (the launcher's coordinator starved under CI's load).
     env = {"ECCL_HEARTBEAT_TIMEOUT_MS": "10000", **os.environ, "PYTHONPATH": os.path.join(args.build, "python"),
-           "ECCL_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
+           "ECCL_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "ETTR_LATE_NICE": str(args.late_nice)}
     cmd = command(contender, args, events, ckpt_every, ckpt_dir, faulted=bool(mtbf_s or at_step is not None))
     log = open(os.path.join(base, "job.log"), "w")
     start = time.time()
@@ -334,7 +334,7 @@ def run_job(contender, args, tag, mtbf_s=None, seed=0, at_step=None, ckpt_every=
     shutil.rmtree(ckpt_dir, ignore_errors=True)  # a restart run's checkpoints take gigabytes; the events say all
     return {"contender": contender, "tag": tag, "rc": rc, "launched": start, "events": read_events(events),
             "kills": injector.kills if injector else [], "log": os.path.join(base, "job.log"), "ckpt_every": ckpt_every,
-            "ranks": PIPELINE_STAGES if contender == "pipeline" else args.ranks}
+            "ranks": PIPELINE_STAGES if contender == "pipeline" else args.ranks, "late_nice": args.late_nice}
 
 
 def analyse(job, t_ff=None):
@@ -361,6 +361,14 @@ def analyse(job, t_ff=None):
                world_min=min(e["world"] for e in steps))
     if len(digests) != 1:
         out["why"] = f"ranks end with different parameters: {sorted(digests)}"
+    # Late starters (perf/late_start.py): how many started low, and none
+    # may train on at that priority.
+    late = job.get("late_nice", 0)
+    out["late_low"] = sum(1 for e in evs if e["ev"] == "start" and late and e.get("nice", 0) >= late)
+    stuck = [e for e in evs if e["ev"] == "joined" and e["above"] > 0]
+    if stuck:
+        out.update(ok=False, why=f"a late starter (pid {stuck[0]['pid']}) trains at a niceness "
+                                 f"{stuck[0]['above']} above its start")
     # Work in steps of the whole global batch: torchft's steps with fewer
     # replica groups trained on fewer samples.
     work = final
@@ -463,6 +471,9 @@ def main():
     ap.add_argument("--hide-hosts", action="store_true",
                     help="--fault host: no ECCL_HOSTID per simulated host (eccl sees one machine: snapshot copies "
                          "may share their owner's host)")
+    ap.add_argument("--late-nice", type=int, default=None,
+                    help="late starters (standbys, repaired replacements, torchft's restarted groups) run at this "
+                         "niceness until they train, as if on another machine (default 19; --smoke: 0)")
     ap.add_argument("--stop-kill-s", type=float, default=20, help="--fault stop: SIGKILL a stopped rank this late")
     ap.add_argument("--repair-steps", type=int, default=100,
                     help="shrink: a replacement starts this many fault-free steps after a failure (-1: never)")
@@ -490,6 +501,10 @@ def main():
         args.mtbf = ",".join(str(m) for m in sorted({o[1] for o in only}))
         args.seeds = max(o[2] for o in only) + 1
     args.steps_by = {}  # steps per contender where they differ (the smoke's)
+    if args.late_nice is None:
+        # The smoke runs beside other tests: a process at nice 19 on cores
+        # busy at 0 would take minutes to import torch.
+        args.late_nice = 0 if args.smoke else 19
     if args.smoke:
         # Three ranks: every contender's path (a shrink to two and back, two
         # replica groups healing one) with a quarter fewer processes to start

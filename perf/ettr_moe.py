@@ -30,8 +30,12 @@ import os
 import sys
 import time
 
-import torch
-import torch.distributed as dist
+import late_start
+
+late_start.begin()  # before torch: importing it is most of a late starter's start
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "python", "examples"))
@@ -78,9 +82,10 @@ def main():
     args = ap.parse_args()
     torch.set_num_threads(1)  # one reduction order in every run
     events = Events(args.events)
-    events("start", restart=0, role=os.environ.get("ECCL_ROLE", "rank"))
+    events("start", restart=0, role=os.environ.get("ECCL_ROLE", "rank"), nice=late_start.begin())
     model.configure(model.EXPERTS, model.MIN_REPLICAS)
     torch_eccl.init_process_group()  # a rank, or a standby that waits for one
+    events("joined", above=late_start.joined())
     joined = torch_eccl.stats()["joined_epoch"] > 1
     rank = dist.get_rank()
     job = Job(ident=rank if not joined else 1000 + rank)

@@ -57,8 +57,12 @@ import signal
 import sys
 import time
 
-import torch
-import torch.distributed as dist
+import late_start
+
+late_start.begin()  # before torch: importing it is most of a late starter's start
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ettr_train import Events  # noqa: E402
@@ -418,12 +422,13 @@ def main():
     args = ap.parse_args()
     torch.set_num_threads(1)
     events = Events(args.events)
-    events("start", restart=0, role=os.environ.get("ECCL_ROLE", "rank"))
+    events("start", restart=0, role=os.environ.get("ECCL_ROLE", "rank"), nice=late_start.begin())
     import torch_eccl
     from torch_eccl import log, snapshot
 
     warm_up()  # a standby's first module, optimizer and backward cost a second; not after the failure
     torch_eccl.init_process_group()  # a stage, or a standby that waits for one
+    events("joined", above=late_start.joined())
     if dist.get_world_size() != STAGES:
         raise SystemExit(f"ettr_pipeline: {STAGES} stages, one per rank; run with -np {STAGES}")
     st = Stage(dist.get_rank())

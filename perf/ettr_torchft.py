@@ -33,18 +33,21 @@ HERE = os.path.abspath(__file__)
 
 
 def replica_main(a) -> int:
+    sys.path.insert(0, os.path.dirname(HERE))
+    import late_start
+
+    nice = late_start.begin()  # a restarted group: low until it has trained a step
     import torch
     from torchft import Manager
     from torchft.ddp import DistributedDataParallel
     from torchft.optim import OptimizerWrapper
     from torchft.process_group import ProcessGroupGloo
 
-    sys.path.insert(0, os.path.dirname(HERE))
     from ettr_train import GLOBAL_BATCH, WIDTH, Events, build, digest
 
     torch.set_num_threads(1)
     events = Events(a.events)
-    events("start", restart=a.attempt, role="replica")
+    events("start", restart=a.attempt, role="replica", nice=nice)
     model, optimizer = build()
 
     def state_dict():
@@ -63,7 +66,7 @@ def replica_main(a) -> int:
     ddp = DistributedDataParallel(manager, model)
     opt = OptimizerWrapper(manager, optimizer)
     events("ready", rank=a.replica, world=a.replicas, step=manager.current_step())
-    loss = float("nan")
+    loss, trained = float("nan"), False
     while manager.current_step() < a.steps:
         started = time.monotonic()
         step = manager.current_step()
@@ -86,6 +89,9 @@ def replica_main(a) -> int:
             manager.shutdown(wait=False)
             return 0
         if manager.current_step() > step:
+            if not trained:
+                trained = True
+                events("joined", above=late_start.joined())
             loss = out.item()
             events("step", rank=a.replica, world=manager.num_participants(), step=manager.current_step(), loss=loss,
                    loss_sum=loss * xs.shape[0], rows=xs.shape[0])
@@ -129,7 +135,9 @@ def driver_main(a) -> int:
         argv = [sys.executable, HERE, "--replica", str(i), "--attempt", str(attempt), "--replicas", str(a.replicas),
                 "--steps", str(a.steps), "--step-ms", str(a.step_ms), "--events", a.events, "--timeout",
                 str(a.timeout), "--lighthouse", f"http://localhost:{port}"]
-        return subprocess.Popen(argv, start_new_session=True)
+        # A restarted group starts while the others train: a late starter.
+        env = {**os.environ, "ETTR_LATE_STARTER": "1"} if attempt else None
+        return subprocess.Popen(argv, start_new_session=True, env=env)
 
     procs = {i: spawn(i, 0) for i in range(a.replicas)}
     attempts = {i: 0 for i in procs}

@@ -32,9 +32,13 @@ import time
 
 import sys
 
-import torch
+import late_start
+
+late_start.begin()  # before torch: importing it is most of a late starter's start
+
+import torch  # noqa: E402
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 # The replace path's state sync is the DDP example's (the most advanced
 # rank's parameters and Adam state to every rank).
@@ -211,7 +215,7 @@ def main():
     torch.set_num_threads(1)
     events = Events(args.events)
     events("start", restart=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
-           role=os.environ.get("ECCL_ROLE", "rank"))
+           role=os.environ.get("ECCL_ROLE", "rank"), nice=late_start.begin())
     model, opt = build()
     if args.recovery == "restart":
         init_restarted_gloo(args.pg_timeout_s)
@@ -221,6 +225,7 @@ def main():
         import torch_eccl
 
         torch_eccl.init_process_group()  # a rank, or a standby that waits for one
+        events("joined", above=late_start.joined())
         step = 0 if torch_eccl.stats()["joined_epoch"] == 1 else -1
         ckpt = None
     ddp, need_sync = None, args.recovery != "restart"
