@@ -93,7 +93,8 @@ def main():
         job.step = -1
     else:
         world = dist.get_world_size()
-        job.fresh_experts(model.moe.place(model.replicas_for([1.0] * model.EXPERTS, world), world, model.SLOTS))
+        model.learn_hosts()  # --fault host: experts placed across the simulated machines
+        job.fresh_experts(model.placement_for([1.0] * model.EXPERTS, world))
         job.start_snapshots("first")
         events("ready", rank=rank, world=world, step=0)
     full_world = int(os.environ.get("ECCL_NRANKS") or dist.get_world_size())

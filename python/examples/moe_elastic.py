@@ -71,6 +71,50 @@ def replicas_for(load, world: int) -> list[int]:
     return moe.allocate_replicas(load, world, SLOTS, max(1, min(MIN_REPLICAS, world * SLOTS // EXPERTS)))
 
 
+# The machines' layout: ranks k*h .. k*h+k-1 share machine h (0: one
+# machine, or none known). Placements follow it by rank number, not by
+# where a rank's process runs now: a replacement on a spare machine plans
+# as the rank it replaced, so the placement (and the sums) stay those of a
+# run without the failure.
+RANKS_PER_HOST = 0
+
+
+def learn_hosts() -> None:
+    """Collective, at the job's start: the ranks' ECCL_HOSTID (eccl-run
+    --ranks-per-host); where they come in equal runs, a run is a machine."""
+    global RANKS_PER_HOST
+    ids = [None] * dist.get_world_size()
+    dist.all_gather_object(ids, os.environ.get("ECCL_HOSTID", ""))
+    RANKS_PER_HOST = ranks_per_host(ids)
+
+
+def ranks_per_host(ids) -> int:
+    if not ids or not ids[0] or len(set(ids)) < 2:
+        return 0
+    k = ids.count(ids[0])
+    runs = [ids[i:i + k] for i in range(0, len(ids), k)]
+    if len(ids) % k or any(len(set(run)) != 1 for run in runs) or len({run[0] for run in runs}) != len(runs):
+        return 0  # not contiguous runs of one size: no layout to keep by rank
+    return k
+
+
+def placement_for(load, world: int) -> list[list[int]]:
+    """Lazarus's placement for `world` ranks, across machines where known:
+    no machine holds every replica of an expert that has two or more."""
+    hosts = [r // RANKS_PER_HOST for r in range(world)] if RANKS_PER_HOST else None
+    return moe.place(replicas_for(load, world), world, SLOTS, hosts=hosts)
+
+
+def machine_survival(placement) -> str:
+    """Where the machines are known: the chance that every expert keeps a
+    replica when one random machine fails."""
+    if not RANKS_PER_HOST:
+        return ""
+    hosts = [r // RANKS_PER_HOST for r in range(len(placement))]
+    p = moe.recovery_probability(placement, EXPERTS, 1, hosts=hosts)["probability"]
+    return f"; every expert survives any one machine's loss with probability {p:.3f}"
+
+
 class Dense(torch.nn.Module):
     """The replicated part: embedding, causal attention, norms, routers, head."""
 
@@ -289,6 +333,7 @@ class Trainer:
 
     # --- membership changes -------------------------------------------
     def sync(self, every_k: int, last_step: int):
+        global RANKS_PER_HOST
         """Collective: agree on the step, bring newcomers the dense state,
         move to the placement the lowest survivor decides (the same, one for
         fewer ranks, or one that follows the load) with the experts each
@@ -345,7 +390,7 @@ class Trainer:
             rebalance = (every_k > 0 and target_step % every_k == 0 and 0 < target_step < last_step
                          and self.rebalanced_at != target_step)
             if rebalance or world != len(self.placement):
-                target = moe.place(replicas_for(self.load.tolist(), world), world, SLOTS)
+                target = placement_for(self.load.tolist(), world)
             else:
                 target = self.placement
             # A newcomer in a rank's place counts as holding that rank's
@@ -361,9 +406,16 @@ class Trainer:
             plan_to_rank, transfers = moe.plan_migration(planned, [], target, EXPERTS) if not lost else ([], [])
             placement = [None] * world
             for p, r in enumerate(plan_to_rank):
-                placement[r] = target[p]
+                placement[r] = list(target[p])
             if planned != current and not lost:
                 transfers = copies_to(current, placement)
+            # The move maps plan nodes onto the ranks keeping experts in
+            # place, not machines: spread across them again where it broke.
+            if RANKS_PER_HOST and not lost:
+                mapped = [list(row) for row in placement]
+                moe.spread_over_hosts(placement, [r // RANKS_PER_HOST for r in range(world)])
+                if placement != mapped:
+                    transfers = copies_to(current, placement)
             if lost:  # every rank stops with the same message
                 placement = f"experts {lost} lost every replica and every snapshot copy"
             # A newcomer (a standby in a rank's place, or one the view grew
@@ -372,9 +424,10 @@ class Trainer:
             unsettled = any(int(every[r, -1]) != SNAP_SETTLED for r in range(world))
             view = ("restore" if newcomers else "over" if world != len(self.placement) else
                     "restore" if unsettled else None)
-            decision = [(placement, transfers, target_step, self.losses, rebalance, view)]
+            decision = [(placement, transfers, target_step, self.losses, rebalance, view, RANKS_PER_HOST)]
         dist.broadcast_object_list(decision, src=src)
-        placement, transfers, target_step, losses, rebalance, view = decision[0]
+        placement, transfers, target_step, losses, rebalance, view, per_host = decision[0]
+        RANKS_PER_HOST = per_host  # a newcomer may plan the next placement
         if isinstance(placement, str):
             raise SystemExit(f"rank {rank}: {placement}")
         for e, (holder, _) in sorted(from_snapshot.items()):
@@ -446,7 +499,8 @@ def main():
         print(f"rank {rank}: joined at epoch {torch_eccl.stats()['epoch']}; receiving the state", flush=True)
     else:
         world = dist.get_world_size()
-        trainer.fresh_experts(moe.place(replicas_for([1.0] * EXPERTS, world), world, SLOTS))
+        learn_hosts()
+        trainer.fresh_experts(placement_for([1.0] * EXPERTS, world))
         trainer.start_snapshots("first")
     need_sync, failed_at, recoveries = joined, None, []
     while True:
@@ -454,7 +508,8 @@ def main():
             if need_sync:
                 moved = trainer.sync(args.rebalance, args.steps)
                 if moved >= 0 and rank == 0:
-                    print(f"rank 0: step {trainer.step}: re-placed from the load, {moved} expert copies", flush=True)
+                    print(f"rank 0: step {trainer.step}: re-placed from the load, {moved} expert copies"
+                          f"{machine_survival(trainer.placement)}", flush=True)
                 need_sync = False
             if trainer.step >= args.steps:
                 break

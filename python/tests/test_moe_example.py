@@ -71,3 +71,18 @@ def test_one_recovery_that_replaces_a_rank_and_drops_another_starts_the_snapshot
     assert len(re.findall(r"a view that shrank cannot restore them.*the snapshots start over", out)) == 3, out
     done = re.findall(r"done after 24 steps on 3 ranks, dense sha256 (\w+), 16 experts", out)
     assert len(done) == 3 and len(set(done)) == 1, out
+
+
+def test_across_machines_a_machines_loss_leaves_a_replica_of_every_expert():
+    # eccl-run's --ranks-per-host 2: ranks 0-1 and 2-3 are two machines
+    # (ECCL_HOSTID). The load decides the replicas at step 8 and 16 (cold
+    # experts get two), and the placement keeps every expert on both
+    # machines; machine 1 then dies whole with no standby, and the two
+    # survivors take every expert from a replica, none from a snapshot.
+    rc, out = run((["--ranks-per-host", "2", "--kill-when", "2:step 17 ", "--kill-when", "3:step 17 "],
+                   ["--print-every", "1", "--rebalance", "8"]))
+    assert rc == 0, out
+    assert len(re.findall(r"re-placed from the load.*any one machine's loss with probability 1\.000", out)) >= 2, out
+    assert "restored from the snapshot" not in out, out
+    done = re.findall(r"done after 24 steps on 2 ranks, dense sha256 (\w+), 16 experts", out)
+    assert len(done) == 2 and len(set(done)) == 1, out

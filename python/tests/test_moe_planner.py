@@ -67,3 +67,51 @@ def test_every_expert_sits_on_as_many_nodes_as_its_replicas():
     for e, r in enumerate(reps):
         assert sum(e in node for node in placement) == min(r, 4), (e, placement)
     assert moe.recovery_probability(placement, 16, 1)["probability"] == 1.0
+
+
+def machines_of(e, placement, hosts):
+    return {hosts[n] for n, held in enumerate(placement) if e in held}
+
+
+@pytest.mark.parametrize("nodes,slots,hosts,load,spanning", [
+    (4, 12, [0, 0, 1, 1], [1.0] * 16, 16),                                 # the example, two ranks per machine
+    (8, 6, [0, 0, 1, 1, 2, 2, 3, 3], [1.0 / (e + 1) for e in range(16)], 16),  # Zipf, four machines
+    # The example shrunk by a rank: 16 experts do not fit in machine 1's 12 slots.
+    (3, 12, [0, 0, 1], [1.0] * 16, 12),
+    (6, 6, ["a", "a", "a", "b", "c", "c"], [1.0 / (e + 1) for e in range(12)], 12),  # uneven machines, any labels
+])
+def test_across_machines_the_experts_sit_on_as_many_machines_as_fit(nodes, slots, hosts, load, spanning):
+    experts = len(load)
+    reps = moe.allocate_replicas(load, nodes, slots, 2)
+    plain, aware = moe.place(reps, nodes, slots), moe.place(reps, nodes, slots, hosts=hosts)
+    assert sorted(e for n in aware for e in n) == sorted(e for n in plain for e in n)
+    assert [len(n) for n in aware] == [len(n) for n in plain]
+    machines = len(set(hosts))
+    assert sum(len(machines_of(e, aware, hosts)) > 1 for e in range(experts)) == spanning, aware
+    for e, r in enumerate(reps):
+        if spanning == experts:
+            assert len(machines_of(e, aware, hosts)) == min(r, machines), (e, aware)
+        assert sum(e in n for n in aware) == sum(e in n for n in plain), (e, aware)  # on as many ranks
+    # Where every expert fits on two machines, no machine's loss loses one;
+    # no rank's loss ever does.
+    one = moe.recovery_probability(aware, experts, 1, hosts=hosts)["probability"]
+    assert one == 1.0 if spanning == experts else one >= moe.recovery_probability(plain, experts, 1, hosts=hosts)["probability"]
+    assert moe.recovery_probability(aware, experts, 1)["probability"] == 1.0
+    two = {name: moe.recovery_probability(p, experts, 2, hosts=hosts)["probability"]
+           for name, p in (("aware", aware), ("plain", plain))} if machines > 2 else None
+    if two:
+        assert two["aware"] >= two["plain"], two
+    # The same call places alike on every rank.
+    assert moe.place(reps, nodes, slots, hosts=hosts) == aware
+
+
+def test_rank_placement_alone_can_leave_an_expert_on_one_machine():
+    """Why hosts matter: by rank, Zipf's load on four machines of two
+    ranks leaves experts whose replicas share a machine."""
+    reps = moe.allocate_replicas([1.0 / (e + 1) for e in range(16)], 8, 6, 2)
+    hosts = [0, 0, 1, 1, 2, 2, 3, 3]
+    plain = moe.place(reps, 8, 6)
+    assert moe.recovery_probability(plain, 16, 1, hosts=hosts)["probability"] < 1.0
+    assert moe.recovery_probability(moe.place(reps, 8, 6, hosts=hosts), 16, 1, hosts=hosts)["probability"] == 1.0
+    with pytest.raises(ValueError, match="3 hosts given for 8 nodes"):
+        moe.place(reps, 8, 6, hosts=[0, 0, 1])

@@ -28,7 +28,7 @@ import torch.distributed as dist
 from . import _C, backend
 
 __all__ = ["Handle", "dispatch", "combine", "reduce_replica_grads", "replica_table", "allocate_replicas", "place",
-           "recovery_probability", "plan_migration", "table_from_placement", "move_experts", "PLACEMENTS"]
+           "recovery_probability", "spread_over_hosts", "plan_migration", "table_from_placement", "move_experts", "PLACEMENTS"]
 
 
 class Handle:
@@ -279,18 +279,98 @@ def allocate_replicas(load, nodes: int, slots_per_node: int, min_replicas: int =
     return list(_C.moe_allocate_replicas([float(v) for v in load], nodes, slots_per_node, min_replicas))
 
 
-def place(replicas, nodes: int, slots_per_node: int, policy: str = "max_overlap") -> list[list[int]]:
+def place(replicas, nodes: int, slots_per_node: int, policy: str = "max_overlap",
+          hosts: Sequence | None = None) -> list[list[int]]:
     """Which node holds which replicas. "max_overlap" (Lazarus) keeps the
     number of node sets whose failure loses an expert small; "spread" and
-    "compact" are the baselines."""
+    "compact" are the baselines. ``hosts`` (one label per node: the
+    machine it runs on) makes a machine the unit of failure, as Lazarus
+    places across machines: replicas are then swapped between nodes until
+    every expert sits on as many machines as it can (its replicas, at most
+    the machines there are), so no machine takes every replica of one."""
     if policy not in PLACEMENTS:
         raise ValueError(f"torch_eccl.moe.place: policy {policy!r} is not one of {sorted(PLACEMENTS)}")
-    return [list(n) for n in _C.moe_place([int(r) for r in replicas], nodes, slots_per_node, PLACEMENTS[policy])]
+    placement = [list(n) for n in _C.moe_place([int(r) for r in replicas], nodes, slots_per_node, PLACEMENTS[policy])]
+    if hosts is not None:
+        if len(hosts) != nodes:
+            raise ValueError(f"torch_eccl.moe.place: {len(hosts)} hosts given for {nodes} nodes (one per node)")
+        spread_over_hosts(placement, hosts)
+    return placement
 
 
-def recovery_probability(placement, experts: int, failures: int, seed: int = 1) -> dict:
+def spread_over_hosts(placement: list[list[int]], hosts: Sequence) -> list[list[int]]:
+    """Repairs ``placement`` (in place; returned) so that every expert sits
+    on as many machines as fit, ``hosts`` giving each node's machine: what
+    ``place(..., hosts=)`` does, for a placement whose nodes were mapped
+    onto ranks since (``plan_migration`` keeps experts in place, not
+    machines). Each swap moves a replica of an expert from a machine holding it
+    twice or more to a machine without it, taking back a replica whose
+    machines stay as many: the sum of the experts' machine counts grows
+    by one with each, so the loop ends. Deterministic (node and expert
+    order), so every rank that plans gets the same placement."""
+    host_of = list(hosts)
+    if len(host_of) != len(placement):
+        raise ValueError(f"torch_eccl.moe.spread_over_hosts: {len(host_of)} hosts given for {len(placement)} nodes")
+    machines = len(set(host_of))
+    if machines < 2:
+        return placement
+
+    def copies_by_host(e):
+        counts = {}
+        for n, held in enumerate(placement):
+            counts[host_of[n]] = counts.get(host_of[n], 0) + held.count(e)
+        return {h: c for h, c in counts.items() if c}
+
+    experts = sorted({e for held in placement for e in held})
+    swapped = True
+    while swapped:
+        swapped = False
+        for e in experts:
+            have = copies_by_host(e)
+            if len(have) >= min(sum(have.values()), machines):
+                continue
+            swap = _find_swap(placement, host_of, e, have, copies_by_host)
+            if swap:
+                a, i, b, j = swap
+                placement[a][i], placement[b][j] = placement[b][j], placement[a][i]
+                swapped = True
+    return placement
+
+
+def _find_swap(placement, host_of, e, have, copies_by_host):
+    # First without giving a node a second replica of an expert; then, where
+    # the node giving one up holds it twice (an expert with more replicas
+    # than there are nodes), with.
+    for strict in (True, False):
+        for a, held_a in enumerate(placement):
+            if e not in held_a or have[host_of[a]] < 2:
+                continue
+            for b, held_b in enumerate(placement):
+                if host_of[b] in have:
+                    continue
+                for j, f in enumerate(held_b):
+                    if f in held_a and (strict or held_b.count(f) < 2):
+                        continue
+                    f_have = copies_by_host(f)
+                    if f_have[host_of[b]] == 1 and host_of[a] in f_have:
+                        continue  # f would lose a machine
+                    return a, held_a.index(e), b, j
+    return None
+
+
+def recovery_probability(placement, experts: int, failures: int, seed: int = 1, hosts: Sequence | None = None) -> dict:
     """Probability that every expert keeps a replica after ``failures``
-    random nodes fail: exact, or a seeded estimate with its 95% interval."""
+    random nodes fail (with ``hosts``, one label per node: ``failures``
+    random machines, every node on them): exact, or a seeded estimate with
+    its 95% interval."""
+    if hosts is not None:
+        if len(hosts) != len(placement):
+            raise ValueError(f"torch_eccl.moe.recovery_probability: {len(hosts)} hosts given for "
+                             f"{len(placement)} nodes (one per node)")
+        merged = {}
+        for n, held in enumerate(placement):
+            merged.setdefault(hosts[n], []).extend(held)
+        placement = list(merged.values())
     slots = max((len(n) for n in placement), default=1)
     return dict(_C.moe_recovery_probability([list(map(int, n)) for n in placement], slots, experts, failures, seed))
 
