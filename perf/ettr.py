@@ -488,12 +488,18 @@ def main():
     ap.add_argument("--smoke", action="store_true",
                     help="one fault per contender at step 15 of 40 (torchft and shrink: of 160, the killed rank "
                          "coming back), at 3 ranks (pipeline: its 4 stages); the check only")
+    ap.add_argument("--baselines-only", action="store_true",
+                    help="only the contenders' fault-free runs (more baselines for --pool-baselines)")
+    ap.add_argument("--pool-baselines", action="store_true",
+                    help="with --from-json: each contender's fault-free step time is the median of every file's "
+                         "baseline for it, and every run's ETTR and 'other' are figured again from it (the machine "
+                         "drifts: fault-free runs here differed by 10%% within an hour)")
     ap.add_argument("--from-json", nargs="+", metavar="FILE",
                     help="no runs: the table and plot (in --out) from earlier runs' ettr.json files, merged (a "
                          "contender in a later file replaces its runs in earlier ones)")
     args = ap.parse_args()
     if args.from_json:
-        return summarize_files(args.from_json, args.out)
+        return summarize_files(args.from_json, args.out, args.pool_baselines)
     contenders = [c for c in args.contenders.split(",") if c]
     only = {(c, int(m), int(sd)) for c, m, sd in (r.split(":") for r in args.runs.split(",") if r)}
     if only:  # baselines for these contenders only, at these MTBFs and seeds
@@ -523,7 +529,7 @@ def main():
         print(f"ettr: {c}: fault-free {b['steps']} steps in {b['wall']:.2f} s ({b['step_s'] * 1000:.1f} ms/step)",
               flush=True)
     ckpt_costs = {}  # per checkpointing contender: the blocking cost of a save
-    for c in [c for c in contenders if c in RESTARTS and not args.smoke]:
+    for c in [c for c in contenders if c in RESTARTS and not args.smoke and not args.baselines_only]:
         cal_job = run_job(c, args, f"{c}-calibration", ckpt_every=5)
         cal = analyse(cal_job)
         costs = [e["blocking"] for e in cal_job["events"] if e["ev"] == "ckpt"]
@@ -538,6 +544,8 @@ def main():
                        "steps": args.steps, "step_ms": args.step_ms, "ranks": args.ranks}, f, indent=1)
 
     save()
+    if args.baselines_only:
+        return 0
     mtbfs = [None] if args.smoke else [int(m) for m in args.mtbf.split(",")]
     seeds = [0] if args.smoke else range(args.seeds)
     done = set()
@@ -583,30 +591,49 @@ def run_key(r):
     return r["contender"], r.get("mtbf"), r.get("seed")
 
 
-def summarize_files(paths, out):
+def summarize_files(paths, out, pool=False):
     """The summary of several runs' JSON (e.g. a contender run on its own
-    after the others), contenders in the harness's order."""
+    after the others), contenders in the harness's order; with ``pool``,
+    against the median of every file's fault-free run of each contender."""
     merged = os.path.join(out, "ettr.json")
     if any(os.path.realpath(p) == os.path.realpath(merged) for p in paths):
         sys.exit(f"ettr: --out {out} would overwrite {merged}, an input")
-    runs, baselines, costs = [], {}, {}
+    runs, baselines, costs, pooled = [], {}, {}, {}
     for path in paths:  # a run in a later file replaces the same contender, MTBF and seed in earlier ones
         with open(path) as f:
             data = json.load(f)
         mine = [r for r in data["runs"] if r.get("mtbf")]
         runs = [r for r in runs if run_key(r) not in {run_key(m) for m in mine}] + mine
         baselines.update(data["baselines"])
+        for c, b in data["baselines"].items():
+            pooled.setdefault(c, []).append(b["step_s"])
         costs.update(data.get("checkpoint_costs_s") or {})
         shape = {k: data[k] for k in ("steps", "step_ms", "ranks")}
     contenders = [c for c in CONTENDERS if any(r["contender"] == c for r in runs)]
+    if pool:
+        for c, each in pooled.items():
+            baselines[c] = {**baselines[c], "step_s": statistics.median(each), "pooled_step_s": each}
+        runs = [refit(r, baselines[r["contender"]]["step_s"]) for r in runs]
     os.makedirs(out, exist_ok=True)
     with open(merged, "w") as f:  # what perf/ettr_project.py reads
         json.dump({"baselines": baselines, "runs": runs, "checkpoint_cost_s": costs.get("restart"),
                    "checkpoint_costs_s": costs, **shape, "merged_from": list(paths)}, f, indent=1)
     mtbfs = sorted({r["mtbf"] for r in runs})
     for c in contenders:
-        print(f"ettr: {c}: fault-free {baselines[c]['step_s'] * 1000:.1f} ms/step")
+        each = baselines[c].get("pooled_step_s")
+        print(f"ettr: {c}: fault-free {baselines[c]['step_s'] * 1000:.1f} ms/step"
+              + (f" (median of {', '.join(f'{t * 1000:.1f}' for t in each)})" if each else ""))
     summary(runs, contenders, mtbfs, out)
+
+
+def refit(r, t_ff):
+    """A run's ETTR and unexplained loss against another fault-free step
+    time (the recovery's share, which subtracts one step, is kept)."""
+    if "wall" not in r or "work_steps" not in r or "lost_s" not in r:
+        return r
+    lost = dict(r["lost_s"])
+    lost["other"] = r["wall"] - r["work_steps"] * t_ff - sum(v for k, v in lost.items() if k != "other")
+    return {**r, "ettr": r["work_steps"] * t_ff / r["wall"] if r.get("ok") else 0.0, "lost_s": lost, "t_ff_s": t_ff}
 
 
 def line(r):
