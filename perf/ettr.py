@@ -334,7 +334,7 @@ def run_job(contender, args, tag, mtbf_s=None, seed=0, at_step=None, ckpt_every=
     shutil.rmtree(ckpt_dir, ignore_errors=True)  # a restart run's checkpoints take gigabytes; the events say all
     return {"contender": contender, "tag": tag, "rc": rc, "launched": start, "events": read_events(events),
             "kills": injector.kills if injector else [], "log": os.path.join(base, "job.log"), "ckpt_every": ckpt_every,
-            "ranks": PIPELINE_STAGES if contender == "pipeline" else args.ranks, "late_nice": args.late_nice}
+            "ranks": PIPELINE_STAGES if contender == "pipeline" else args.ranks}
 
 
 def analyse(job, t_ff=None):
@@ -361,10 +361,7 @@ def analyse(job, t_ff=None):
                world_min=min(e["world"] for e in steps))
     if len(digests) != 1:
         out["why"] = f"ranks end with different parameters: {sorted(digests)}"
-    # Late starters (perf/late_start.py): how many started low, and none
-    # may train on at that priority.
-    late = job.get("late_nice", 0)
-    out["late_low"] = sum(1 for e in evs if e["ev"] == "start" and late and e.get("nice", 0) >= late)
+    # Late starters (perf/late_start.py): none may train on low.
     stuck = [e for e in evs if e["ev"] == "joined" and e["above"] > 0]
     if stuck:
         out.update(ok=False, why=f"a late starter (pid {stuck[0]['pid']}) trains at a niceness "
@@ -493,7 +490,7 @@ def main():
     ap.add_argument("--pool-baselines", action="store_true",
                     help="with --from-json: each contender's fault-free step time is the median of every file's "
                          "baseline for it, and every run's ETTR and 'other' are figured again from it (the machine "
-                         "drifts: fault-free runs here differed by 10%% within an hour)")
+                         "drifts: fault-free runs here differed by 24%% within an hour)")
     ap.add_argument("--from-json", nargs="+", metavar="FILE",
                     help="no runs: the table and plot (in --out) from earlier runs' ettr.json files, merged (a "
                          "contender in a later file replaces its runs in earlier ones)")

@@ -32,7 +32,7 @@ import time
 
 import late_start
 
-late_start.begin()  # before torch: importing it is most of a late starter's start
+STARTED_AT_NICE = late_start.begin()  # before torch: importing it is most of a late starter's start
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -82,7 +82,7 @@ def main():
     args = ap.parse_args()
     torch.set_num_threads(1)  # one reduction order in every run
     events = Events(args.events)
-    events("start", restart=0, role=os.environ.get("ECCL_ROLE", "rank"), nice=late_start.begin())
+    events("start", restart=0, role=os.environ.get("ECCL_ROLE", "rank"), nice=STARTED_AT_NICE)
     model.configure(model.EXPERTS, model.MIN_REPLICAS)
     torch_eccl.init_process_group()  # a rank, or a standby that waits for one
     events("joined", above=late_start.joined())

@@ -59,7 +59,7 @@ import time
 
 import late_start
 
-late_start.begin()  # before torch: importing it is most of a late starter's start
+STARTED_AT_NICE = late_start.begin()  # before torch: importing it is most of a late starter's start
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -422,7 +422,7 @@ def main():
     args = ap.parse_args()
     torch.set_num_threads(1)
     events = Events(args.events)
-    events("start", restart=0, role=os.environ.get("ECCL_ROLE", "rank"), nice=late_start.begin())
+    events("start", restart=0, role=os.environ.get("ECCL_ROLE", "rank"), nice=STARTED_AT_NICE)
     import torch_eccl
     from torch_eccl import log, snapshot
 

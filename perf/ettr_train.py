@@ -34,10 +34,10 @@ import sys
 
 import late_start
 
-late_start.begin()  # before torch: importing it is most of a late starter's start
+STARTED_AT_NICE = late_start.begin()  # before torch: importing it is most of a late starter's start
 
 import torch  # noqa: E402
-import torch.distributed as dist
+import torch.distributed as dist  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 # The replace path's state sync is the DDP example's (the most advanced
@@ -215,7 +215,7 @@ def main():
     torch.set_num_threads(1)
     events = Events(args.events)
     events("start", restart=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
-           role=os.environ.get("ECCL_ROLE", "rank"), nice=late_start.begin())
+           role=os.environ.get("ECCL_ROLE", "rank"), nice=STARTED_AT_NICE)
     model, opt = build()
     if args.recovery == "restart":
         init_restarted_gloo(args.pg_timeout_s)

@@ -51,14 +51,20 @@ def begin() -> int:
     return os.getpriority(os.PRIO_PROCESS, 0)
 
 
-def thread_nices() -> list[int]:
-    nices = []
+def _each_thread(call) -> list:
+    """call(tid) for every thread of this process (one that ends meanwhile
+    is left out)."""
+    out = []
     for tid in os.listdir("/proc/self/task"):
         try:
-            nices.append(os.getpriority(os.PRIO_PROCESS, int(tid)))
-        except ProcessLookupError:  # the thread ended meanwhile
+            out.append(call(int(tid)))
+        except ProcessLookupError:
             pass
-    return nices
+    return out
+
+
+def thread_nices() -> list[int]:
+    return _each_thread(lambda tid: os.getpriority(os.PRIO_PROCESS, tid))
 
 
 def joined() -> int:
@@ -68,10 +74,7 @@ def joined() -> int:
     global _started_at
     if _started_at is None:
         return 0
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            os.setpriority(os.PRIO_PROCESS, int(tid), _started_at)
-        except ProcessLookupError:  # the thread ended meanwhile
-            pass
+    back_to = _started_at
+    _each_thread(lambda tid: os.setpriority(os.PRIO_PROCESS, tid, back_to))
     above, _started_at = max(thread_nices()) - _started_at, None
     return above

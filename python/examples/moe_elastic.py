@@ -98,19 +98,23 @@ def ranks_per_host(ids) -> int:
     return k
 
 
+def hosts_for(world: int) -> list[int] | None:
+    """Each rank's machine by the layout (None where none is known)."""
+    return [r // RANKS_PER_HOST for r in range(world)] if RANKS_PER_HOST else None
+
+
 def placement_for(load, world: int) -> list[list[int]]:
     """Lazarus's placement for `world` ranks, across machines where known:
     no machine holds every replica of an expert that has two or more."""
-    hosts = [r // RANKS_PER_HOST for r in range(world)] if RANKS_PER_HOST else None
-    return moe.place(replicas_for(load, world), world, SLOTS, hosts=hosts)
+    return moe.place(replicas_for(load, world), world, SLOTS, hosts=hosts_for(world))
 
 
 def machine_survival(placement) -> str:
     """Where the machines are known: the chance that every expert keeps a
     replica when one random machine fails."""
-    if not RANKS_PER_HOST:
+    hosts = hosts_for(len(placement))
+    if not hosts:
         return ""
-    hosts = [r // RANKS_PER_HOST for r in range(len(placement))]
     p = moe.recovery_probability(placement, EXPERTS, 1, hosts=hosts)["probability"]
     return f"; every expert survives any one machine's loss with probability {p:.3f}"
 
@@ -413,7 +417,7 @@ class Trainer:
             # place, not machines: spread across them again where it broke.
             if RANKS_PER_HOST and not lost:
                 mapped = [list(row) for row in placement]
-                moe.spread_over_hosts(placement, [r // RANKS_PER_HOST for r in range(world)])
+                moe.spread_over_hosts(placement, hosts_for(world))
                 if placement != mapped:
                     transfers = copies_to(current, placement)
             if lost:  # every rank stops with the same message
