@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "eccl.h"
+#include "tests/support/time_scale.h"
 
 namespace eccl::test {
 
@@ -47,16 +48,6 @@ class ProcessGroup {
   std::chrono::steady_clock::time_point start_;
   bool waited_ = false;
 };
-
-// How much slower than this host the test's processes run
-// (ECCL_TEST_TIMEOUT_SCALE, default 1): the Soft-RoCE VM's emulated CPUs on
-// a loaded host set it, and tests whose short deadlines cover connecting
-// scale them by it.
-inline int timeScale() {
-  const char* v = std::getenv("ECCL_TEST_TIMEOUT_SCALE");
-  const int scale = v ? std::atoi(v) : 1;
-  return scale >= 1 ? scale : 1;
-}
 
 // Each rank leaves a file in a fresh directory once it is running (its
 // first allreduce done, say); a test signals a victim only once every

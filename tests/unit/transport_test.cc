@@ -22,6 +22,7 @@
 #include "transport/connect.h"
 #include "transport/device.h"
 #include "transport/backend.h"
+#include "tests/support/time_scale.h"
 
 namespace eccl::transport {
 namespace {
@@ -84,7 +85,7 @@ struct Pair {
     o.secret.fill(1);
     o.lanes = lanes;
     o.ifname = "lo";
-    o.handshakeTimeoutMs = 2000;
+    o.handshakeTimeoutMs = 2000 * timeScale();  // the first handshake in an emulated VM is the slowest
     o.stripeMinBytes = 4096;
     o.self = 0;
     a = createDevice(o);
@@ -129,8 +130,8 @@ TEST_P(DeviceOverEachBackEnd, MessagesOfARefusedOpAreDroppedNotKept) {
   };
   char c = 'x', one = 0;  // the lanes up, and driven once by their receiver
   auto r0 = p.a->irecv(1, 7, 0, &one, 1);
-  p.b->wait(p.b->isend(0, 7, 0, &c, 1), deadlineAfterMs(5000), "send");
-  p.a->wait(r0, deadlineAfterMs(5000), "recv");
+  p.b->wait(p.b->isend(0, 7, 0, &c, 1), deadlineAfterMs(5000 * timeScale()), "send");
+  p.a->wait(r0, deadlineAfterMs(5000 * timeScale()), "recv");
   const uint64_t before = p.a->stats().bytesReceived;
   auto s = p.b->isend(0, 1, 0, early.data(), early.size());
   p.b->wait(s, deadlineAfterMs(10000), "send");
@@ -310,8 +311,8 @@ TEST_P(DeviceOverEachBackEnd, LargeChunksMoveZeroCopyOverRdmaAndSharedMemory) {
   // Small messages keep using the ring.
   int32_t v = 7, w = 0;
   auto r = p.b->irecv(0, 3, 0, &w, 4);
-  p.a->wait(p.a->isend(1, 3, 0, &v, 4), deadlineAfterMs(5000), "send");
-  p.b->wait(r, deadlineAfterMs(5000), "recv");
+  p.a->wait(p.a->isend(1, 3, 0, &v, 4), deadlineAfterMs(5000 * timeScale()), "send");
+  p.b->wait(r, deadlineAfterMs(5000 * timeScale()), "recv");
   EXPECT_EQ(w, 7);
   EXPECT_EQ(p.a->stats().zeroCopyChunksSent, rdma ? 4u : 0u);
   // A receive of the wrong size refuses the message: it fails, the sender
@@ -468,8 +469,8 @@ TEST_P(DeviceOverEachBackEnd, ChecksummedMessagesAreVerifiedByTheReceiver) {
   for (size_t i = 0; i < msg.size(); ++i) msg[i] = static_cast<uint8_t>(i * 7);
   uint32_t good = crc32c(msg.data(), msg.size()), bad = good ^ 1;
   auto r = p.b->irecv(0, 1, 0, got.data(), got.size());
-  p.a->wait(p.a->isend(1, 1, 0, msg.data(), msg.size(), &good), deadlineAfterMs(5000), "send");
-  p.b->wait(r, deadlineAfterMs(5000), "recv");
+  p.a->wait(p.a->isend(1, 1, 0, msg.data(), msg.size(), &good), deadlineAfterMs(5000 * timeScale()), "send");
+  p.b->wait(r, deadlineAfterMs(5000 * timeScale()), "recv");
   EXPECT_EQ(got, msg);
   // A wrong checksum (a corrupted record) fails that receive only, posted
   // before or after the data arrived.
@@ -534,8 +535,8 @@ TEST_P(DeviceOverEachBackEnd, DrivingWaiterWakesWhenAnotherThreadFailsThePeer) {
   Pair p(2, GetParam());
   char c = 'x', got = 0;
   auto r0 = p.b->irecv(0, 1, 0, &got, 1);
-  p.a->wait(p.a->isend(1, 1, 0, &c, 1), deadlineAfterMs(5000), "send");
-  p.b->wait(r0, deadlineAfterMs(5000), "recv");
+  p.a->wait(p.a->isend(1, 1, 0, &c, 1), deadlineAfterMs(5000 * timeScale()), "send");
+  p.b->wait(r0, deadlineAfterMs(5000 * timeScale()), "recv");
   ASSERT_EQ(got, 'x');
   auto r = p.b->irecv(0, 2, 0, &got, 1);
   Clock::time_point failedAt;
@@ -563,8 +564,8 @@ TEST_P(DeviceOverEachBackEnd, IdleMemberKeepsReceivingAfterItsOwnWait) {
   Pair p(1, GetParam());
   char c = 'x', got = 0;
   auto r0 = p.b->irecv(0, 1, 0, &got, 1);
-  p.a->wait(p.a->isend(1, 1, 0, &c, 1), deadlineAfterMs(5000), "send");
-  p.b->wait(r0, deadlineAfterMs(5000), "recv");  // b drove its lanes just now
+  p.a->wait(p.a->isend(1, 1, 0, &c, 1), deadlineAfterMs(5000 * timeScale()), "send");
+  p.b->wait(r0, deadlineAfterMs(5000 * timeScale()), "recv");  // b drove its lanes just now
   std::vector<uint8_t> big(64 << 20), into(big.size());
   for (size_t i = 0; i < big.size(); i += 4096) big[i] = static_cast<uint8_t>(i >> 12);
   // Soft-RoCE under the VM's emulated CPU moves a few MB/s: 64 MiB gets
