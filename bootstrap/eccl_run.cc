@@ -546,11 +546,13 @@ int main(int argc, char** argv) {
                                                                   coordChaosMs / 2, coordChaosMs * 3 / 2)(chaosRng));
     }
     // When no rank is left, standbys that were never promoted are released
-    // (those --respawn started too: nobody is left to promote them).
+    // (those --respawn started too: nobody is left to promote them), the
+    // ones still starting too: a refill importing torch on a loaded host
+    // held the job's end for 15 s waiting for it to register.
     if (!standbysReleased && (standbys > 0 || respawnSeconds >= 0)) {
       bool onlyIdle = true;
       for (auto& c : children)
-        if (!c.exited && !idle.count(static_cast<uint64_t>(c.pid))) onlyIdle = false;
+        if (!c.exited && !idle.count(static_cast<uint64_t>(c.pid)) && !available(c)) onlyIdle = false;
       if (onlyIdle) {
         for (auto& c : children)
           if (!c.exited) kill(c.pid, SIGTERM), c.injected = true;

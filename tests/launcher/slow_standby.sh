@@ -17,3 +17,17 @@ if [ "$started" -ne 1 ]; then
   exit 1
 fi
 echo "slow_standby: one standby for a pool of one over 14 s"
+
+# The ranks done while a standby still starts: nobody is left to promote
+# it, so it is released at once rather than awaited until it registers
+# (an ETTR job's end waited 15 s for a refill still importing torch).
+start=$(date +%s)
+"$run" -np 1 --standby 1 --refill --timeout 60 \
+  sh -c 'if [ "$ECCL_ROLE" = standby ]; then exec sleep 40; fi; sleep 1' >"$out" 2>&1 || true
+took=$(($(date +%s) - start))
+if [ "$took" -ge 20 ]; then
+  echo "slow_standby: the job's end waited $took s for a standby still starting:" >&2
+  cat "$out" >&2
+  exit 1
+fi
+echo "slow_standby: a standby still starting at the end was released after $took s"
