@@ -141,6 +141,10 @@ def command(contender, args, events, ckpt_every, ckpt_dir, faulted=True):
                  str(args.step_ms), "--events", events]
     if contender in ("shrink", "replace", "moe-shrink", "moe-replace"):
         train += ["--grow-every", str(args.grow_every)]
+    if args.smoke and contender in ("shrink", "moe-shrink"):
+        # The smoke checks that the job grows back, not how soon: on a busy
+        # machine the repaired rank's torch import can outlast the run.
+        train += ["--grow-before-end", "240"]
     return [*launcher, "-np", str(args.ranks), *extra, "--timeout", limit, py, *train]
 
 
@@ -485,6 +489,9 @@ def main():
     ap.add_argument("--smoke", action="store_true",
                     help="one fault per contender at step 15 of 40 (torchft and shrink: of 160, the killed rank "
                          "coming back), at 3 ranks (pipeline: its 4 stages); the check only")
+    ap.add_argument("--baselines-from", metavar="FILE",
+                    help="fault-free runs from an earlier ettr.json, for the contenders it holds at the same steps "
+                         "(the ctest variants of the pipeline's smoke take the smoke's); the rest are run")
     ap.add_argument("--baselines-only", action="store_true",
                     help="only the contenders' fault-free runs (more baselines for --pool-baselines)")
     ap.add_argument("--pool-baselines", action="store_true",
@@ -518,7 +525,17 @@ def main():
         args.steps_by, args.repair_steps, args.grow_every = {"shrink": 160, "torchft": 160, "moe-shrink": 160}, 0, 5
     os.makedirs(args.out, exist_ok=True)
     results, baselines = [], {}
+    earlier = {}
+    if args.baselines_from and os.path.exists(args.baselines_from):
+        with open(args.baselines_from) as f:
+            earlier = json.load(f).get("baselines", {})
     for c in contenders:
+        b = earlier.get(c)
+        if b and b.get("ok") and b["steps"] == steps_of(c, args) and b.get("ranks", b.get("world_end")) == (
+                PIPELINE_STAGES if c == "pipeline" else args.ranks):
+            baselines[c] = b
+            print(f"ettr: {c}: fault-free {b['steps']} steps from {args.baselines_from}", flush=True)
+            continue
         b = analyse(run_job(c, args, f"{c}-fault-free"))
         if not b.get("ok"):
             sys.exit(f"ettr: the fault-free {c} run failed: {b.get('why')}")

@@ -40,7 +40,7 @@ import torch.distributed as dist  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "python", "examples"))
 import moe_elastic as model  # noqa: E402
-from ettr_train import Events, try_grow  # noqa: E402
+from ettr_train import Events, grow_before_end, try_grow  # noqa: E402
 
 import torch_eccl  # noqa: E402
 
@@ -79,6 +79,8 @@ def main():
     ap.add_argument("--events", required=True)
     ap.add_argument("--rebalance", type=int, default=50, help="re-place the experts from the load every N steps")
     ap.add_argument("--grow-every", type=int, default=0, help="while short of the job's size, try to grow every K steps")
+    ap.add_argument("--grow-before-end", type=int, default=0, metavar="TRIES",
+                    help="short of the job's size at the last step, ask to grow up to TRIES times first")
     args = ap.parse_args()
     torch.set_num_threads(1)  # one reduction order in every run
     events = Events(args.events)
@@ -106,6 +108,10 @@ def main():
                 need_sync = False
                 events("ready", rank=dist.get_rank(), world=dist.get_world_size(), step=job.step)
             if job.step >= args.steps:
+                if (args.grow_before_end and dist.get_world_size() < full_world
+                        and grow_before_end(events, job.step, args.grow_before_end)):
+                    need_sync = True
+                    continue
                 break
             if (args.grow_every and job.step % args.grow_every == 0 and dist.get_world_size() < full_world
                     and try_grow(events, job.step)):

@@ -199,6 +199,18 @@ def try_grow(events, step: int) -> bool:
     return True
 
 
+def grow_before_end(events, step: int, tries: int) -> bool:
+    """At the last step of a job that shrank: every rank asks to grow up to
+    `tries` times, half a second apart (the same count on every rank, so
+    the asks stay collective), for a repaired rank that a loaded machine
+    is still starting. The smoke's check that a shrunk job grows back."""
+    for _ in range(tries):
+        if try_grow(events, step):
+            return True
+        time.sleep(0.5)
+    return False
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--recovery", choices=["restart", "replace", "shrink"], required=True)
@@ -209,6 +221,8 @@ def main():
     ap.add_argument("--ckpt-every", type=int, default=0)
     ap.add_argument("--grow-every", type=int, default=0,
                     help="shrink, replace: while short of the job's size, try to grow back every K steps")
+    ap.add_argument("--grow-before-end", type=int, default=0, metavar="TRIES",
+                    help="shrink: short of the job's size at the last step, ask to grow up to TRIES times first")
     ap.add_argument("--pg-timeout-s", type=float, default=30,
                     help="restart: Gloo's collective timeout (how long a hung rank holds the others)")
     args = ap.parse_args()
@@ -242,6 +256,10 @@ def main():
                 need_sync = False
                 events("ready", rank=dist.get_rank(), world=dist.get_world_size(), step=step)
             if step >= args.steps:
+                if (args.grow_before_end and full_world and dist.get_world_size() < full_world
+                        and grow_before_end(events, step, args.grow_before_end)):
+                    need_sync = True
+                    continue
                 break
             if (args.grow_every and step % args.grow_every == 0 and full_world
                     and dist.get_world_size() < full_world and try_grow(events, step)):
