@@ -360,7 +360,12 @@ def analyse(job, t_ff=None):
         if "loss_sum" in e:
             by_step.setdefault(e["step"], []).append(e)
     losses = [global_loss(es[-es[-1]["world"]:]) for _, es in sorted(by_step.items())]
-    out.update(wall=end - t0, steps=final, digest=sorted(digests)[0], ok=len(digests) == 1, loss=global_loss(done),
+    # A rank that joined at the last step (the smoke's --grow-before-end)
+    # ends with no loss of its own: then the last step's says it.
+    loss = global_loss(done)
+    if math.isnan(loss) and losses:
+        loss = losses[-1]
+    out.update(wall=end - t0, steps=final, digest=sorted(digests)[0], ok=len(digests) == 1, loss=loss,
                losses=losses[-20:], world_end=max(e["world"] for e in done),
                world_min=min(e["world"] for e in steps))
     if len(digests) != 1:
