@@ -10,6 +10,7 @@
 #include <CLI/CLI.hpp>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sched.h>
 #include <sys/prctl.h>
@@ -411,8 +412,18 @@ int main(int argc, char** argv) {
     cpu_set_t core;
     CPU_ZERO(&core);
     if (!cores.empty()) CPU_SET(cores[static_cast<size_t>(index) % cores.size()], &core);
+    // Signals blocked across fork: a SIGTERM that releases a standby the
+    // moment it is started would otherwise run the launcher's handler in
+    // the child before exec and be lost (the standby then waited for a
+    // promotion until --timeout). The child takes the default actions
+    // back first, then any signal sent meanwhile.
+    sigset_t everything, before;
+    sigfillset(&everything);
+    pthread_sigmask(SIG_BLOCK, &everything, &before);
     pid_t pid = fork();
     if (pid == 0) {
+      for (int handled : {SIGINT, SIGTERM, SIGUSR1}) signal(handled, SIG_DFL);
+      pthread_sigmask(SIG_SETMASK, &before, nullptr);
       prctl(PR_SET_PDEATHSIG, SIGKILL);  // no orphaned ranks if the launcher dies
       if (!cores.empty()) sched_setaffinity(0, sizeof(core), &core);
       dup2(out[1], 1);
@@ -421,6 +432,7 @@ int main(int argc, char** argv) {
       [[maybe_unused]] ssize_t n = write(2, execFailed.data(), execFailed.size());
       _exit(127);
     }
+    pthread_sigmask(SIG_SETMASK, &before, nullptr);
     close(out[1]);
     close(err[1]);
     Child c;
