@@ -53,6 +53,7 @@ struct Child {
   std::string outLine, errLine;
   std::string lastErrLine;  // said why, if it failed
   bool exited = false;
+  bool registered = false;  // seen idle or in the view: no longer starting
   int status = 0;
 };
 
@@ -562,9 +563,15 @@ int main(int argc, char** argv) {
     // ones still starting too: a refill importing torch on a loaded host
     // held the job's end for 15 s waiting for it to register.
     if (!standbysReleased && (standbys > 0 || respawnSeconds >= 0)) {
+      // "Starting" only by positive evidence: never seen registered. A
+      // promoted standby that a view being rebuilt leaves out for a moment
+      // is not one (the chaos test's job was released while it trained).
       bool onlyIdle = true;
-      for (auto& c : children)
-        if (!c.exited && !idle.count(static_cast<uint64_t>(c.pid)) && !available(c)) onlyIdle = false;
+      for (auto& c : children) {
+        const auto pid = static_cast<uint64_t>(c.pid);
+        c.registered = c.registered || idle.count(pid) || inView.count(pid);
+        if (!c.exited && !idle.count(pid) && !(c.standby && !c.registered)) onlyIdle = false;
+      }
       if (onlyIdle) {
         for (auto& c : children)
           if (!c.exited) kill(c.pid, SIGTERM), c.injected = true;
