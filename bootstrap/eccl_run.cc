@@ -561,11 +561,10 @@ int main(int argc, char** argv) {
     // When no rank is left, standbys that were never promoted are released
     // (those --respawn started too: nobody is left to promote them), the
     // ones still starting too: a refill importing torch on a loaded host
-    // held the job's end for 15 s waiting for it to register.
+    // held the job's end for 15 s waiting for it to register. "Starting"
+    // means never seen idle or in the view: a promoted standby that a view
+    // being rebuilt leaves out for a moment is not one.
     if (!standbysReleased && (standbys > 0 || respawnSeconds >= 0)) {
-      // "Starting" only by positive evidence: never seen registered. A
-      // promoted standby that a view being rebuilt leaves out for a moment
-      // is not one (the chaos test's job was released while it trained).
       bool onlyIdle = true;
       for (auto& c : children) {
         const auto pid = static_cast<uint64_t>(c.pid);

@@ -536,8 +536,8 @@ def main():
             earlier = json.load(f).get("baselines", {})
     for c in contenders:
         b = earlier.get(c)
-        if b and b.get("ok") and b["steps"] == steps_of(c, args) and b.get("ranks", b.get("world_end")) == (
-                PIPELINE_STAGES if c == "pipeline" else args.ranks):
+        world = PIPELINE_STAGES if c == "pipeline" else args.ranks
+        if b and b.get("ok") and b["steps"] == steps_of(c, args) and b["world_end"] == world:
             baselines[c] = b
             print(f"ettr: {c}: fault-free {b['steps']} steps from {args.baselines_from}", flush=True)
             continue
