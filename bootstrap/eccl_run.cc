@@ -7,7 +7,7 @@
 // launcher kills the leading one). Ranks go to
 // the hosts of --host-list in turn; a remote one is started through the
 // remote shell (--rsh, default ssh: `ssh HOST env ECCL_...=... PROGRAM`).
-#include <CLI/CLI.hpp>
+#include "cli/cli.h"
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
@@ -154,11 +154,11 @@ Fault parseOutputFault(const std::string& spec, int np) {
   size_t colon = spec.find(':');
   char* end = nullptr;
   if (colon == std::string::npos || colon + 1 == spec.size())
-    throw CLI::ValidationError("fault '" + spec + "' must be RANK:TEXT");
+    throw eccl::cli::UsageError("fault '" + spec + "' must be RANK:TEXT");
   const std::string rankText = spec.substr(0, colon);
   f.rank = static_cast<int>(std::strtol(rankText.c_str(), &end, 10));
   if (rankText.empty() || *end || f.rank < 0 || f.rank >= np)
-    throw CLI::ValidationError("fault '" + spec + "': rank out of range");
+    throw eccl::cli::UsageError("fault '" + spec + "': rank out of range");
   f.pattern = spec.substr(colon + 1);
   return f;
 }
@@ -169,13 +169,13 @@ Fault parseFault(const std::string& spec, int sig, int np) {
   f.signal = sig;
   size_t at = spec.find('@');
   char* end = nullptr;
-  if (at == std::string::npos) throw CLI::ValidationError("fault '" + spec + "' must be RANK@SECONDS");
+  if (at == std::string::npos) throw eccl::cli::UsageError("fault '" + spec + "' must be RANK@SECONDS");
   const std::string rankText = spec.substr(0, at), timeText = spec.substr(at + 1);
   f.rank = static_cast<int>(std::strtol(rankText.c_str(), &end, 10));
   if (rankText.empty() || *end || f.rank < 0 || f.rank >= np)
-    throw CLI::ValidationError("fault '" + spec + "': rank out of range");
+    throw eccl::cli::UsageError("fault '" + spec + "': rank out of range");
   f.seconds = std::strtod(timeText.c_str(), &end);
-  if (timeText.empty() || *end || f.seconds < 0) throw CLI::ValidationError("fault '" + spec + "': bad time");
+  if (timeText.empty() || *end || f.seconds < 0) throw eccl::cli::UsageError("fault '" + spec + "': bad time");
   return f;
 }
 
@@ -201,78 +201,72 @@ std::vector<std::string> rankEnvironment(int rank, int nranks, const std::string
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"eccl-run: launch ranks of an eccl program"};
+  eccl::cli::App app{"eccl-run: launch ranks of an eccl program"};
   int np = 0, standbys = 0;
   std::vector<std::string> kills, stops;
   std::string hostList;
   double timeoutSeconds = 0;
   std::vector<std::string> command;
-  app.add_option("-n,--np", np, "number of ranks (-np N also works)")->required()->check(CLI::Range(1, 4096));
-  app.add_option("--host-list", hostList, "comma-separated hosts; ranks (then standbys) go to them in turn");
+  app.option("-n,--np", np, "number of ranks (-np N also works)").required().range(1, 4096);
+  app.option("--host-list", hostList, "comma-separated hosts; ranks (then standbys) go to them in turn");
   std::string rshText = "ssh";
-  app.add_option("--rsh", rshText, "remote shell for the hosts that are not this one (\"ssh\"; a test uses \"ip netns exec\")");
-  app.add_option("--timeout", timeoutSeconds, "kill every rank after this many seconds (0: never)");
+  app.option("--rsh", rshText, "remote shell for the hosts that are not this one (\"ssh\"; a test uses \"ip netns exec\")");
+  app.option("--timeout", timeoutSeconds, "kill every rank after this many seconds (0: never)");
   std::string idFile;
-  app.add_option("--id-file", idFile, "write the job id here (for ecclcoord status/migrate)");
-  app.add_option("--standby", standbys, "also start this many standbys (ECCL_ROLE=standby)")->check(CLI::Range(0, 4096));
+  app.option("--id-file", idFile, "write the job id here (for ecclcoord status/migrate)");
+  app.option("--standby", standbys, "also start this many standbys (ECCL_ROLE=standby)").range(0, 4096);
   bool refill = false;
   int chaosMs = 0, chaosMax = 1000000;
   unsigned seed = 1;
   bool bindCores = false;
-  app.add_flag("--bind-cores", bindCores,
+  app.flag("--bind-cores", bindCores,
                "pin each process to a core of its own (ranks, then standbys, in turn over the cores this launcher "
                "may use)");
-  app.add_flag("--refill", refill,
+  app.flag("--refill", refill,
                "keep --standby K idle: start a standby whenever one is promoted, and one for each dead rank the "
                "view still holds");
   int ranksPerHost = 0;
-  app.add_option("--ranks-per-host", ranksPerHost,
+  app.option("--ranks-per-host", ranksPerHost,
                  "simulated hosts: ECCL_HOSTID=hostI for ranks I*N to I*N+N-1, spareJ for the standbys started "
                  "J*N to J*N+N-1 (a spare host each N; refills included), so snapshot copies avoid the ranks a host "
                  "fault takes together")
-      ->check(CLI::Range(1, 4096));
+      .range(1, 4096);
   double respawnSeconds = -1;  // never
-  app.add_option("--respawn", respawnSeconds,
+  app.option("--respawn", respawnSeconds,
                  "SECONDS after a rank dies, start a new standby in its place (a repaired host coming back; the "
                  "ranks take it in with ecclCommGrow)")
-      ->check(CLI::Range(0.0, 86400.0));
-  app.add_option("--chaos", chaosMs, "fault injection: SIGKILL a random rank every MS milliseconds on average")
-      ->check(CLI::Range(10, 3600000));
-  app.add_option("--chaos-max", chaosMax, "stop the chaos after this many kills")->check(CLI::Range(1, 100000000));
-  app.add_option("--seed", seed, "seed of the chaos schedule");
-  app.add_option("--kill", kills, "fault injection: SIGKILL rank R after S seconds (R@S, repeatable)")->allow_extra_args(false);
-  app.add_option("--stop", stops, "fault injection: SIGSTOP rank R after S seconds (R@S, repeatable)")->allow_extra_args(false);
+      .range(0.0, 86400.0);
+  app.option("--chaos", chaosMs, "fault injection: SIGKILL a random rank every MS milliseconds on average")
+      .range(10, 3600000);
+  app.option("--chaos-max", chaosMax, "stop the chaos after this many kills").range(1, 100000000);
+  app.option("--seed", seed, "seed of the chaos schedule");
+  app.option("--kill", kills, "fault injection: SIGKILL rank R after S seconds (R@S, repeatable)");
+  app.option("--stop", stops, "fault injection: SIGSTOP rank R after S seconds (R@S, repeatable)");
   std::vector<std::string> killWhens;
-  app.add_option("--kill-when", killWhens,
+  app.option("--kill-when", killWhens,
                  "fault injection: SIGKILL rank R once its output contains TEXT (R:TEXT, repeatable)")
-      ->allow_extra_args(false);
+      ;
   std::string etcd, etcdPrefix;
   int coordinators = 3, etcdTtl = 2, coordChaosMs = 0, coordChaosMax = 1000000;
-  app.add_option("--etcd", etcd,
+  app.option("--etcd", etcd,
                  "replicated coordinators: start --coordinators of them (ecclcoord serve --etcd) beside the launcher, "
                  "leading in turn through this etcd cluster (IP:port,...)");
-  app.add_option("--coordinators", coordinators, "with --etcd: how many coordinator replicas (default 3)")
-      ->check(CLI::Range(1, 13));
-  app.add_option("--etcd-prefix", etcdPrefix, "with --etcd: the job's keys (default /eccl/run-<random>/)");
-  app.add_option("--etcd-ttl", etcdTtl, "with --etcd: seconds a dead leader holds the lead (default 2)")
-      ->check(CLI::Range(1, 60));
-  app.add_option("--coord-chaos", coordChaosMs,
+  app.option("--coordinators", coordinators, "with --etcd: how many coordinator replicas (default 3)")
+      .range(1, 13);
+  app.option("--etcd-prefix", etcdPrefix, "with --etcd: the job's keys (default /eccl/run-<random>/)");
+  app.option("--etcd-ttl", etcdTtl, "with --etcd: seconds a dead leader holds the lead (default 2)")
+      .range(1, 60);
+  app.option("--coord-chaos", coordChaosMs,
                  "with --etcd: SIGKILL the leading coordinator every MS milliseconds on average (a new replica "
                  "takes its address)")
-      ->check(CLI::Range(100, 3600000));
-  app.add_option("--coord-chaos-max", coordChaosMax, "stop killing coordinators after this many")
-      ->check(CLI::Range(1, 100000000));
+      .range(100, 3600000);
+  app.option("--coord-chaos-max", coordChaosMax, "stop killing coordinators after this many")
+      .range(1, 100000000);
   // Everything from the program name on belongs to the program.
-  app.prefix_command();
-  // mpirun's spelling "-np N" is the one people type; CLI11 takes one-letter
-  // short names only, so rewrite it before parsing.
-  std::vector<std::string> args;
-  for (int i = argc - 1; i >= 1; --i) args.push_back(std::string(argv[i]) == "-np" ? "--np" : argv[i]);
-  try {
-    app.parse(args);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+  app.prefixCommand();
+  // mpirun's spelling "-np N" is the one people type.
+  app.alias("-np", "--np");
+  if (int status = app.parse(argc, argv); status >= 0) return status;
   command = app.remaining();
   if (command.empty()) {
     fprintf(stderr, "eccl-run: no program given\n%s", app.help().c_str());
@@ -294,7 +288,7 @@ int main(int argc, char** argv) {
     for (auto& k : kills) faults.push_back(parseFault(k, SIGKILL, np));
     for (auto& k : stops) faults.push_back(parseFault(k, SIGSTOP, np));
     for (auto& k : killWhens) faults.push_back(parseOutputFault(k, np));
-  } catch (const CLI::ValidationError& e) {
+  } catch (const eccl::cli::UsageError& e) {
     fprintf(stderr, "eccl-run: %s\n", e.what());
     return 2;
   }
@@ -317,7 +311,7 @@ int main(int argc, char** argv) {
   }
   if (etcd.empty())
     for (const char* option : {"--coordinators", "--etcd-prefix", "--etcd-ttl", "--coord-chaos-max"})
-      if (app.count(option)) {
+      if (app.given(option)) {
         fprintf(stderr, "eccl-run: %s needs --etcd (without it the launcher runs one coordinator itself)\n", option);
         return 2;
       }

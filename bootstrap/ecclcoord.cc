@@ -7,7 +7,7 @@
 //   ecclcoord migrate --rank R [--id ID | --id-file F]
 // The id defaults to $ECCL_UNIQUE_ID. eccl-run --id-file F writes the id of
 // its embedded coordinator, so the tool works against either.
-#include <CLI/CLI.hpp>
+#include "cli/cli.h"
 #include <signal.h>
 #include <unistd.h>
 
@@ -102,45 +102,44 @@ int serve(const std::string& idFile) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"ecclcoord: eccl's membership coordinator and its tool"};
-  app.require_subcommand(1);
+  eccl::cli::App app{"ecclcoord: eccl's membership coordinator and its tool"};
   std::string id, idFile;
   int rank = -1;
   int64_t timeoutMs = 5000;
-  auto* serveCmd = app.add_subcommand("serve", "run a coordinator until SIGINT/SIGTERM and print the job id");
-  serveCmd->add_option("--id-file", idFile, "also write the id to this file");
+  auto* serveCmd = &app.subcommand("serve", "run a coordinator until SIGINT/SIGTERM and print the job id");
+  serveCmd->option("--id-file", idFile, "also write the id to this file");
   eccl::membership::ReplicaOptions replica;
-  serveCmd->add_option("--etcd", replica.etcdEndpoints,
+  serveCmd->option("--etcd", replica.etcdEndpoints,
                        "replicate through this etcd cluster (IP:port,...): one of the job's coordinators leads, "
                        "the others take over when it dies");
-  serveCmd->add_option("--etcd-prefix", replica.prefix, "the job's keys in etcd (default /eccl/job/)");
-  serveCmd->add_option("--etcd-ttl", replica.ttlSeconds, "seconds a dead leader holds the lead (default 2)")
-      ->check(CLI::Range(1, 60));
-  serveCmd->add_option("--listen", replica.listen,
+  serveCmd->option("--etcd-prefix", replica.prefix, "the job's keys in etcd (default /eccl/job/)");
+  serveCmd->option("--etcd-ttl", replica.ttlSeconds, "seconds a dead leader holds the lead (default 2)")
+      .range(1, 60);
+  serveCmd->option("--listen", replica.listen,
                        "with --etcd: this replica's address, IP[:PORT] (default: ECCL_SOCKET_IFNAME's, any port)");
-  serveCmd->add_option("--replicas", replica.replicas,
+  serveCmd->option("--replicas", replica.replicas,
                        "with --etcd: how many replicas the job's id names; the first leader waits up to 30 s for "
                        "them to register (start them all before the job's ranks)")
-      ->check(CLI::Range(1, 13));
-  auto* statusCmd = app.add_subcommand("status", "print the view, standbys and health");
-  auto* migrateCmd = app.add_subcommand("migrate", "move a rank to a registered standby (expected migration)");
-  migrateCmd->add_option("--rank", rank, "the rank to move")->required()->check(CLI::NonNegativeNumber);
+      .range(1, 13);
+  auto* statusCmd = &app.subcommand("status", "print the view, standbys and health");
+  auto* migrateCmd = &app.subcommand("migrate", "move a rank to a registered standby (expected migration)");
+  migrateCmd->option("--rank", rank, "the rank to move").required().nonNegative();
   for (auto* cmd : {statusCmd, migrateCmd}) {
-    cmd->add_option("--id", id, "the job's unique id (default: $ECCL_UNIQUE_ID)");
-    cmd->add_option("--id-file", idFile, "read the job's unique id from this file");
-    cmd->add_option("--timeout-ms", timeoutMs, "deadline for the coordinator's answer");
+    cmd->option("--id", id, "the job's unique id (default: $ECCL_UNIQUE_ID)");
+    cmd->option("--id-file", idFile, "read the job's unique id from this file");
+    cmd->option("--timeout-ms", timeoutMs, "deadline for the coordinator's answer");
   }
-  CLI11_PARSE(app, argc, argv);
+  if (int status = app.parse(argc, argv); status >= 0) return status;
   try {
-    if (serveCmd->parsed() && !replica.etcdEndpoints.empty()) {
+    if (serveCmd->chosen() && !replica.etcdEndpoints.empty()) {
       replica.coordinator = eccl::membership::coordinatorOptionsFromEnv();
       return serveReplicated(idFile, replica);
     }
-    if (serveCmd->parsed()) return serve(idFile);
+    if (serveCmd->chosen()) return serve(idFile);
     ecclUniqueId uid = eccl::membership::uniqueIdFromText(readId(id, idFile));
     auto data = eccl::membership::decodeUniqueId(uid);
     auto deadline = eccl::deadlineAfterMs(timeoutMs);
-    std::string text = statusCmd->parsed() ? eccl::membership::queryCoordinatorStatus(data, deadline)
+    std::string text = statusCmd->chosen() ? eccl::membership::queryCoordinatorStatus(data, deadline)
                                            : eccl::membership::requestMigration(data, rank, deadline);
     fputs(text.c_str(), stdout);
     return 0;

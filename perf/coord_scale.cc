@@ -17,7 +17,7 @@
 //                   asks for REPLACE when told, as ecclCommRecover does)
 // --check fails (exit 1) unless every survivor was told and the new view
 // puts a standby in the dead rank: what the ctest slice runs.
-#include <CLI/CLI.hpp>
+#include "cli/cli.h"
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -224,24 +224,24 @@ Result runOnce(const std::string& ecclcoord, const std::string& etcd, int n, int
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"coord_scale: the membership coordinator with many simulated members"};
+  eccl::cli::App app{"coord_scale: the membership coordinator with many simulated members"};
   std::vector<int> sizes = {256, 1024, 4096};
   int standbys = 64, threads = 32;
   double steadyS = 4;
   bool json = false, check = false;
   std::string ecclcoord;
-  app.add_option("--members", sizes, "job sizes to run")->delimiter(',');
-  app.add_option("--standbys", standbys, "standbys registered before the ranks");
-  app.add_option("--steady-s", steadyS, "seconds of steady heartbeats measured");
-  app.add_option("--threads", threads, "threads that join members and wait for views");
+  app.option("--members", sizes, "job sizes to run").delimiter(',');
+  app.option("--standbys", standbys, "standbys registered before the ranks");
+  app.option("--steady-s", steadyS, "seconds of steady heartbeats measured");
+  app.option("--threads", threads, "threads that join members and wait for views");
   std::string etcd;
-  app.add_option("--etcd", etcd,
+  app.option("--etcd", etcd,
                  "replicated: the coordinator is an ecclcoord serve --etcd replica writing to this etcd cluster "
                  "(IP:port,...)");
-  app.add_option("--ecclcoord", ecclcoord, "the coordinator daemon (default: beside this binary)");
-  app.add_flag("--json", json, "also print one JSON line per size");
-  app.add_flag("--check", check, "exit 1 unless every survivor was told and a standby took the rank");
-  CLI11_PARSE(app, argc, argv);
+  app.option("--ecclcoord", ecclcoord, "the coordinator daemon (default: beside this binary)");
+  app.flag("--json", json, "also print one JSON line per size");
+  app.flag("--check", check, "exit 1 unless every survivor was told and a standby took the rank");
+  if (int status = app.parse(argc, argv); status >= 0) return status;
   for (int n : sizes)
     if (n < 2) {
       fprintf(stderr, "coord_scale: --members %d: a job needs at least 2 members (one dies)\n", n);

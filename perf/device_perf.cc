@@ -6,7 +6,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
-#include <CLI/CLI.hpp>
+#include "cli/cli.h"
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -59,15 +59,15 @@ double timeOps(F op, cudaStream_t stream, int warmup, int iters, ecclComm_t comm
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"device-buffer allreduce: eccl (stream path, host path) against NCCL"};
+  eccl::cli::App app{"device-buffer allreduce: eccl (stream path, host path) against NCCL"};
   std::string minText = "8", maxText = "256M";
   int factor = 4, iters = 20, warmup = 5;
-  app.add_option("-b", minText, "smallest size in bytes (K, M, G suffixes)");
-  app.add_option("-e", maxText, "largest size");
-  app.add_option("-f", factor, "size factor")->check(CLI::Range(2, 1024));
-  app.add_option("-n", iters, "timed iterations")->check(CLI::Range(1, 1000000));
-  app.add_option("-w", warmup, "warm-up iterations")->check(CLI::Range(0, 100000));
-  CLI11_PARSE(app, argc, argv);
+  app.option("-b", minText, "smallest size in bytes (K, M, G suffixes)");
+  app.option("-e", maxText, "largest size");
+  app.option("-f", factor, "size factor").range(2, 1024);
+  app.option("-n", iters, "timed iterations").range(1, 1000000);
+  app.option("-w", warmup, "warm-up iterations").range(0, 100000);
+  if (int status = app.parse(argc, argv); status >= 0) return status;
   auto parseSize = [](const std::string& s) {
     size_t v = std::stoull(s);
     char u = s.empty() ? 0 : s.back();

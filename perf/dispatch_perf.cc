@@ -12,7 +12,7 @@
 //   4. recovery probability of MRO vs spread vs compact placements for
 //      10 nodes x 6 slots, f = 2, 8 and 16 experts under Zipf loads.
 // --json prints one object per measurement.
-#include <CLI/CLI.hpp>
+#include "cli/cli.h"
 
 #include <algorithm>
 #include <chrono>
@@ -241,24 +241,24 @@ int endToEndWorker(int experts, int k, int64_t tokensPerRank, int64_t hidden, in
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"dispatch_perf: MoE dispatcher costs against memcpy, padded expert parallelism and baseline placements"};
+  eccl::cli::App app{"dispatch_perf: MoE dispatcher costs against memcpy, padded expert parallelism and baseline placements"};
   int ranks = 4, experts = 16, k = 2, iterations = 5;
   int64_t tokens = 2048, hidden = 1024;
   bool worker = false, skipE2e = false;
   std::string launcher = eccl::perf::defaultLauncher();
-  app.add_flag("--json", json, "one JSON object per measurement");
-  app.add_option("--ranks", ranks, "ranks of the end-to-end job")->check(CLI::Range(2, 64));
-  app.add_option("--experts", experts, "experts in the end-to-end job")->check(CLI::Range(2, 4096));
-  app.add_option("--topk", k, "experts per token")->check(CLI::Range(1, 16));
-  app.add_option("--tokens", tokens, "tokens per rank")->check(CLI::Range(1, 1 << 24));
-  app.add_option("--hidden", hidden, "hidden size (bfloat16 rows)")->check(CLI::Range(1, 1 << 20));
-  app.add_option("-n,--iterations", iterations, "timed end-to-end iterations")->check(CLI::Range(1, 100000));
-  app.add_option("--launcher", launcher, "eccl-run to use");
-  app.add_flag("--no-e2e", skipE2e, "skip the multi-process section");
+  app.flag("--json", json, "one JSON object per measurement");
+  app.option("--ranks", ranks, "ranks of the end-to-end job").range(2, 64);
+  app.option("--experts", experts, "experts in the end-to-end job").range(2, 4096);
+  app.option("--topk", k, "experts per token").range(1, 16);
+  app.option("--tokens", tokens, "tokens per rank").range(1, 1 << 24);
+  app.option("--hidden", hidden, "hidden size (bfloat16 rows)").range(1, 1 << 20);
+  app.option("-n,--iterations", iterations, "timed end-to-end iterations").range(1, 100000);
+  app.option("--launcher", launcher, "eccl-run to use");
+  app.flag("--no-e2e", skipE2e, "skip the multi-process section");
   double hbmGBs = 3350;
-  app.add_option("--hbm-gbs", hbmGBs, "the GPU's memory bandwidth for the CUDA section (H100 SXM: 3350)");
-  app.add_flag("--worker", worker, "(internal) one rank of the end-to-end job");
-  CLI11_PARSE(app, argc, argv);
+  app.option("--hbm-gbs", hbmGBs, "the GPU's memory bandwidth for the CUDA section (H100 SXM: 3350)");
+  app.flag("--worker", worker, "(internal) one rank of the end-to-end job");
+  if (int status = app.parse(argc, argv); status >= 0) return status;
   if (k > experts) {
     fprintf(stderr, "dispatch_perf: --topk %d exceeds --experts %d\n", k, experts);
     return 2;

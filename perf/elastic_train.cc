@@ -5,7 +5,7 @@
 // (a standby takes the rank), the joiner receives the parameters from a
 // survivor, and training goes on. At the end every rank re-runs the same
 // training without faults and checks the parameters are equal bit for bit.
-#include <CLI/CLI.hpp>
+#include "cli/cli.h"
 
 #include <chrono>
 #include <cinttypes>
@@ -162,14 +162,14 @@ bool train(ecclComm_t comm, Model& m, int64_t steps, int stepMs, bool elastic, b
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"elastic_train: data-parallel training that survives a killed rank"};
+  eccl::cli::App app{"elastic_train: data-parallel training that survives a killed rank"};
   int64_t steps = 30;
   size_t size = 1 << 18;
   int stepMs = 100;
-  app.add_option("--steps", steps, "training steps")->check(CLI::Range(1, 1000000));
-  app.add_option("--size", size, "parameters (float32)")->check(CLI::Range(1, 1 << 28));
-  app.add_option("--step-ms", stepMs, "pause after each step, so a fault lands mid-run");
-  CLI11_PARSE(app, argc, argv);
+  app.option("--steps", steps, "training steps").range(1, 1000000);
+  app.option("--size", size, "parameters (float32)").range(1, 1 << 28);
+  app.option("--step-ms", stepMs, "pause after each step, so a fault lands mid-run");
+  if (int status = app.parse(argc, argv); status >= 0) return status;
 
   auto t0 = Clock::now();
   ecclComm_t comm;

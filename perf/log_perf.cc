@@ -9,7 +9,7 @@
 // drift on a noisy machine hits both. Also prints the log's metadata per
 // record against the payload. Targets: logged >= 95% of plain at >= 1 MiB,
 // replay >= 90% of plain, metadata <= 1% of logged bytes.
-#include <CLI/CLI.hpp>
+#include "cli/cli.h"
 
 #include <algorithm>
 #include <chrono>
@@ -31,16 +31,16 @@ using eccl::perf::median;
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"log_perf: boundary-send log overhead against plain sends in the same run"};
+  eccl::cli::App app{"log_perf: boundary-send log overhead against plain sends in the same run"};
   std::vector<size_t> sizes{1 << 20, 4 << 20, 16 << 20, 64 << 20};
   int iters = 10, rounds = 5, records = 8;
   bool json = false;
-  app.add_option("--sizes", sizes, "message sizes in bytes")->delimiter(',');
-  app.add_option("-n,--iters", iters, "messages per timed round")->check(CLI::Range(1, 100000));
-  app.add_option("--rounds", rounds, "alternating plain/logged rounds per size")->check(CLI::Range(1, 1000));
-  app.add_option("--records", records, "records replayed per size")->check(CLI::Range(1, 100000));
-  app.add_flag("--json", json, "one JSON object per size");
-  CLI11_PARSE(app, argc, argv);
+  app.option("--sizes", sizes, "message sizes in bytes").delimiter(',');
+  app.option("-n,--iters", iters, "messages per timed round").range(1, 100000);
+  app.option("--rounds", rounds, "alternating plain/logged rounds per size").range(1, 1000);
+  app.option("--records", records, "records replayed per size").range(1, 100000);
+  app.flag("--json", json, "one JSON object per size");
+  if (int status = app.parse(argc, argv); status >= 0) return status;
 
   ecclComm_t comm;
   check(ecclCommInitFromEnv(&comm), nullptr, "ecclCommInitFromEnv");

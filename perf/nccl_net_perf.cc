@@ -15,7 +15,7 @@
 #include <dlfcn.h>
 #include <nccl.h>
 
-#include <CLI/CLI.hpp>
+#include "cli/cli.h"
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -95,19 +95,19 @@ size_t parseSize(const std::string& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"real NCCL over eccl's net plugin or NCCL's own sockets: allreduce, send/recv, creation"};
+  eccl::cli::App app{"real NCCL over eccl's net plugin or NCCL's own sockets: allreduce, send/recv, creation"};
   std::string minText = "8", maxText = "128M", label = "nccl";
   int factor = 4, iters = 20, warmup = 5, recreate = 5;
   bool distinctHosts = false;
-  app.add_option("-b", minText, "smallest size in bytes (K, M, G suffixes)");
-  app.add_option("-e", maxText, "largest size");
-  app.add_option("-f", factor, "size factor")->check(CLI::Range(2, 1024));
-  app.add_option("-n", iters, "timed iterations")->check(CLI::Range(1, 1000000));
-  app.add_option("-w", warmup, "warm-up iterations")->check(CLI::Range(0, 100000));
-  app.add_option("--recreate", recreate, "communicator re-creations timed")->check(CLI::Range(0, 1000));
-  app.add_option("--label", label, "names this run's transport in the output");
-  app.add_flag("--distinct-hosts", distinctHosts, "a NCCL_HOSTID per rank (two ranks may share a GPU)");
-  CLI11_PARSE(app, argc, argv);
+  app.option("-b", minText, "smallest size in bytes (K, M, G suffixes)");
+  app.option("-e", maxText, "largest size");
+  app.option("-f", factor, "size factor").range(2, 1024);
+  app.option("-n", iters, "timed iterations").range(1, 1000000);
+  app.option("-w", warmup, "warm-up iterations").range(0, 100000);
+  app.option("--recreate", recreate, "communicator re-creations timed").range(0, 1000);
+  app.option("--label", label, "names this run's transport in the output");
+  app.flag("--distinct-hosts", distinctHosts, "a NCCL_HOSTID per rank (two ranks may share a GPU)");
+  if (int status = app.parse(argc, argv); status >= 0) return status;
   const size_t minBytes = parseSize(minText), maxBytes = parseSize(maxText);
 
   ecclComm_t comm;

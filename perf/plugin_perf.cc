@@ -6,7 +6,7 @@
 //    connect/accept, a first message each way): the first time, then
 //    re-created over the pool.
 //   plugin_perf [--version 12] [-b 8] [-e 64M] [-f 4] [--iters 20] [--warmup 5] [--recreate 5]
-#include <CLI/CLI.hpp>
+#include "cli/cli.h"
 
 #include <algorithm>
 #include <chrono>
@@ -181,15 +181,15 @@ size_t parseBytes(const std::string& s) {
 int main(int argc, char** argv) {
   Options o;
   std::string minBytes = "8", maxBytes = "64M";
-  CLI::App app{"The NCCL net plugin against eccl's own point-to-point, and its connection pool"};
-  app.add_option("--version", o.version, "ncclNetPlugin version to load (8 to 12)")->check(CLI::Range(8, 12));
-  app.add_option("-b,--minbytes", minBytes);
-  app.add_option("-e,--maxbytes", maxBytes);
-  app.add_option("-f,--stepfactor", o.factor)->check(CLI::Range(2, 1024));
-  app.add_option("-n,--iters", o.iters)->check(CLI::PositiveNumber);
-  app.add_option("-w,--warmup_iters", o.warmup)->check(CLI::NonNegativeNumber);
-  app.add_option("--recreate", o.recreate, "re-creations to time")->check(CLI::PositiveNumber);
-  CLI11_PARSE(app, argc, argv);
+  eccl::cli::App app{"The NCCL net plugin against eccl's own point-to-point, and its connection pool"};
+  app.option("--version", o.version, "ncclNetPlugin version to load (8 to 12)").range(8, 12);
+  app.option("-b,--minbytes", minBytes);
+  app.option("-e,--maxbytes", maxBytes);
+  app.option("-f,--stepfactor", o.factor).range(2, 1024);
+  app.option("-n,--iters", o.iters).positive();
+  app.option("-w,--warmup_iters", o.warmup).nonNegative();
+  app.option("--recreate", o.recreate, "re-creations to time").positive();
+  if (int status = app.parse(argc, argv); status >= 0) return status;
   o.minBytes = parseBytes(minBytes);
   o.maxBytes = parseBytes(maxBytes);
   if (!getenv("ECCL_SOCKET_IFNAME")) setenv("ECCL_SOCKET_IFNAME", "lo", 1);

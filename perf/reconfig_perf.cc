@@ -35,7 +35,7 @@
 //                     SIGKILL of a rank to the survivors' failed op, and
 //                     from there through ecclCommRecover(REPLACE) to the
 //                     first completed allreduce with the standby
-#include <CLI/CLI.hpp>
+#include "cli/cli.h"
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -390,23 +390,23 @@ nlohmann::json runJob(const std::string& launcher, const std::string& self, int 
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"reconfig_perf: the cost of membership changes against full re-initialisation"};
+  eccl::cli::App app{"reconfig_perf: the cost of membership changes against full re-initialisation"};
   std::vector<int> sizes{4, 8, 16, 32};
   bool json = false, isWorker = false, verbose = false, bindCores = false;
   Job job;
   std::string launcher = eccl::perf::defaultLauncher();
-  app.add_option("--sizes", sizes, "values of N")->delimiter(',')->check(CLI::Range(3, 1024));
-  app.add_flag("--json", json, "one JSON object per N instead of the table");
-  app.add_option("--iterations", job.iterations, "1 MiB allreduces before each preparation (the interference baseline)")
-      ->check(CLI::Range(1, 100000));
-  app.add_option("--cycles", job.cycles, "migrations per N (medians and pooled interference over them)")
-      ->check(CLI::Range(1, 1000));
-  app.add_option("--launcher", launcher, "eccl-run to use");
-  app.add_flag("-v,--verbose", verbose, "print each job's output");
-  app.add_flag("--bind-cores", bindCores, "pin each process of a job to a core of its own (eccl-run --bind-cores)");
-  app.add_flag("--worker", isWorker, "(internal) one rank of a measurement job");
-  app.add_option("--gloo-dir", job.glooDir, "(internal) Gloo FileStore directory");
-  CLI11_PARSE(app, argc, argv);
+  app.option("--sizes", sizes, "values of N").delimiter(',').range(3, 1024);
+  app.flag("--json", json, "one JSON object per N instead of the table");
+  app.option("--iterations", job.iterations, "1 MiB allreduces before each preparation (the interference baseline)")
+      .range(1, 100000);
+  app.option("--cycles", job.cycles, "migrations per N (medians and pooled interference over them)")
+      .range(1, 1000);
+  app.option("--launcher", launcher, "eccl-run to use");
+  app.flag("-v,--verbose", verbose, "print each job's output");
+  app.flag("--bind-cores", bindCores, "pin each process of a job to a core of its own (eccl-run --bind-cores)");
+  app.flag("--worker", isWorker, "(internal) one rank of a measurement job");
+  app.option("--gloo-dir", job.glooDir, "(internal) Gloo FileStore directory");
+  if (int status = app.parse(argc, argv); status >= 0) return status;
   if (isWorker) return worker(job);
 
   signal(SIGPIPE, SIG_IGN);

@@ -10,7 +10,7 @@
 //              calls' copies included); rounds alternate. The ratio is
 //              what the recording costs the training step's collectives.
 // Medians of --rounds rounds, nccl-tests columns.
-#include <CLI/CLI.hpp>
+#include "cli/cli.h"
 #include <unistd.h>
 
 #include <algorithm>
@@ -64,17 +64,17 @@ int standby(int nranks, int calls, size_t bytes) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"sandbox_record_perf: a sandbox recording's shipping time and its cost to concurrent allreduces"};
+  eccl::cli::App app{"sandbox_record_perf: a sandbox recording's shipping time and its cost to concurrent allreduces"};
   std::vector<size_t> sizes{1 << 20, 4 << 20, 16 << 20};
   int calls = 8, rounds = 5, nranks = 3;
   bool json = false;
-  app.add_option("--allreduce-bytes", sizes, "bytes per allreduce (the recording holds --calls of them)")
-      ->delimiter(',');
-  app.add_option("--calls", calls, "allreduces per recorded step")->check(CLI::Range(1, 4096));
-  app.add_option("--rounds", rounds, "alternating rounds per size")->check(CLI::Range(1, 1000));
-  app.add_option("--ranks", nranks, "the job's ranks (what the standby's sandbox pretends)")->check(CLI::Range(2, 4096));
-  app.add_flag("--json", json, "one JSON object per size");
-  CLI11_PARSE(app, argc, argv);
+  app.option("--allreduce-bytes", sizes, "bytes per allreduce (the recording holds --calls of them)")
+        .delimiter(',');
+  app.option("--calls", calls, "allreduces per recorded step").range(1, 4096);
+  app.option("--rounds", rounds, "alternating rounds per size").range(1, 1000);
+  app.option("--ranks", nranks, "the job's ranks (what the standby's sandbox pretends)").range(2, 4096);
+  app.flag("--json", json, "one JSON object per size");
+  if (int status = app.parse(argc, argv); status >= 0) return status;
   const size_t maxBytes = *std::max_element(sizes.begin(), sizes.end());
   if (const char* role = getenv("ECCL_ROLE"); role && std::string(role) == "standby")
     return standby(nranks, calls, maxBytes);

@@ -11,7 +11,7 @@
 //              and fsynced here, dropped from the page cache first)
 // Medians of --rounds rounds; the columns follow nccl-tests (size, time,
 // bandwidth) with the ratios the targets read.
-#include <CLI/CLI.hpp>
+#include "cli/cli.h"
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -64,19 +64,19 @@ double fileRead(const std::string& path, std::vector<uint8_t>& buf) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"snapshot_perf: snapshot throughput, its cost to a concurrent allreduce, restore vs a local file"};
+  eccl::cli::App app{"snapshot_perf: snapshot throughput, its cost to a concurrent allreduce, restore vs a local file"};
   std::vector<size_t> sizes{64 << 20, 256 << 20, 1024ull << 20};
   size_t allreduceBytes = 4 << 20;
   int rounds = 3, replicas = 1;
   std::string fileDir = "/tmp";
   bool json = false;
-  app.add_option("--sizes", sizes, "snapshot bytes per rank")->delimiter(',');
-  app.add_option("--allreduce-bytes", allreduceBytes, "the concurrent allreduce's size");
-  app.add_option("--rounds", rounds, "alternating rounds per size")->check(CLI::Range(1, 1000));
-  app.add_option("--replicas", replicas, "ECCL snapshot replicas")->check(CLI::Range(1, 64));
-  app.add_option("--file-dir", fileDir, "where the local-file comparison writes");
-  app.add_flag("--json", json, "one JSON object per size");
-  CLI11_PARSE(app, argc, argv);
+  app.option("--sizes", sizes, "snapshot bytes per rank").delimiter(',');
+  app.option("--allreduce-bytes", allreduceBytes, "the concurrent allreduce's size");
+  app.option("--rounds", rounds, "alternating rounds per size").range(1, 1000);
+  app.option("--replicas", replicas, "ECCL snapshot replicas").range(1, 64);
+  app.option("--file-dir", fileDir, "where the local-file comparison writes");
+  app.flag("--json", json, "one JSON object per size");
+  if (int status = app.parse(argc, argv); status >= 0) return status;
 
   ecclComm_t comm;
   check(ecclCommInitFromEnv(&comm), nullptr, "ecclCommInitFromEnv");

@@ -30,7 +30,7 @@ if [ "${1:-}" = "peers" ]; then
 fi
 packages=(cmake ninja-build ccache g++ clang pkg-config iproute2 procps python3 python3-venv python3-dev
   libibverbs-dev librdmacm-dev libhwloc-dev openmpi-bin libopenmpi-dev libgloo-dev
-  libgtest-dev libbenchmark-dev libssl-dev libisal-dev libcli11-dev nlohmann-json3-dev libfmt-dev
+  libgtest-dev libbenchmark-dev libssl-dev libisal-dev nlohmann-json3-dev libfmt-dev
   # scripts/rdma-vm.sh: a VM with Debian's kernel and Soft-RoCE for the verbs tests
   qemu-system-x86 linux-image-amd64 busybox-static kmod cpio xz-utils ibverbs-providers ibverbs-utils
   # perf/verbs_compare: perftest beside eccl in the same VM

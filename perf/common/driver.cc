@@ -1,6 +1,6 @@
 #include "perf/common/driver.h"
 
-#include <CLI/CLI.hpp>
+#include "cli/cli.h"
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
@@ -188,25 +188,21 @@ long checkOutput(Kind k, ecclRedOp_t op, ecclDataType_t t, int r, int n, int roo
 Options parseOptions(int argc, char** argv, const std::string& program) {
   Options o;
   std::string b = "32M", e = "32M", i = "1M";
-  CLI::App app{program + ": nccl-tests compatible benchmark"};
-  app.add_option("-b,--minbytes", b, "minimum size (B, K, M, G)");
-  app.add_option("-e,--maxbytes", e, "maximum size");
-  app.add_option("-i,--stepbytes", i, "increment between sizes (when -f is 1)");
-  app.add_option("-f,--stepfactor", o.stepFactor, "multiplication factor between sizes");
-  app.add_option("-n,--iters", o.iters, "timed iterations");
-  app.add_option("-w,--warmup_iters", o.warmup, "warm-up iterations");
-  app.add_option("-c,--check", o.check, "check results (0/1)");
-  app.add_option("-o,--op", o.op, "sum, prod, max, min, avg or all");
-  app.add_option("-d,--datatype", o.type, "int8 uint8 int32 uint32 int64 uint64 half bfloat16 float double");
-  app.add_option("-z,--blocking", o.blocking, "blocking collectives (host calls always block)");
-  app.add_option("-r,--root", o.root, "root rank for broadcast and reduce");
-  app.add_flag("--json", o.json, "print one JSON object per size instead of the table");
-  app.add_flag("--log", o.log, "eccl: log every point-to-point send (boundary-send log, truncated each iteration)");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& err) {
-    exit(app.exit(err));
-  }
+  eccl::cli::App app{program + ": nccl-tests compatible benchmark"};
+  app.option("-b,--minbytes", b, "minimum size (B, K, M, G)");
+  app.option("-e,--maxbytes", e, "maximum size");
+  app.option("-i,--stepbytes", i, "increment between sizes (when -f is 1)");
+  app.option("-f,--stepfactor", o.stepFactor, "multiplication factor between sizes");
+  app.option("-n,--iters", o.iters, "timed iterations");
+  app.option("-w,--warmup_iters", o.warmup, "warm-up iterations");
+  app.option("-c,--check", o.check, "check results (0/1)");
+  app.option("-o,--op", o.op, "sum, prod, max, min, avg or all");
+  app.option("-d,--datatype", o.type, "int8 uint8 int32 uint32 int64 uint64 half bfloat16 float double");
+  app.option("-z,--blocking", o.blocking, "blocking collectives (host calls always block)");
+  app.option("-r,--root", o.root, "root rank for broadcast and reduce");
+  app.flag("--json", o.json, "print one JSON object per size instead of the table");
+  app.flag("--log", o.log, "eccl: log every point-to-point send (boundary-send log, truncated each iteration)");
+  if (int status = app.parse(argc, argv); status >= 0) exit(status);
   o.minBytes = parseSize(b);
   o.maxBytes = parseSize(e);
   o.stepBytes = parseSize(i);

@@ -7,7 +7,7 @@
 // view, such as killing coordinators, needs the time), every rank stops at
 // the same step. Any wrong
 // element, unexpected error code or missed deadline exits non-zero.
-#include <CLI/CLI.hpp>
+#include "cli/cli.h"
 
 #include <chrono>
 #include <cinttypes>
@@ -60,15 +60,15 @@ void recover(ecclComm_t comm) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"chaos_worker: checked allreduces through random kills"};
+  eccl::cli::App app{"chaos_worker: checked allreduces through random kills"};
   int minEpoch = 2, quietMs = 2000;
   double minSeconds = 0;
   size_t count = 4096;
-  app.add_option("--min-epoch", minEpoch, "do not stop before this epoch")->check(CLI::Range(1, 1000000));
-  app.add_option("--min-seconds", minSeconds, "do not stop before this many seconds")->check(CLI::Range(0.0, 86400.0));
-  app.add_option("--quiet-ms", quietMs, "stop once the view has not changed for this long")->check(CLI::Range(1, 3600000));
-  app.add_option("--count", count, "int64 elements per allreduce")->check(CLI::Range(1, 1 << 24));
-  CLI11_PARSE(app, argc, argv);
+  app.option("--min-epoch", minEpoch, "do not stop before this epoch").range(1, 1000000);
+  app.option("--min-seconds", minSeconds, "do not stop before this many seconds").range(0.0, 86400.0);
+  app.option("--quiet-ms", quietMs, "stop once the view has not changed for this long").range(1, 3600000);
+  app.option("--count", count, "int64 elements per allreduce").range(1, 1 << 24);
+  if (int status = app.parse(argc, argv); status >= 0) return status;
 
   ecclComm_t comm;
   if (ecclResult_t r = ecclCommInitFromEnv(&comm); r != ecclSuccess)
