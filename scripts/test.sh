@@ -59,7 +59,19 @@ await() {
   if ! wait "$1"; then
     echo "=== $3 failed; the end of $2:"
     tail -60 "$2"
-    exit 1
+    return 1
+  fi
+}
+# A failed stage is recorded and the others still run (a build's failure
+# skips only the tests that need it): one CI run names every failure, and
+# a flake in one stage hides nothing behind it.
+failed=()
+check() {
+  local what=$1
+  shift
+  if ! "$@"; then
+    echo "=== FAILED: $what"
+    failed+=("$what")
   fi
 }
 trap 'kill "${background[@]}" 2>/dev/null || true' EXIT
@@ -77,9 +89,11 @@ asan_build=$!
 (cd build && ctest -j2 -L torch --output-on-failure --timeout 600) >build/torch-tests.log 2>&1 &
 torch_tests=$!
 background+=($torch_tests)
-(cd build && ctest -j"$jobs" -LE torch --output-on-failure --timeout 600)
+release_tests() { (cd build && ctest -j"$jobs" -LE torch --output-on-failure --timeout 600); }
+check "Release tests" release_tests
 stage "ASan+UBSan: the rest of the build"
-await $asan_build build-asan.log "The ASan+UBSan build"
+asan_built=true
+await $asan_build build-asan.log "The ASan+UBSan build" || { failed+=("ASan+UBSan build"); asan_built=false; }
 
 # The README's main job, exactly as a new user runs it, beside the
 # sanitized tests and build: a demo that passes only on an idle machine is
@@ -100,33 +114,47 @@ tsan_build=$!
 # also 4 and 5 (Release runs those): the time budget holds that much. The
 # verbs code runs under them in the Soft-RoCE VM through its own tests; the
 # multi-process suites over verbs (suites_over_soft_roce) run in Release.
-(cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-   ctest -j"$jobs" --output-on-failure --timeout 900 -LE mpi -E '@tcp$|EveryCollectiveEveryCount/[45]@|^suites_over_soft_roce$')
+if $asan_built; then
+  asan_tests() {
+    (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+      ctest -j"$jobs" --output-on-failure --timeout 900 -LE mpi -E '@tcp$|EveryCollectiveEveryCount/[45]@|^suites_over_soft_roce$')
+  }
+  check "ASan+UBSan tests" asan_tests
+fi
 if wait $main_job; then
   stage "The main job passed"
   grep -E "^=== |^main:" build/main-job.log
 else
   echo "=== The main job (scripts/main.sh) failed; its output:"
   cat build/main-job.log
-  exit 1
+  failed+=("the main job")
 fi
 
 stage "TSan + thread-safety analysis: the rest of the clang build"
-await $tsan_build build-tsan.log "The TSan build (or the thread-safety analysis in it)"
-stage "TSan: threaded core"
-(cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest -j"$jobs" --output-on-failure --timeout 900 -L 'threads|unit')
-stage "TSan: the NCCL net plugin (its engine under the device's threads; the two newest versions; under a job; the shim's table)"
-(cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest -j"$jobs" --output-on-failure --timeout 900 -L net_plugin -R '/v1[12]( |$)|PluginUnderAJob|CommWatch|Pool\.')
-stage "TSan: multi-process reconfiguration (one at a time: TSan's slowdown on two cores)"
-(cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest -j1 --output-on-failure --timeout 900 -L reconfig -E '@tcp$')
+if await $tsan_build build-tsan.log "The TSan build (or the thread-safety analysis in it)"; then
+  tsan_ctest() { (cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure --timeout 900 "$@"); }
+  stage "TSan: threaded core"
+  check "TSan: threaded core" tsan_ctest -j"$jobs" -L 'threads|unit'
+  stage "TSan: the NCCL net plugin (its engine under the device's threads; the two newest versions; under a job; the shim's table)"
+  check "TSan: the net plugin" tsan_ctest -j"$jobs" -L net_plugin -R '/v1[12]( |$)|PluginUnderAJob|CommWatch|Pool\.'
+  stage "TSan: multi-process reconfiguration (one at a time: TSan's slowdown on two cores)"
+  check "TSan: reconfiguration" tsan_ctest -j1 -L reconfig -E '@tcp$'
+else
+  failed+=("TSan build")
+fi
 
 stage "PyTorch's tests and the ETTR runs (started with the Release tests)"
-if ! wait $torch_tests; then
+if wait $torch_tests; then
+  grep -E "tests passed|Test +#" build/torch-tests.log
+else
   echo "=== PyTorch's tests failed; their output:"
   cat build/torch-tests.log
-  exit 1
+  failed+=("PyTorch's tests")
 fi
-grep -E "tests passed|Test +#" build/torch-tests.log
 
 stage "done"
+if [ ${#failed[@]} -gt 0 ]; then
+  printf '=== failed: %s\n' "${failed[@]}"
+  exit 1
+fi
 echo "all suites passed"
