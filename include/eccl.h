@@ -529,6 +529,15 @@ ecclResult_t ecclSnapshotGetHeld(ecclComm_t comm, int owner, const char* name, v
  * every rank when the view shrank (snapshots follow rank numbers): start
  * over with ecclSnapshotConfigure. */
 ecclResult_t ecclSnapshotRestore(ecclComm_t comm, int64_t* version);
+/* What this rank's last ecclSnapshotRestore found, for a program that
+ * branches on it (the error text is for people): a failed restore's
+ * ecclRemoteError may also be a peer dying during it. */
+typedef enum {
+  ecclSnapshotRestoreOk = 0,          /* it succeeded, or none has run */
+  ecclSnapshotRestoreShardsLost = 1,  /* ecclSnapshotLoad, or start over */
+  ecclSnapshotRestoreViewShrank = 2   /* start over: ecclSnapshotConfigure */
+} ecclSnapshotRestoreState_t;
+ecclResult_t ecclSnapshotRestoreState(ecclComm_t comm, ecclSnapshotRestoreState_t* state);
 /* Writes this rank's newest committed version under `directory` in the
  * background (files fsynced and renamed into place, the manifest last). */
 ecclResult_t ecclSnapshotPersist(ecclComm_t comm, const char* directory);

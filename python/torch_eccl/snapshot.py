@@ -148,6 +148,10 @@ def get_held(owner: int, name: str, out: torch.Tensor, group: dist.ProcessGroup 
     return _backend(group).snapshot_get_held(int(owner), str(name), out)
 
 
+# ecclSnapshotRestoreState_t (eccl.h)
+_RESTORE_SHARDS_LOST, _RESTORE_VIEW_SHRANK = 1, 2
+
+
 class ShardsLost(RuntimeError):
     """:func:`restore` found shards that no rank's memory holds (every
     replica died with its owner); every rank raises it. Go on with
@@ -167,12 +171,16 @@ def restore(group: dist.ProcessGroup | None = None) -> int:
     the survivors' memory. Returns the version the ranks agreed on; raises
     :class:`ShardsLost` where some shards are in no memory (the rest is
     restored), :class:`ViewShrank` where the view shrank."""
+    b = _backend(group)
     try:
-        return _backend(group).snapshot_restore()
+        return b.snapshot_restore()
     except RuntimeError as e:
-        if "every replica of some shards is gone" in str(e):  # ecclSnapshotRestore's ecclRemoteError
+        # By what the restore found, not by its text: a peer that died
+        # during it raises with the same code as lost shards.
+        state = b.snapshot_restore_state()
+        if state == _RESTORE_SHARDS_LOST:
             raise ShardsLost(str(e)) from e
-        if "a view that shrank cannot restore them" in str(e):  # its ecclInvalidUsage
+        if state == _RESTORE_VIEW_SHRANK:
             raise ViewShrank(str(e)) from e
         raise
 

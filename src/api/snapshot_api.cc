@@ -171,6 +171,18 @@ ecclResult_t ecclSnapshotRestore(ecclComm_t comm, int64_t* version) {
   });
 }
 
+ecclResult_t ecclSnapshotRestoreState(ecclComm_t comm, ecclSnapshotRestoreState_t* state) {
+  return api::guarded(comm, "ecclSnapshotRestoreState", [&] {
+    if (!state) fail(ecclInvalidArgument, "ecclSnapshotRestoreState: state is NULL");
+    using Verdict = snapshot::Snapshots::RestoreVerdict;
+    switch (snapshots(comm, "ecclSnapshotRestoreState").lastRestore()) {
+      case Verdict::kOk: *state = ecclSnapshotRestoreOk; break;
+      case Verdict::kShardsLost: *state = ecclSnapshotRestoreShardsLost; break;
+      case Verdict::kViewShrank: *state = ecclSnapshotRestoreViewShrank; break;
+    }
+  });
+}
+
 ecclResult_t ecclSnapshotPersist(ecclComm_t comm, const char* directory) {
   return api::guarded(comm, "ecclSnapshotPersist", [&] {
     if (!directory) fail(ecclInvalidArgument, "ecclSnapshotPersist: directory is NULL");

@@ -90,6 +90,11 @@ bool Snapshots::mayStartOver() const {
   return viewShrank || lostShards_ || startOverDue_;
 }
 
+Snapshots::RestoreVerdict Snapshots::lastRestore() const {
+  MutexLock lock(mu_);
+  return startOverDue_ ? RestoreVerdict::kViewShrank : lostShards_ ? RestoreVerdict::kShardsLost : RestoreVerdict::kOk;
+}
+
 void Snapshots::adoptView(const std::vector<RankInfo>& infos, const char* what) {
   int replicas;
   {

@@ -76,6 +76,9 @@ class Snapshots {
   // smaller than the snapshots' (a recovery shrank it), or the last
   // ecclSnapshotRestore found shards in no memory or a view that shrank.
   bool mayStartOver() const ECCL_REQUIRES_SHARED(callerRole());
+  // What the last restore() found (ecclSnapshotRestoreState).
+  enum class RestoreVerdict { kOk, kShardsLost, kViewShrank };
+  RestoreVerdict lastRestore() const;
   // ecclInvalidArgument unless `config` suits a view of `size` ranks.
   static void checkConfig(const Config& config, int size);
   // Collective over the current view after a view change: the ranks agree

@@ -192,6 +192,12 @@ TEST_F(Snapshot, DeviceBuffersArePutAndGotThroughHostCopies) {
 
 // Survivors and replacements alike: recover and restore until a view with
 // every rank alive restored (a second failure can land mid-restore).
+ecclSnapshotRestoreState_t restoreState(ecclComm_t comm) {
+  auto state = static_cast<ecclSnapshotRestoreState_t>(-1);
+  RANK_OK(ecclSnapshotRestoreState(comm, &state), comm);
+  return state;
+}
+
 // Returns the restored version, or -2 with `lost` set when shards were lost.
 int64_t recoverAndRestore(ecclComm_t comm, bool recoverFirst, std::string* lost) {
   for (int attempt = 0; attempt < 5; ++attempt) {
@@ -200,9 +206,16 @@ int64_t recoverAndRestore(ecclComm_t comm, bool recoverFirst, std::string* lost)
     recoverFirst = true;
     int64_t version = -1;
     ecclResult_t rc = ecclSnapshotRestore(comm, &version);
-    if (rc == ecclSuccess) return version;
+    if (rc == ecclSuccess) {
+      RANK_CHECK(restoreState(comm) == ecclSnapshotRestoreOk, "a restore that succeeded left state " +
+                                                                  std::to_string(restoreState(comm)));
+      return version;
+    }
+    // A peer that died during the restore fails it with ecclRemoteError
+    // too; the state tells the loss apart.
     std::string why = ecclGetLastError(comm);
-    if (why.find("every replica") != std::string::npos) {
+    if (restoreState(comm) == ecclSnapshotRestoreShardsLost) {
+      RANK_CHECK(rc == ecclRemoteError && why.find("every replica") != std::string::npos, why);
       *lost = why;
       return -2;
     }
@@ -222,6 +235,7 @@ void loadAfterTheLoss(ecclComm_t comm, int rank, const std::string& dir) {
   // Restoring again cannot conjure the lost shards: it says so again.
   RANK_CHECK(ecclSnapshotRestore(comm, &v) == ecclRemoteError, "a second restore succeeded");
   RANK_CHECK(std::string(ecclGetLastError(comm)).find("every replica") != std::string::npos, ecclGetLastError(comm));
+  RANK_CHECK(restoreState(comm) == ecclSnapshotRestoreShardsLost, "state " + std::to_string(restoreState(comm)));
   RANK_OK(ecclSnapshotLoad(comm, dir.c_str(), &v), comm);
   RANK_CHECK(v == 3, "loaded version " + std::to_string(v));
   checkDense(comm, rank, 3);
@@ -486,6 +500,7 @@ TEST_F(Snapshot, AReplacementAndAShrinkInOneRecoveryFailRestoreEverywhereAndStar
       RANK_CHECK(ecclSnapshotRestore(comm, &v) == ecclInvalidUsage, "restored on a view that shrank");
       const std::string why = ecclGetLastError(comm);
       RANK_CHECK(why.find("the view has 3 ranks and the snapshots 4") != std::string::npos, why);
+      RANK_CHECK(restoreState(comm) == ecclSnapshotRestoreViewShrank, "state " + std::to_string(restoreState(comm)));
       configure(comm, 1);
       int rank = -1;
       RANK_OK(ecclCommUserRank(comm, &rank), comm);
@@ -596,6 +611,7 @@ TEST_F(Snapshot, AGrownViewRestoresAndItsNewRankHoldsAndReplicates) {
     int64_t restored = -1;
     RANK_OK(ecclSnapshotRestore(comm, &restored), comm);
     RANK_CHECK(restored == 3, "restored version " + std::to_string(restored));
+    RANK_CHECK(restoreState(comm) == ecclSnapshotRestoreOk, "state " + std::to_string(restoreState(comm)));
     if (rank < n) checkDense(comm, rank, 3);
     const int owner = (rank + n) % (n + 1);
     RANK_OK(ecclSnapshotListHeld(comm, nullptr, 0, &count), comm);

@@ -176,6 +176,7 @@ PYBIND11_MODULE(_C, m) {
       .def("snapshot_get_held", &ProcessGroupEccl::snapshotGetHeld, release, py::arg("owner"), py::arg("name"),
            py::arg("tensor"))
       .def("snapshot_restore", &ProcessGroupEccl::snapshotRestore, release)
+      .def("snapshot_restore_state", &ProcessGroupEccl::snapshotRestoreState, release)
       .def("snapshot_persist", &ProcessGroupEccl::snapshotPersist, release, py::arg("directory"))
       .def("snapshot_persist_wait", &ProcessGroupEccl::snapshotPersistWait, release, py::arg("timeout_ms"))
       .def("snapshot_load", &ProcessGroupEccl::snapshotLoad, release, py::arg("directory"));

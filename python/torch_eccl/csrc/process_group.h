@@ -177,6 +177,7 @@ class ProcessGroupEccl : public c10d::Backend {
   std::vector<std::tuple<int, std::string, int64_t, int64_t>> snapshotListHeld();
   int64_t snapshotGetHeld(int owner, const std::string& name, at::Tensor& t);
   int64_t snapshotRestore();
+  int snapshotRestoreState();  // ecclSnapshotRestoreState_t
   void snapshotPersist(const std::string& directory);
   int64_t snapshotPersistWait(int64_t timeoutMs);
   int64_t snapshotLoad(const std::string& directory);

@@ -125,6 +125,13 @@ int64_t ProcessGroupEccl::snapshotRestore() {
   return version;
 }
 
+int ProcessGroupEccl::snapshotRestoreState() {
+  ecclSnapshotRestoreState_t state = ecclSnapshotRestoreOk;
+  runNow("snapshot_restore_state",
+         [&] { check(ecclSnapshotRestoreState(comm_, &state), "snapshot_restore_state"); });
+  return static_cast<int>(state);
+}
+
 void ProcessGroupEccl::snapshotPersist(const std::string& directory) {
   runNow("snapshot_persist", [&] { check(ecclSnapshotPersist(comm_, directory.c_str()), "snapshot_persist"); });
 }
