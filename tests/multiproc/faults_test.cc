@@ -3,6 +3,7 @@
 // the timeout; nothing hangs.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -47,6 +48,17 @@ ProcessGroup::Body allreduceUntilError(const ReadyFiles& ready, size_t count = 1
         std::string msg = std::string(ecclGetErrorString(r)) + "|" + ecclGetLastError(comm);
         // Every later op fails fast too: the communicator is revoked.
         ecclResult_t again = ecclAllReduce(v.data(), v.data(), 1, ecclFloat32, ecclSum, comm, nullptr);
+        // Connected until every survivor has failed, as survivors that
+        // recover stay: one that aborted at once was a departure the others
+        // could hear of before the victim's (a survivor named rank 3, gone
+        // after its own failure, rather than the killed rank 2).
+        const std::string failed = dir + "/failed";
+        mkdir(failed.c_str(), 0700);
+        ReadyFiles::mark(failed, rank);
+        std::vector<int> survivors;
+        for (int r = 0; r < n; ++r)
+          if (r != kVictim) survivors.push_back(r);
+        ReadyFiles::waitFor(failed, survivors, std::chrono::seconds(10));
         ecclCommAbort(comm);
         if (again == ecclSuccess) throw std::runtime_error("op after failure succeeded: " + msg);
         if (async == ecclSuccess) throw std::runtime_error("no async error after: " + msg);

@@ -66,11 +66,18 @@ struct ReadyFiles {
   }
   // Whether all `n` ranks' files are there before the deadline.
   bool waitAll(int n, std::chrono::seconds deadline) const {
+    std::vector<int> ranks(static_cast<size_t>(n));
+    for (int r = 0; r < n; ++r) ranks[static_cast<size_t>(r)] = r;
+    return waitFor(dir, ranks, deadline);
+  }
+  // Whether the files of `ranks` are all in `in` before the deadline (also
+  // from a rank's body).
+  static bool waitFor(const std::string& in, const std::vector<int>& ranks, std::chrono::seconds deadline) {
     auto until = std::chrono::steady_clock::now() + deadline * timeScale();
     for (;;) {
-      int ready = 0;
-      for (int r = 0; r < n; ++r) ready += std::filesystem::exists(dir + "/" + std::to_string(r));
-      if (ready == n) return true;
+      size_t ready = 0;
+      for (int r : ranks) ready += std::filesystem::exists(in + "/" + std::to_string(r));
+      if (ready == ranks.size()) return true;
       if (std::chrono::steady_clock::now() > until) return false;
       usleep(20 * 1000);
     }
