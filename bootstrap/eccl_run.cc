@@ -54,6 +54,7 @@ struct Child {
   std::string lastErrLine;  // said why, if it failed
   bool exited = false;
   bool registered = false;  // seen idle or in the view: no longer starting
+  bool fenced = false;      // declared failed by the coordinator, and killed here
   int status = 0;
 };
 
@@ -356,6 +357,7 @@ int main(int argc, char** argv) {
   }
   auto idlePids = [&] { return coordinator ? coordinator->idleStandbyPids() : replicated->idleStandbyPids(); };
   auto viewPids = [&] { return coordinator ? coordinator->viewPids() : replicated->viewPids(); };
+  auto fencedPids = [&] { return coordinator ? coordinator->fencedPids() : replicated->fencedPids(); };
   int coordChaosKills = 0;
   auto nextCoordChaos = eccl::Clock::now() + std::chrono::milliseconds(coordChaosMs);
 
@@ -484,6 +486,18 @@ int main(int argc, char** argv) {
     // 10 s); a promoted one is a rank (fair game for the chaos, and
     // replaced by a refill).
     auto inView = viewPids();
+    // A member declared failed is fenced: it can never rejoin. One still
+    // alive is hung (stopped, spinning, cut off); it would hold its slot
+    // and its repair (--respawn) until a watchdog or --timeout. Killed
+    // here, it is repaired like any dead rank.
+    for (uint64_t pid : fencedPids())
+      for (auto& c : children)
+        if (!c.exited && !c.fenced && !c.injected && static_cast<uint64_t>(c.pid) == pid) {
+          c.fenced = true;
+          fprintf(stderr, "eccl-run: %s %s (pid %d) was declared failed and is fenced: killed at %.2f s\n",
+                  c.standby ? "promoted standby" : "rank", c.label.c_str(), c.pid, elapsed);
+          kill(c.pid, SIGKILL);
+        }
     auto available = [&](const Child& c) {
       return c.standby && !c.exited && !inView.count(static_cast<uint64_t>(c.pid));
     };
@@ -626,7 +640,7 @@ int main(int argc, char** argv) {
         if (!c.injected && WIFEXITED(status) && WEXITSTATUS(status) == 0) jobEnding = true;
         // A rank (or a promoted standby) gone while the job runs: its host
         // comes back after the repair. Idle standbys that end are the pool's.
-        bool wasRank = !c.standby || inView.count(static_cast<uint64_t>(pid));
+        bool wasRank = !c.standby || c.fenced || inView.count(static_cast<uint64_t>(pid));
         bool died = WIFSIGNALED(status) || WEXITSTATUS(status) != 0;
         if (respawnSeconds >= 0 && wasRank && died && !jobEnding && !timedOut)
           respawnAt.push_back(eccl::Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(respawnSeconds * 1000)));

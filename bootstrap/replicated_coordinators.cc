@@ -110,6 +110,7 @@ void ReplicatedCoordinators::pollStatus() {
     if (pids) {
       idle_ = std::move(pids->idleStandbys);
       view_ = std::move(pids->view);
+      fenced_.insert(pids->fenced.begin(), pids->fenced.end());
     }
     wake_.waitUntil(mu_, Clock::now() + std::chrono::milliseconds(200));
   }
@@ -123,6 +124,11 @@ std::set<uint64_t> ReplicatedCoordinators::idleStandbyPids() const {
 std::set<uint64_t> ReplicatedCoordinators::viewPids() const {
   MutexLock lock(mu_);
   return view_;
+}
+
+std::set<uint64_t> ReplicatedCoordinators::fencedPids() const {
+  MutexLock lock(mu_);
+  return fenced_;
 }
 
 std::string ReplicatedCoordinators::killLeader() {

@@ -39,6 +39,9 @@ class ReplicatedCoordinators {
   // From the leader's last status (stale for a moment around a takeover).
   std::set<uint64_t> idleStandbyPids() const;
   std::set<uint64_t> viewPids() const;
+  // Every one a leader has reported (a new leader knows only the
+  // failures since it took over).
+  std::set<uint64_t> fencedPids() const;
   // Kills the leading replica with SIGKILL and starts another at its
   // address; returns what it did, or an empty string when no replica of
   // ours leads right now.
@@ -66,7 +69,7 @@ class ReplicatedCoordinators {
   int failures_ = 0;
   mutable Mutex mu_;
   CondVar wake_;
-  std::set<uint64_t> idle_ ECCL_GUARDED_BY(mu_), view_ ECCL_GUARDED_BY(mu_);
+  std::set<uint64_t> idle_ ECCL_GUARDED_BY(mu_), view_ ECCL_GUARDED_BY(mu_), fenced_ ECCL_GUARDED_BY(mu_);
   bool stopping_ ECCL_GUARDED_BY(mu_) = false;
   std::thread poller_;
 };

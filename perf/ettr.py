@@ -43,7 +43,8 @@ contender:
            surviving replicas (Lazarus), and grows back as shrink does.
 
 Faults (--fault): kill (SIGKILL one rank), stop (SIGSTOP one rank: a hung
-process, SIGKILLed --stop-kill-s later as a watchdog would), host (SIGKILL
+process, SIGKILLed --stop-kill-s later as a watchdog would; under eccl-run
+it is killed sooner, once the coordinator fences it), host (SIGKILL
 every rank of one simulated host of --host-ranks ranks; replace then keeps
 that many standbys). eccl-run gives each simulated host its own
 ECCL_HOSTID (--ranks-per-host; standbys come on spare hosts), so the
@@ -319,10 +320,10 @@ def run_job(contender, args, tag, mtbf_s=None, seed=0, at_step=None, ckpt_every=
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=ROOT)
     injector = None
     if mtbf_s or at_step is not None:
-        # eccl-run's repair (--respawn) follows a rank's death: in the smoke a
-        # stopped rank of the shrink contenders dies soon, so that it comes
-        # back within the run (before eccl sees it hang: detection is then
-        # the kill's).
+        # eccl-run's repair (--respawn) follows a rank's death, or its
+        # fencing (eccl-run kills a fenced rank): in the smoke a stopped rank
+        # of the shrink contenders dies soon anyway, so that it comes back
+        # within the run whatever the heartbeat timeout.
         stop_kill_s = 2.0 if args.smoke and contender in ("shrink", "moe-shrink") else args.stop_kill_s
         injector = Injector(events, contender, mtbf_s, seed, at_step, args.ranks, args.fault, args.host_ranks,
                             stop_kill_s)

@@ -59,6 +59,11 @@ std::set<uint64_t> Coordinator::viewPids() const {
   return viewPids_;
 }
 
+std::set<uint64_t> Coordinator::fencedPids() const {
+  MutexLock lock(snapshotMu_);
+  return fencedPids_;
+}
+
 Coordinator::~Coordinator() {
   stopping_ = true;
   if (thread_.joinable()) thread_.join();
@@ -371,9 +376,11 @@ void Coordinator::run() {
       pidsKey = driver.core().pidsKey();
       auto idle = driver.core().idleStandbyPids();
       auto inView = driver.core().viewPids();
+      auto fenced = driver.core().fencedPids();
       MutexLock lock(snapshotMu_);
       idleStandbyPids_ = std::move(idle);
       viewPids_ = std::move(inView);
+      fencedPids_ = std::move(fenced);
       refreshedPids = Clock::now();
     }
   }

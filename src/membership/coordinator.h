@@ -65,6 +65,8 @@ class Coordinator {
   // a new view replaces them. Both sets are snapshots, taken within 10 ms
   // of a membership change and at least every 100 ms.
   std::set<uint64_t> viewPids() const;
+  // Process ids of the members declared failed (fenced) so far.
+  std::set<uint64_t> fencedPids() const;
   // Whether it stopped on its own (it lost the lead, or failed).
   bool stopped() const { return stopped_; }
   Coordinator(const Coordinator&) = delete;
@@ -77,6 +79,7 @@ class Coordinator {
   mutable Mutex snapshotMu_;
   std::set<uint64_t> idleStandbyPids_ ECCL_GUARDED_BY(snapshotMu_);
   std::set<uint64_t> viewPids_ ECCL_GUARDED_BY(snapshotMu_);
+  std::set<uint64_t> fencedPids_ ECCL_GUARDED_BY(snapshotMu_);
   std::atomic<bool> stopping_{false};
   std::atomic<bool> stopped_{false};
   std::thread thread_;
@@ -99,7 +102,7 @@ std::string queryCoordinatorStatus(const UniqueIdData& id, Deadline deadline);
 // viewPids()/idleStandbyPids() give them in process (a launcher whose
 // coordinators run elsewhere reads them this way).
 struct StatusPids {
-  std::set<uint64_t> view, idleStandbys;
+  std::set<uint64_t> view, idleStandbys, fenced;
 };
 StatusPids parseStatusPids(const std::string& status);
 // ecclcoord migrate: asks for an expected migration of `rank` to a standby;

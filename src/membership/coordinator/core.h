@@ -93,9 +93,12 @@ class CoordinatorCore {
   // Read-only views for the driver and tools.
   std::set<uint64_t> idleStandbyPids() const;
   std::set<uint64_t> viewPids() const;
+  const std::set<uint64_t>& fencedPids() const { return fencedPids_; }
   // Changes whenever those pid sets may have (a new epoch, a member come or
   // gone, standbys reserved or released), so they are not rebuilt per round.
-  std::tuple<uint32_t, size_t, bool> pidsKey() const { return {epoch, members.size(), anyReserved}; }
+  std::tuple<uint32_t, size_t, bool, size_t> pidsKey() const {
+    return {epoch, members.size(), anyReserved, fencedPids_.size()};
+  }
   std::string statusText() const;
   std::vector<uint64_t> currentView() const { return view; }
   uint32_t currentEpoch() const { return epoch; }
@@ -254,6 +257,9 @@ class CoordinatorCore {
   std::map<uint64_t, uint64_t> memberOfConn;  // conn -> member, while both live
   std::map<uint64_t, Member> members;
   std::set<uint64_t> fenced;
+  // The processes of fenced members: a launcher kills those still alive
+  // (a hung one never exits on its own) and may start their repair.
+  std::set<uint64_t> fencedPids_;
   std::set<uint64_t> gone;  // registered once, gone since (a failed member is fenced instead)
   uint64_t joins = 0;
   uint32_t nranks = 0;

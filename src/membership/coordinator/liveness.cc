@@ -178,6 +178,7 @@ void CoordinatorCore::declareFailed(uint64_t member, const std::string& reason, 
   }
   closeConnection(m);
   fenced.insert(member);
+  fencedPids_.insert(m.pid);
   failed.push_back(member);
   if (neededFrom) failedNeededFrom[member] = neededFrom;
   lastFailure = fmt::format("{} failed: {}", who, reason);

@@ -50,6 +50,7 @@ std::string CoordinatorCore::statusText() const {
         "  REPLACE held for {} failed rank(s): {} standby(s) reserved, {} ms left to wait for more\n", failed.size(),
         idleStandbys(true).size(),
         std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::milliseconds>(*replaceHeldUntil - now).count()));
+  for (uint64_t pid : fencedPids_) s += fmt::format("  fenced: pid {}\n", pid);
   if (!lastAbort.empty()) s += fmt::format("  last aborted reconfiguration: {}\n", lastAbort);
   if (!lastFailure.empty()) s += fmt::format("  last failure: {}\n", lastFailure);
   return s;
@@ -63,12 +64,14 @@ StatusPids parseStatusPids(const std::string& status) {
     if (end == std::string::npos) end = status.size();
     const std::string_view line(status.data() + start, end - start);
     start = end + 1;
-    const bool rank = line.starts_with("  rank "), standby = line.starts_with("  standby: ");
+    const bool rank = line.starts_with("  rank "), standby = line.starts_with("  standby: "),
+               fenced = line.starts_with("  fenced: ");
     size_t at = line.find("pid ");
-    if ((!rank && !standby) || at == std::string_view::npos) continue;
+    if ((!rank && !standby && !fenced) || at == std::string_view::npos) continue;
     uint64_t pid = 0;
     for (at += 4; at < line.size() && line[at] >= '0' && line[at] <= '9'; ++at) pid = pid * 10 + (line[at] - '0');
-    if (rank) pids.view.insert(pid);
+    if (fenced) pids.fenced.insert(pid);
+    else if (rank) pids.view.insert(pid);
     else if (line.find("(reserved") == std::string_view::npos) pids.idleStandbys.insert(pid);
   }
   return pids;

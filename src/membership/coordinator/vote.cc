@@ -208,6 +208,7 @@ void CoordinatorCore::commitVote() {
     if (inNext(m) && !std::count(stillFailed.begin(), stillFailed.end(), m)) {
       stillFailed.push_back(m);
       fenced.insert(m);
+      if (auto it = members.find(m); it != members.end()) fencedPids_.insert(it->second.pid);
     }
   for (uint64_t j : p.joiners)
     if (members.count(j)) members.at(j).role = Role::kRank;
