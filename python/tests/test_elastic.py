@@ -86,6 +86,9 @@ def reconfigure_body(index, _n, _port, job_id, store_port):
         assert (dist.get_rank(), dist.get_world_size(), s["epoch"]) == (3, 4, 4), s
         _check_sum("grown")
         store.set("done5", "1")
+        # Its goodbyes, not a bare exit: a newcomer that exited as soon as
+        # its own allreduce completed failed rank 0's, still reading.
+        dist.destroy_process_group()
         return s
     # Step 1, replace: the standby takes dead rank 2's place.
     replaced = _handles(store, [0, 1, 4, 3])
