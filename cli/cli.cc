@@ -38,21 +38,23 @@ std::string formatNumber(double v) {
 
 }  // namespace
 
-int64_t toInteger(std::string_view text) {
-  int64_t v = 0;
+namespace {
+
+// The whole text as one integer of type T, or UsageError saying `what` it is not.
+template <typename T>
+T wholeInteger(std::string_view text, const char* what) {
+  T v = 0;
   auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
   if (text.empty() || ec != std::errc() || end != text.data() + text.size())
-    throw UsageError("'" + std::string(text) + "' is not an integer");
+    throw UsageError("'" + std::string(text) + "' is not " + what);
   return v;
 }
 
-uint64_t toUnsigned(std::string_view text) {
-  uint64_t v = 0;
-  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (text.empty() || ec != std::errc() || end != text.data() + text.size())
-    throw UsageError("'" + std::string(text) + "' is not a non-negative integer");
-  return v;
-}
+}  // namespace
+
+int64_t toInteger(std::string_view text) { return wholeInteger<int64_t>(text, "an integer"); }
+
+uint64_t toUnsigned(std::string_view text) { return wholeInteger<uint64_t>(text, "a non-negative integer"); }
 
 double toDouble(std::string_view text) {
   // strtod, not from_chars: it also takes what a user types ("1e3", "+2", ".5").
