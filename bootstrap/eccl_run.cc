@@ -245,8 +245,7 @@ int main(int argc, char** argv) {
   app.option("--stop", stops, "fault injection: SIGSTOP rank R after S seconds (R@S, repeatable)");
   std::vector<std::string> killWhens;
   app.option("--kill-when", killWhens,
-                 "fault injection: SIGKILL rank R once its output contains TEXT (R:TEXT, repeatable)")
-      ;
+             "fault injection: SIGKILL rank R once its output contains TEXT (R:TEXT, repeatable)");
   std::string etcd, etcdPrefix;
   int coordinators = 3, etcdTtl = 2, coordChaosMs = 0, coordChaosMax = 1000000;
   app.option("--etcd", etcd,
