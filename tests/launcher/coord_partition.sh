@@ -14,6 +14,8 @@ coord=$1 train=$2 etcd_cluster=$3
 tmp=$(mktemp -d)
 tag=$$
 ns=ecclpart$tag veth=ecclp$tag net=10.214.$((tag % 200))
+source "$(dirname "$0")/stale_netns.sh"
+reap_stale_namespaces
 pids=() etcd_pid=""
 cleanup() {
   kill -9 "${pids[@]}" 2>/dev/null

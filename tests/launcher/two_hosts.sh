@@ -1,11 +1,14 @@
 # Sourced by the multi-host tests: builds two "hosts" from network
-# namespaces on one bridge and removes them on exit.
+# namespaces on one bridge and removes them on exit (and those of killed
+# runs before it starts).
 #   two_hosts PREFIX OCTET   (sets ns1, ns2 and net=10.OCTET.x; hosts are .11 and .12)
 # Fails where namespaces cannot be made (root needed). Inside each host the
 # link is ecclv0 and the bridge here is ecclPREFIX..., so ECCL_SOCKET_IFNAME=eccl
 # matches both.
 two_hosts() {
   local prefix=$1 octet=$2 tag=$$
+  source "$(dirname "${BASH_SOURCE[0]}")/stale_netns.sh"
+  reap_stale_namespaces
   bridge=eccl$prefix$tag ns1=eccl${prefix}1_$tag ns2=eccl${prefix}2_$tag
   net=10.$octet.$((tag % 200))
   trap 'ip netns del "$ns1" 2>/dev/null; ip netns del "$ns2" 2>/dev/null; ip link del "$bridge" 2>/dev/null' EXIT
