@@ -73,6 +73,10 @@ void allreduceRing(Links& links, const void* in, void* out, size_t count, ecclDa
 // latencyPeers, so they connect on first use (ECCL_ALLREDUCE_SMALL_ALGO).
 void allreduceRecursiveDoubling(Links& links, const void* in, void* out, size_t count,
                                 ecclDataType_t type, ecclRedOp_t op);
+// Reduce-scatter by recursive halving, all-gather by recursive doubling,
+// over recursive doubling's partners: for vectors past a latency message.
+void allreduceHalvingDoubling(Links& links, const void* in, void* out, size_t count,
+                              ecclDataType_t type, ecclRedOp_t op);
 // The small-vector default: reduce up a binary tree, broadcast down;
 // 2 log2(n) hops, and each rank talks to at most three others.
 void allreduceTree(Links& links, const void* in, void* out, size_t count, ecclDataType_t type,
@@ -126,7 +130,17 @@ struct DoublingLayout {
   int virtualRank(int r) const { return pairedBelowExtra(r) ? r / 2 : r - extra; }
   int realRank(int v) const { return v < extra ? 2 * v + 1 : v + extra; }
 };
-// The ranks allreduceRecursiveDoubling has rank r of n exchange with.
+// A non-power-of-two rank count first folds each extra rank into its
+// neighbour above. Returns false on a folded rank, which already holds the
+// result its neighbour answered with under answerTag; elsewhere `out` holds
+// the pair's reduction and the caller runs over layout.p virtual ranks.
+bool foldExtraRank(Links& links, const DoublingLayout& layout, uint8_t* out, uint8_t* tmp, size_t count,
+                   ecclDataType_t type, ecclRedOp_t op, uint32_t answerTag);
+// The neighbour's half of that: sends the folded rank the result.
+void answerFoldedRank(Links& links, const DoublingLayout& layout, const uint8_t* out, size_t bytes,
+                      uint32_t answerTag);
+// The ranks allreduceRecursiveDoubling (and allreduceHalvingDoubling) has
+// rank r of n exchange with.
 std::vector<int> recursiveDoublingPartners(int r, int n);
 // Whether recursive doubling at n ranks uses only latencyPeers, so it
 // opens nothing a view change did not (true for n <= 4; checked up to 16

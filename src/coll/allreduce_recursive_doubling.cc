@@ -5,6 +5,34 @@
 
 namespace eccl::coll {
 
+bool foldExtraRank(Links& links, const DoublingLayout& layout, uint8_t* out, uint8_t* tmp, size_t count,
+                   ecclDataType_t type, ecclRedOp_t op, uint32_t answerTag) {
+  const int r = links.rank();
+  const size_t bytes = count * typeSize(type);
+  RequestPtr reqs[2];
+  if (layout.folded(r)) {  // hand the data over, wait for the answer
+    reqs[0] = links.isend(r + 1, makeTag(0, 0, 0), out, bytes);
+    reqs[1] = links.irecv(r + 1, answerTag, out, bytes);
+    links.waitAll(reqs);
+    return false;
+  }
+  if (layout.pairedBelowExtra(r)) {
+    reqs[0] = links.irecv(r - 1, makeTag(0, 0, 0), tmp, bytes);
+    links.waitAll(reqs);
+    reduce(out, tmp, out, count, type, op);
+  }
+  return true;
+}
+
+void answerFoldedRank(Links& links, const DoublingLayout& layout, const uint8_t* out, size_t bytes,
+                      uint32_t answerTag) {
+  const int r = links.rank();
+  if (!layout.pairedBelowExtra(r)) return;
+  RequestPtr reqs[1];
+  reqs[0] = links.isend(r - 1, answerTag, out, bytes);
+  links.waitAll(reqs);
+}
+
 // Latency-optimal for small vectors: log2(n) exchanges of the whole vector.
 // A non-power-of-two rank count first folds the extra ranks into their
 // neighbours. Each pair reduces (lower rank's data) op (higher rank's data),
@@ -18,18 +46,8 @@ void allreduceRecursiveDoubling(Links& links, const void* in, void* outv, size_t
   if (n == 1) return;
   const DoublingLayout layout(n);
   uint8_t* tmp = links.scratch(kRingScratchSlot, bytes);  // the ring is not running
+  if (!foldExtraRank(links, layout, out, tmp, count, type, op, makeTag(2, 0, 0))) return;
   RequestPtr reqs[2];  // on the stack: a small op allocates nothing here
-  if (layout.folded(r)) {  // hand the data over, wait for the answer
-    reqs[0] = links.isend(r + 1, makeTag(0, 0, 0), out, bytes);
-    reqs[1] = links.irecv(r + 1, makeTag(2, 0, 0), out, bytes);
-    links.waitAll(reqs);
-    return;
-  }
-  if (layout.pairedBelowExtra(r)) {
-    reqs[0] = links.irecv(r - 1, makeTag(0, 0, 0), tmp, bytes);
-    links.waitAll(reqs);
-    reduce(out, tmp, out, count, type, op);
-  }
   const int virtualRank = layout.virtualRank(r);
   for (int mask = 1, step = 0; mask < layout.p; mask <<= 1, ++step) {
     const int partnerVirtual = virtualRank ^ mask;
@@ -42,10 +60,7 @@ void allreduceRecursiveDoubling(Links& links, const void* in, void* outv, size_t
     else
       reduce(out, out, tmp, count, type, op);
   }
-  if (layout.pairedBelowExtra(r)) {
-    reqs[0] = links.isend(r - 1, makeTag(2, 0, 0), out, bytes);
-    links.waitAll(reqs);
-  }
+  answerFoldedRank(links, layout, out, bytes, makeTag(2, 0, 0));
 }
 
 }  // namespace eccl::coll

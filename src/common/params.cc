@@ -28,8 +28,9 @@ const std::vector<Param>& all() {
        "Small-vector allreduce: tree (binary tree, 2 log2 N hops, at most three partners per rank, "
        "all connected at every view change; at 2 ranks one exchange), doubling (recursive "
        "doubling, log2 N hops, its log2 N partners connect on first use, after every view change "
-       "again) or auto (doubling up to 4 KiB where every partner it needs is one a view change "
-       "connects anyway, as at N <= 4; tree elsewhere)."},
+       "again), halving (reduce-scatter by recursive halving, all-gather by recursive doubling, "
+       "the same partners) or auto (where every partner they need is one a view change connects "
+       "anyway, as at N <= 4: doubling up to 16 KiB and halving above, at 2 ranks always doubling; tree elsewhere)."},
       {"ECCL_RING_SEGMENT_BYTES", "int", "524288",
        "Pipeline segment of the ring algorithms: reduction of one segment overlaps receiving "
        "the next."},
@@ -192,7 +193,8 @@ SmallAllreduce smallAllreduceAlgorithm() {
   std::string v = getString("ECCL_ALLREDUCE_SMALL_ALGO");
   if (v == "tree") return SmallAllreduce::kTree;
   if (v == "doubling") return SmallAllreduce::kDoubling;
-  if (v != "auto") fail(ecclInvalidArgument, "ECCL_ALLREDUCE_SMALL_ALGO='{}' must be auto, tree or doubling", v);
+  if (v == "halving") return SmallAllreduce::kHalving;
+  if (v != "auto") fail(ecclInvalidArgument, "ECCL_ALLREDUCE_SMALL_ALGO='{}' must be auto, tree, doubling or halving", v);
   return SmallAllreduce::kAuto;
 }
 int64_t ringSegmentBytes() { return getInt("ECCL_RING_SEGMENT_BYTES"); }

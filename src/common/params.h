@@ -31,7 +31,7 @@ std::string socketIfname();
 std::string debugLevel();
 int64_t stripeMinBytes();
 int64_t smallAllreduceBytes();
-enum class SmallAllreduce { kAuto, kTree, kDoubling };
+enum class SmallAllreduce { kAuto, kTree, kDoubling, kHalving };
 SmallAllreduce smallAllreduceAlgorithm();
 int64_t ringSegmentBytes();
 int64_t handshakeTimeoutMs();

@@ -572,6 +572,13 @@ void reduceWide(const void* in, size_t inCount, void* out, size_t outCount, eccl
 // from 16 KiB the tree's pipelined segments won (shm 25-35 against 47-80 us).
 // The same bound (a fast-path slot) holds for the other latency trees.
 constexpr size_t kLatencyMaxBytes = 4096;
+// Halving and doubling sends 2 log2 N messages of shrinking size where
+// doubling sends log2 N whole vectors: at 4 ranks (medians of five runs) it
+// won from 8 KiB on shm (11.9 against 17.4 us) but only from 64 KiB on TCP
+// (84 against 88 us; at 16 KiB 54 against 41 us), and took 0.72-0.82x the
+// tree's time at 256 KiB. At 2 ranks both exchange one whole vector, and
+// halving lost everywhere on TCP (24 against 21 us at 64 KiB).
+constexpr size_t kDoublingMaxBytes = 16384;
 
 void Communicator::checkLatencyAlgorithms() {
   if (latencyCheckedForSize_ == size()) return;
@@ -580,12 +587,14 @@ void Communicator::checkLatencyAlgorithms() {
   everyPairConnected_ = coll::everyPairIsALatencyPeer(size());
 }
 
-bool Communicator::smallAllreduceByDoubling(size_t bytes) {
+params::SmallAllreduce Communicator::smallAllreduceFor(size_t bytes) {
   using params::SmallAllreduce;
-  if (size() == 2 || smallAllreduceAlgorithm_ == SmallAllreduce::kDoubling) return true;  // at two ranks: one exchange
-  if (smallAllreduceAlgorithm_ == SmallAllreduce::kTree || bytes > kLatencyMaxBytes) return false;
+  if (size() == 2 && smallAllreduceAlgorithm_ == SmallAllreduce::kTree) return SmallAllreduce::kDoubling;  // one exchange
+  if (smallAllreduceAlgorithm_ != SmallAllreduce::kAuto) return smallAllreduceAlgorithm_;
+  if (size() == 2) return SmallAllreduce::kDoubling;
   checkLatencyAlgorithms();
-  return doublingIsFree_;
+  if (!doublingIsFree_) return SmallAllreduce::kTree;
+  return bytes <= kDoublingMaxBytes ? SmallAllreduce::kDoubling : SmallAllreduce::kHalving;
 }
 
 bool Communicator::latencyTree(size_t messageBytes) {
@@ -606,12 +615,12 @@ void Communicator::allReduce(const void* in, void* out, size_t count, ecclDataTy
   if (sandboxed()) return sandboxCall(signature, out, bytes, [&]() ECCL_REQUIRES(caller_) { sandboxCopy(in, out, bytes); });
   runCollective("allreduce", signature, [&](OpLinks& links) ECCL_REQUIRES(caller_) {
     reduceWide(in, count, out, count, type, op, size(), true, [&](const void* i, void* o, ecclDataType_t t) ECCL_REQUIRES(caller_) {
-      if (bytes > smallAllreduceBytes_)
-        coll::allreduceRing(links, i, o, count, t, op);
-      else if (smallAllreduceByDoubling(bytes))
-        coll::allreduceRecursiveDoubling(links, i, o, count, t, op);
-      else
-        coll::allreduceTree(links, i, o, count, t, op);
+      if (bytes > smallAllreduceBytes_) return coll::allreduceRing(links, i, o, count, t, op);
+      switch (smallAllreduceFor(bytes)) {
+        case params::SmallAllreduce::kDoubling: return coll::allreduceRecursiveDoubling(links, i, o, count, t, op);
+        case params::SmallAllreduce::kHalving: return coll::allreduceHalvingDoubling(links, i, o, count, t, op);
+        default: return coll::allreduceTree(links, i, o, count, t, op);
+      }
     });
   }, out, bytes);
 }

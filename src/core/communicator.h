@@ -213,7 +213,7 @@ class Communicator {
   bool doublingIsFree_ ECCL_GUARDED_BY(caller_) = false;
   bool everyPairConnected_ ECCL_GUARDED_BY(caller_) = false;
   void checkLatencyAlgorithms() ECCL_REQUIRES(caller_);
-  bool smallAllreduceByDoubling(size_t bytes) ECCL_REQUIRES(caller_);
+  params::SmallAllreduce smallAllreduceFor(size_t bytes) ECCL_REQUIRES(caller_);
   // Small broadcasts, reduces and allgathers by log-depth trees.
   bool latencyTree(size_t messageBytes) ECCL_REQUIRES(caller_);
   const bool checkCalls_ = params::checkCalls();

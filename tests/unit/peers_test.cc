@@ -70,11 +70,14 @@ TEST(LatencyPeers, RecursiveDoublingPartnersMirrorTheAlgorithm) {
   std::vector<int> free;
   for (int n = 1; n <= 40; ++n) {
     for (int r = 0; r < n; ++r) {
-      RecordingLinks links(r, n);
+      RecordingLinks links(r, n), halving(r, n);
       std::vector<float> in(4, 1.0f), out(4);
       allreduceRecursiveDoubling(links, in.data(), out.data(), 4, ecclFloat32, ecclSum);
       const std::vector<int> used(links.peers.begin(), links.peers.end());
       EXPECT_EQ(used, recursiveDoublingPartners(r, n)) << "rank " << r << " of " << n;
+      allreduceHalvingDoubling(halving, in.data(), out.data(), 4, ecclFloat32, ecclSum);
+      const std::vector<int> halvingUsed(halving.peers.begin(), halving.peers.end());
+      EXPECT_EQ(halvingUsed, recursiveDoublingPartners(r, n)) << "halving: rank " << r << " of " << n;
     }
     if (doublingNeedsOnlyLatencyPeers(n)) free.push_back(n);
   }

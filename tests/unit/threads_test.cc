@@ -239,14 +239,31 @@ INSTANTIATE_TEST_SUITE_P(Ranks, Threads, ::testing::Values(1, 2, 3, 4));
 // Seven ranks fill two tree levels and part of a third; 40000 floats take
 // three tree segments. Recursive doubling's partners are not connected at
 // init, so this also runs its first-use connections.
-TEST(Threads, SmallAllreduceByTreeAndByRecursiveDoublingAtSevenRanks) {
+TEST(Threads, SmallAllreduceByEveryLatencyAlgorithmAtSevenRanks) {
   setenv("ECCL_SOCKET_IFNAME", "lo", 1);
-  for (const char* algo : {"tree", "doubling"}) {
+  for (const char* algo : {"tree", "doubling", "halving"}) {
     SCOPED_TRACE(algo);
     setenv("ECCL_ALLREDUCE_SMALL_ALGO", algo, 1);
     runThreads(7, [](int, ecclComm_t comm) {
       checkEveryTypeAndOp(comm, 5);
       for (bool inPlace : {false, true}) checkEveryCollective(comm, 40000, inPlace);
+    });
+  }
+  unsetenv("ECCL_ALLREDUCE_SMALL_ALGO");
+}
+
+// Halving and doubling splits the vector into one block per virtual rank:
+// counts below the rank count leave blocks empty, odd counts uneven ones,
+// and 3, 5 and 6 ranks fold their extra ranks in first.
+TEST(Threads, HalvingDoublingAllreduceWithEmptyAndUnevenBlocks) {
+  setenv("ECCL_SOCKET_IFNAME", "lo", 1);
+  setenv("ECCL_ALLREDUCE_SMALL_ALGO", "halving", 1);
+  for (int n : {2, 3, 4, 5, 6}) {
+    SCOPED_TRACE(n);
+    runThreads(n, [](int, ecclComm_t comm) {
+      checkEveryTypeAndOp(comm, 3);
+      for (size_t count : {size_t(1), size_t(7), size_t(40001)})
+        for (bool inPlace : {false, true}) checkEveryCollective(comm, count, inPlace);
     });
   }
   unsetenv("ECCL_ALLREDUCE_SMALL_ALGO");
