@@ -199,6 +199,43 @@ std::vector<std::string> rankEnvironment(int rank, int nranks, const std::string
   return env;
 }
 
+// --pool-first: waits until `want` standbys have registered with the
+// coordinator. False (having killed them and said why) when one ends first,
+// the launcher is signalled, or --timeout passes.
+template <typename IdlePids>
+bool awaitPool(std::vector<Child>& standbys, int want, const IdlePids& idlePids, double timeoutSeconds) {
+  const auto start = eccl::Clock::now();
+  auto deadline = eccl::deadlineAfterMs(static_cast<int64_t>(timeoutSeconds * 1000));
+  std::string why;
+  while (why.empty()) {
+    if (static_cast<int>(idlePids().size()) >= want) {
+      fprintf(stderr, "eccl-run: --pool-first: %d standbys registered after %.2f s; starting the ranks\n", want,
+              std::chrono::duration<double>(eccl::Clock::now() - start).count());
+      return true;
+    }
+    for (auto& c : standbys) {
+      int status = 0;
+      if (waitpid(c.pid, &status, WNOHANG) == c.pid) {
+        c.exited = true;
+        why = fmt::format("standby {} (pid {}) ended before it registered ({})", c.label, c.pid,
+                          WIFSIGNALED(status) ? strsignal(WTERMSIG(status)) : fmt::format("exit {}", WEXITSTATUS(status)));
+        break;
+      }
+    }
+    if (why.empty() && pendingSignal) why = fmt::format("{} while the standbys registered", strsignal(pendingSignal));
+    if (why.empty() && timeoutSeconds > 0 && eccl::Clock::now() >= deadline)
+      why = fmt::format("{} of {} standbys registered within --timeout {} s", idlePids().size(), want, timeoutSeconds);
+    if (why.empty()) usleep(20000);
+  }
+  fprintf(stderr, "eccl-run: --pool-first: %s; no rank started\n", why.c_str());
+  for (auto& c : standbys) {
+    if (c.exited) continue;
+    kill(c.pid, SIGKILL);
+    waitpid(c.pid, nullptr, 0);
+  }
+  return false;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -216,7 +253,7 @@ int main(int argc, char** argv) {
   std::string idFile;
   app.option("--id-file", idFile, "write the job id here (for ecclcoord status/migrate)");
   app.option("--standby", standbys, "also start this many standbys (ECCL_ROLE=standby)").range(0, 4096);
-  bool refill = false;
+  bool refill = false, poolFirst = false;
   int chaosMs = 0, chaosMax = 1000000;
   unsigned seed = 1;
   bool bindCores = false;
@@ -226,6 +263,9 @@ int main(int argc, char** argv) {
   app.flag("--refill", refill,
                "keep --standby K idle: start a standby whenever one is promoted, and one for each dead rank the "
                "view still holds");
+  app.flag("--pool-first", poolFirst,
+           "start the --standby K standbys first and the ranks once every one has registered (a job that begins "
+           "with its pool provisioned, so a failure at its first step finds a standby)");
   int ranksPerHost = 0;
   app.option("--ranks-per-host", ranksPerHost,
                  "simulated hosts: ECCL_HOSTID=hostI for ranks I*N to I*N+N-1, spareJ for the standbys started "
@@ -384,11 +424,13 @@ int main(int argc, char** argv) {
       fprintf(stderr, "eccl-run: --bind-cores: %d processes share %zu cores\n", np + standbys, cores.size());
   }
   std::vector<Child> children;
-  int standbysStarted = 0;
+  int standbysStarted = 0, ranksStarted = 0;
   // Everything a child needs is built before fork: the coordinator thread is
   // running, so between fork and exec only async-signal-safe calls happen.
   auto spawn = [&](bool standby) -> bool {
-    int index = static_cast<int>(children.size());
+    // The launch index (ranks first, then standbys) places a process on a
+    // host and a core whichever order they start in.
+    int index = standby ? np + standbysStarted : ranksStarted;
     int out[2], err[2];
     if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) {
       perror("eccl-run: pipe");
@@ -433,7 +475,7 @@ int main(int argc, char** argv) {
     close(err[1]);
     Child c;
     c.rank = index;
-    c.label = standby ? fmt::format("s{}", standbysStarted++) : std::to_string(index);
+    c.label = standby ? fmt::format("s{}", standbysStarted++) : std::to_string(ranksStarted++);
     c.standby = standby;
     c.pid = pid;
     c.outFd = out[0];
@@ -441,8 +483,17 @@ int main(int argc, char** argv) {
     children.push_back(std::move(c));
     return true;
   };
-  for (int r = 0; r < np + standbys; ++r)
-    if (!spawn(r >= np)) return 2;
+  if (poolFirst) {
+    for (int s = 0; s < standbys; ++s)
+      if (!spawn(true)) return 2;
+    if (!awaitPool(children, standbys, idlePids, timeoutSeconds)) return 2;
+  }
+  for (int r = 0; r < np; ++r)
+    if (!spawn(false)) return 2;
+  for (int s = poolFirst ? standbys : 0; s < standbys; ++s)
+    if (!spawn(true)) return 2;
+  // Ranks first, as --kill R@S and the rest look them up.
+  std::stable_partition(children.begin(), children.end(), [](const Child& c) { return !c.standby; });
   const auto started = eccl::Clock::now();
 
   auto deadline = eccl::deadlineAfterMs(static_cast<int64_t>(timeoutSeconds * 1000));

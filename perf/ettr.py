@@ -14,7 +14,8 @@ contender:
            not committed, the others go on in a smaller quorum (fewer
            samples per step), the dead replica group is restarted and heals
            from a peer's live state (perf/ettr_torchft.py);
-  replace  eccl-run with a warm standby (refilled): the survivors recover
+  replace  eccl-run with warm standbys (--standbys, refilled, the pool full
+           before the first step): the survivors recover
            with REPLACE_OR_SHRINK, the standby takes the rank, every rank
            takes the state of the most advanced data-parallel peer (more
            ranks lost at once than standbys: the rest are dropped and the
@@ -25,7 +26,7 @@ contender:
            grow back to it (they ask every --grow-every steps while short);
            the injector leaves two ranks alive;
   pipeline a 4-stage pipeline model with no data-parallel replica
-           (perf/ettr_pipeline.py) under eccl-run with a refilled standby:
+           (perf/ettr_pipeline.py) under eccl-run with refilled standbys:
            boundary sends logged, one block per stage snapshotted into two
            other stages' memory every two iterations; the standby takes
            the dead stage, rebuilds its blocks from the snapshots while its
@@ -129,8 +130,9 @@ def command(contender, args, events, ckpt_every, ckpt_dir, faulted=True):
         launcher = [launcher, "--ranks-per-host", str(args.host_ranks)]
     else:
         launcher = [launcher]
-    spares = args.host_ranks if args.fault == "host" else 1
-    extra = ["--standby", str(spares), "--refill"] if contender in ("replace", "pipeline", "moe-replace") else []
+    spares = args.standbys * (args.host_ranks if args.fault == "host" else 1)
+    extra = ["--standby", str(spares), "--refill", "--pool-first"] if contender in ("replace", "pipeline",
+                                                                                   "moe-replace") else []
     if contender == "pipeline":
         return [*launcher, "-np", str(PIPELINE_STAGES), *extra, "--timeout", limit, py, PIPELINE, "--steps",
                 str(steps_of(contender, args)), "--step-ms", str(args.step_ms), "--events", events,
@@ -481,6 +483,15 @@ def main():
     ap.add_argument("--late-nice", type=int, default=None,
                     help="late starters (standbys, repaired replacements, torchft's restarted groups) run at this "
                          "niceness until they train, as if on another machine (default 19; --smoke: 0)")
+    ap.add_argument("--standbys", type=int, default=None,
+                    help="replace, pipeline, moe-replace: the standby pool, in failures' worth (a host fault's "
+                         "takes --host-ranks), refilled, and full before the first step (eccl-run --pool-first); "
+                         "default 2 (--smoke: 1): a refill at nice 19 took 4-6 s to start here, a third of an MTBF of "
+                         "300 steps, so with one standby a quarter of the failures found the pool empty and shrank")
+    ap.add_argument("--no-rebaseline", dest="rebaseline", action="store_false",
+                    help="run the fault-free baselines once, before the runs; by default they run again after "
+                         "each MTBF's runs and every run is figured against the mean of the two around it (the "
+                         "MoE job's fault-free step drifted from 52 to 60 ms here within the hour)")
     ap.add_argument("--stop-kill-s", type=float, default=20, help="--fault stop: SIGKILL a stopped rank this late")
     ap.add_argument("--repair-steps", type=int, default=100,
                     help="shrink: a replacement starts this many fault-free steps after a failure (-1: never)")
@@ -521,6 +532,10 @@ def main():
         # The smoke runs beside other tests: a process at nice 19 on cores
         # busy at 0 would take minutes to import torch.
         args.late_nice = 0 if args.smoke else 19
+    if args.standbys is None:
+        args.standbys = 1 if args.smoke else 2
+    if args.smoke or only:
+        args.rebaseline = False
     if args.smoke:
         # Three ranks: every contender's path (a shrink to two and back, two
         # replica groups healing one) with a quarter fewer processes to start
@@ -560,9 +575,11 @@ def main():
     def save():
         with open(os.path.join(args.out, "ettr.json"), "w") as f:
             json.dump({"baselines": baselines, "runs": results, "checkpoint_cost_s": ckpt_costs.get("restart"),
+                       "baseline_rounds": {c: [b["step_s"] for b in bs] for c, bs in rounds.items()},
                        "checkpoint_costs_s": ckpt_costs,
                        "steps": args.steps, "step_ms": args.step_ms, "ranks": args.ranks}, f, indent=1)
 
+    rounds = {c: [b] for c, b in baselines.items()}  # fault-free runs, before each MTBF's runs and after
     save()
     if args.baselines_only:
         return 0
@@ -573,11 +590,12 @@ def main():
         with open(args.skip_runs) as f:
             done = {run_key(r) for r in json.load(f)["runs"]}
     for mtbf in mtbfs:
+        block = []
         for seed in seeds:
             for c in contenders:  # alternating contenders within each seed
                 if (c, mtbf, seed) in done or (only and (c, mtbf, seed) not in only):
                     continue
-                t_ff = baselines[c]["step_s"]
+                t_ff = rounds[c][-1]["step_s"]
                 mtbf_s = mtbf * t_ff if mtbf else None
                 every = 0 if c not in RESTARTS else 10 if args.smoke else young_interval(ckpt_costs[c], mtbf_s, t_ff)
                 job = run_job(c, args, f"{c}-mtbf{mtbf or 'smoke'}-seed{seed}", mtbf_s=mtbf_s, seed=seed,
@@ -597,14 +615,34 @@ def main():
                             r.update(ok=False, ettr=0.0, why="a host's ranks died with their copies and no rank "
                                                              "started the snapshots over")
                 results.append(r)
+                block.append(r)
                 print(line(r), flush=True)
                 save()  # after every run: an interrupted table keeps what it measured
+        if args.rebaseline and block:
+            rebaseline(block, rounds, args, f"after{mtbf}")
+            save()
     if not args.smoke:
         summary(results, contenders, mtbfs, args.out)
     bad = [r for r in results if not r.get("ok")]
     for r in bad:
         print(f"ettr: {r['tag']}: {r.get('why')}")
     sys.exit(1 if bad else 0)
+
+
+def rebaseline(block, rounds, args, tag):
+    """Runs each contender of `block` fault-free again and figures every
+    run of the block against the mean of its contender's baselines before
+    and after it."""
+    for c in [c for c in rounds if any(r["contender"] == c for r in block)]:
+        b = analyse(run_job(c, args, f"{c}-fault-free-{tag}"))
+        if not b.get("ok"):
+            sys.exit(f"ettr: the fault-free {c} run {tag} failed: {b.get('why')}")
+        rounds[c].append(b)
+        print(f"ettr: {c}: fault-free {tag} {b['step_s'] * 1000:.1f} ms/step", flush=True)
+    for r in block:
+        before, after = rounds[r["contender"]][-2]["step_s"], rounds[r["contender"]][-1]["step_s"]
+        r.update(refit(r, (before + after) / 2), t_ff_around_s=[before, after])
+        print(line(r) + f"  (against {before * 1000:.1f} / {after * 1000:.1f} ms/step)", flush=True)
 
 
 def run_key(r):
