@@ -589,9 +589,9 @@ void Communicator::checkLatencyAlgorithms() {
 
 params::SmallAllreduce Communicator::smallAllreduceFor(size_t bytes) {
   using params::SmallAllreduce;
-  if (size() == 2 && smallAllreduceAlgorithm_ == SmallAllreduce::kTree) return SmallAllreduce::kDoubling;  // one exchange
+  // At two ranks the tree and doubling are one exchange; only halving, when forced, differs.
+  if (size() == 2 && smallAllreduceAlgorithm_ != SmallAllreduce::kHalving) return SmallAllreduce::kDoubling;
   if (smallAllreduceAlgorithm_ != SmallAllreduce::kAuto) return smallAllreduceAlgorithm_;
-  if (size() == 2) return SmallAllreduce::kDoubling;
   checkLatencyAlgorithms();
   if (!doublingIsFree_) return SmallAllreduce::kTree;
   return bytes <= kDoublingMaxBytes ? SmallAllreduce::kDoubling : SmallAllreduce::kHalving;
