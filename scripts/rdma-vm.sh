@@ -217,7 +217,6 @@ guest_said() {
 # A pid that kill -0 reaches may be a zombie (qemu powered off, not yet
 # reaped): alive means a state other than Z.
 alive() { local stat; stat=$(cut -d' ' -f3 "/proc/$1/stat" 2>/dev/null) && [ "$stat" != Z ]; }
-status=0
 for attempt in 1 2; do
   fresh_exchange
   boot "$((deadline - SECONDS))"
