@@ -60,10 +60,12 @@ overhead (blocking part of the saves), detection (kill to the first
 survivor's error, or to torchrun's restart of the workers), recovery (to the
 first step completed after it, less that step) and recomputed steps; what
 is left is "other". Every run's final parameters are checked against the
-fault-free run's (bit-equal for restart, replace and pipeline; for shrink, and for
-torchft after a failure, the final loss within two of the fault-free run's
-last-20-step spreads); a run that fails the
-check, or dies, counts as ETTR 0 with the reason.
+fault-free run's (bit-equal for restart, replace and pipeline; for shrink,
+the final loss within two of the fault-free run's last-20-step spreads).
+torchft's steps with fewer groups train on fewer samples, so its final
+loss is checked against a one-process replay of the steps its events say
+it committed, each on the shares of the groups that took part. A run
+that fails the check, or dies, counts as ETTR 0 with the reason.
 
     perf/ettr.py --mtbf 100,300,1000 --seeds 3 --steps 1000 --out build/ettr
     perf/ettr.py --smoke            # CI: one kill per contender, the check only
@@ -306,6 +308,11 @@ class Injector(threading.Thread):
                 pass
 
 
+def job_env(args):
+    return {"ECCL_HEARTBEAT_TIMEOUT_MS": "10000", **os.environ, "PYTHONPATH": os.path.join(args.build, "python"),
+            "ECCL_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "ETTR_LATE_NICE": str(args.late_nice)}
+
+
 def run_job(contender, args, tag, mtbf_s=None, seed=0, at_step=None, ckpt_every=0):
     base = os.path.join(args.out, tag)
     events, ckpt_dir = os.path.join(base, "events"), os.path.join(base, "ckpt")
@@ -314,8 +321,7 @@ def run_job(contender, args, tag, mtbf_s=None, seed=0, at_step=None, ckpt_every=
     # A killed rank is seen by its dropped connections: the heartbeat only
     # finds hung ones, and its 3 s default can pass for a failure when the
     # host is busy (the launcher's coordinator starved under CI's load).
-    env = {"ECCL_HEARTBEAT_TIMEOUT_MS": "10000", **os.environ, "PYTHONPATH": os.path.join(args.build, "python"),
-           "ECCL_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "ETTR_LATE_NICE": str(args.late_nice)}
+    env = job_env(args)
     cmd = command(contender, args, events, ckpt_every, ckpt_dir, faulted=bool(mtbf_s or at_step is not None))
     log = open(os.path.join(base, "job.log"), "w")
     start = time.time()
@@ -429,25 +435,46 @@ def global_loss(evs) -> float:
     return sum(e.get("loss_sum", 0.0) for e in evs) / rows if rows else float("nan")
 
 
+def replay_torchft(run, args):
+    """torchft's steps with fewer replica groups train on fewer samples
+    (the dead group's share is not redistributed) and its quorums differ
+    between runs even without a failure (a group late for one on a loaded
+    host), so its final state is checked against the training its own
+    commits describe: perf/ettr_torchft.py --replay trains, in one
+    process, each step on the shares of the groups that took part in it,
+    divided by the world torchft divided by."""
+    if not run.get("ok"):
+        return run
+    events = os.path.join(args.out, run["tag"], "events")
+    argv = [sys.executable, TORCHFT, "--replay", events, "--steps", str(run["steps"]), "--replicas", str(args.ranks)]
+    p = subprocess.run(argv, env=job_env(args), capture_output=True, text=True, timeout=args.run_timeout)
+    if p.returncode != 0:
+        tail = (p.stdout + p.stderr).strip().splitlines()[-1:] or [f"exit {p.returncode}"]
+        return {**run, "ok": False, "ettr": 0.0, "why": f"the replay of its commits failed: {tail[0]}"}
+    replay = json.loads(p.stdout.strip().splitlines()[-1])
+    return {**run, "replay_loss": replay["loss"], "short_steps": replay["short_steps"]}
+
+
 def check(run, baseline):
     """Bit-equal to the fault-free run where the recovery is exact; for
-    shrink and torchft, the final loss within two of the fault-free run's
-    last-20 spreads."""
+    shrink, the final loss within two of the fault-free run's last-20
+    spreads; for torchft, the final loss its replay computes (the sums'
+    order alone apart)."""
     if not run.get("ok"):
         return run
     if run["steps"] != baseline["steps"]:
         run.update(ok=False, why=f"ended at step {run['steps']}, not {baseline['steps']}")
-    # Steps at a smaller size sum in other orders and torchft's take fewer
-    # samples; after a failure torchft's parameters also differed where
-    # every committed step reported all replica groups (seen in a smoke
-    # run, cause not traced), so torchft with a failure is judged by loss.
-    # The last-20 spread measures batch-to-batch noise, not the samples
-    # these runs leave out: two spreads (a CI run under load saw torchft
-    # end 1.01 spreads off; a model that lost its training ends far away).
-    # torchft's quorums differ between runs even without a failure (a
-    # replica group late for one on this loaded host: a fault-free run
-    # here committed a step with two of four), so it is judged by loss.
-    elif run["world_min"] < baseline["world_min"] or run["contender"] == "torchft":
+    elif run["contender"] == "torchft":
+        # The replay sums each step's shares in another order than Gloo:
+        # 1000 steps here ended 7e-9 apart, or bit-equal in the loss.
+        if not abs(run["loss"] - run["replay_loss"]) <= 1e-4 * abs(run["replay_loss"]):
+            run.update(ok=False, why=f"final loss {run['loss']:.7f}, but the replay of its commits ends at "
+                                    f"{run['replay_loss']:.7f}")
+    # Steps at a smaller size sum in other orders: judged by loss. The
+    # last-20 spread measures batch-to-batch noise, not the samples these
+    # runs leave out: two spreads (a model that lost its training ends far
+    # away).
+    elif run["world_min"] < baseline["world_min"]:
         spread = max(baseline["losses"]) - min(baseline["losses"])
         if not abs(run["loss"] - baseline["loss"]) <= max(2 * spread, 1e-6):
             run.update(ok=False, why=f"final loss {run['loss']:.5f} against {baseline['loss']:.5f} "
@@ -600,7 +627,8 @@ def main():
                 every = 0 if c not in RESTARTS else 10 if args.smoke else young_interval(ckpt_costs[c], mtbf_s, t_ff)
                 job = run_job(c, args, f"{c}-mtbf{mtbf or 'smoke'}-seed{seed}", mtbf_s=mtbf_s, seed=seed,
                               at_step=15 if args.smoke else None, ckpt_every=every)
-                r = check(analyse(job, t_ff), baselines[c])
+                r = analyse(job, t_ff)
+                r = check(replay_torchft(r, args) if c == "torchft" else r, baselines[c])
                 r.update(mtbf=mtbf, seed=seed)
                 if args.smoke and c in ("shrink", "moe-shrink") and r.get("ok") and r["world_end"] != args.ranks:
                     r.update(ok=False, ettr=0.0, why=f"ended with {r['world_end']} ranks: it never grew back")

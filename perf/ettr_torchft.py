@@ -21,6 +21,7 @@ participants in `world`: perf/ettr.py counts samples, not steps).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import socket
@@ -76,7 +77,10 @@ def replica_main(a) -> int:
         xs, ys = torch.tensor_split(x, a.replicas)[a.replica], torch.tensor_split(y, a.replicas)[a.replica]
         opt.zero_grad()
         out = ((ddp(xs) - ys) ** 2).mean()
-        out.backward()
+        out.backward()  # the allreduce: after it, this step's quorum says who takes part
+        participating = manager.is_participating()  # not while healing: its gradient is zeroed
+        if participating:  # before the commit: a group killed after its allreduce still took part
+            events("took_part", rank=a.replica, step=step)
         opt.step()  # commits only if every participant's allreduce succeeded
         if a.attempt and manager.num_participants() == 1 and os.path.exists(finished_mark(a.events)):
             # Restarted after the others finished: nobody to heal from or
@@ -109,6 +113,77 @@ def replica_main(a) -> int:
     events("done", rank=a.replica, world=manager.num_participants(), step=manager.current_step(), loss=final,
            loss_sum=final * GLOBAL_BATCH, rows=GLOBAL_BATCH, digest=digest(model))
     manager.shutdown(wait=False)
+    return 0
+
+
+def takers_by_step(events_dir: str) -> dict[int, tuple[list[int], int]]:
+    """What each committed step summed, from the events: the replica groups
+    whose gradients it took and the world it divided by. torchft divides
+    by the participants at the quorum's step, healing groups included,
+    whose gradients it zeroes (at step 0 every group but one heals from
+    it). A group took part if it wrote took_part and then the step
+    committed, or if it was killed after took_part and no group failed
+    that step later (its allreduce had completed in the attempt that
+    committed)."""
+    confirmed: dict[int, set[int]] = {}
+    dangling: dict[int, dict[int, float]] = {}
+    world: dict[int, set[int]] = {}
+    failed: dict[int, list[float]] = {}
+    for name in sorted(os.listdir(events_dir)):
+        if not name.endswith(".jsonl"):
+            continue
+        with open(os.path.join(events_dir, name)) as f:
+            evs = [e for e in map(json.loads, f) if e["ev"] in ("took_part", "step", "fail")]
+        for i, e in enumerate(evs):
+            if e["ev"] == "step":
+                world.setdefault(e["step"] - 1, set()).add(e["world"])
+            elif e["ev"] == "fail":
+                failed.setdefault(e["step"], []).append(e["t"])
+            elif i + 1 == len(evs):
+                dangling.setdefault(e["step"], {})[e["rank"]] = e["t"]
+            elif evs[i + 1]["ev"] == "step" and evs[i + 1]["step"] == e["step"] + 1:
+                confirmed.setdefault(e["step"], set()).add(e["rank"])
+    steps = {}
+    for step, worlds in sorted(world.items()):
+        groups = confirmed.get(step, set()) | {rank for rank, t in dangling.get(step, {}).items()
+                                               if not any(f > t for f in failed.get(step, ()))}
+        if len(worlds) != 1 or not 0 < len(groups) <= min(worlds):
+            raise ValueError(f"step {step}: committed at world {sorted(worlds)} with the gradients of replica "
+                             f"groups {sorted(groups)}")
+        steps[step] = (sorted(groups), min(worlds))
+    return steps
+
+
+def replay_main(a) -> int:
+    """Trains in one process what the run's commits describe: each step's
+    gradient the sum of the participating groups' shares' over the world
+    torchft divided by, and prints the final loss and digest as JSON."""
+    import torch
+
+    sys.path.insert(0, os.path.dirname(HERE))
+    from ettr_train import GLOBAL_BATCH, WIDTH, build, digest
+
+    torch.set_num_threads(1)
+    takers = takers_by_step(a.replay)
+    missing = [s for s in range(a.steps) if s not in takers]
+    if missing:
+        print(json.dumps({"why": f"no committed step {missing[0]} in the events"}))
+        return 1
+    model, optimizer = build()
+    for step in range(a.steps):
+        g = torch.Generator().manual_seed(step * 7919 + 17)
+        x = torch.randn(GLOBAL_BATCH, WIDTH, generator=g)
+        xs, ys = torch.tensor_split(x, a.replicas), torch.tensor_split(x.roll(1, dims=1).sin(), a.replicas)
+        optimizer.zero_grad()
+        groups, world = takers[step]
+        loss = sum(((model(xs[r]) - ys[r]) ** 2).mean() for r in groups) / world
+        loss.backward()
+        optimizer.step()
+    x = torch.randn(GLOBAL_BATCH, WIDTH, generator=torch.Generator().manual_seed((a.steps - 1) * 7919 + 17))
+    with torch.no_grad():
+        final = ((model(x) - x.roll(1, dims=1).sin()) ** 2).mean().item()
+    short = sum(1 for groups, _ in takers.values() if len(groups) < a.replicas)
+    print(json.dumps({"loss": final, "digest": digest(model), "short_steps": short}))
     return 0
 
 
@@ -175,13 +250,19 @@ def main() -> int:
     ap.add_argument("--replicas", type=int, default=4)
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--step-ms", type=float, default=100)
-    ap.add_argument("--events", required=True)
+    ap.add_argument("--events")
     ap.add_argument("--timeout", type=float, default=10.0, help="torchft's collective and quorum timeout, seconds")
     ap.add_argument("--heartbeat-timeout-ms", type=int, default=1000)
+    ap.add_argument("--replay", metavar="EVENTS",
+                    help="train in one process what a run's events say each step committed; print its final loss")
     ap.add_argument("--replica", type=int, default=-1, help=argparse.SUPPRESS)
     ap.add_argument("--attempt", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--lighthouse", default="", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if not a.replay and not a.events:
+        ap.error("--events DIR is needed (or --replay EVENTS)")
+    if a.replay:
+        return replay_main(a)
     return replica_main(a) if a.replica >= 0 else driver_main(a)
 
 
