@@ -15,7 +15,14 @@ that.
 runs the lighthouse and the replica groups and exits once every replica
 group finished (0) or one failed in a way that was not an injected kill.
 Events go to DIR like ettr_train's ("step" carries the number of
-participants in `world`: perf/ettr.py counts samples, not steps).
+participants in `world`: perf/ettr.py counts samples, not steps; a group
+writes "took_part" once its gradient is in a step's allreduce).
+
+    python ettr_torchft.py --replay DIR --steps 300
+
+trains in one process the steps DIR's events say were committed, each on
+the shares of the groups that took part, and prints its final loss: what
+perf/ettr.py checks a torchft run's final state against.
 """
 
 from __future__ import annotations
@@ -118,28 +125,37 @@ def replica_main(a) -> int:
 
 def takers_by_step(events_dir: str) -> dict[int, tuple[list[int], int]]:
     """What each committed step summed, from the events: the replica groups
-    whose gradients it took and the world it divided by. torchft divides
-    by the participants at the quorum's step, healing groups included,
-    whose gradients it zeroes (at step 0 every group but one heals from
-    it). A group took part if it wrote took_part and then the step
-    committed, or if it was killed after took_part and no group failed
-    that step later (its allreduce had completed in the attempt that
-    committed)."""
+    whose gradients it took and the world it divided by (the groups at the
+    quorum's step). A group took part if it wrote took_part (after its
+    allreduce) and then the step committed; or if it was killed after
+    took_part and no group failed that step later; or if it was killed
+    after committing the step before and before took_part, while the step
+    committed with it in the world (its allreduce had sent its share). At
+    step 0 torchft's first quorum makes every group but one heal from it:
+    they count in the world with zeroed gradients. A group that gave up
+    (restarted after the others ended) left nothing in the final state."""
     confirmed: dict[int, set[int]] = {}
     dangling: dict[int, dict[int, float]] = {}
+    silent: dict[int, set[int]] = {}
     world: dict[int, set[int]] = {}
     failed: dict[int, list[float]] = {}
     for name in sorted(os.listdir(events_dir)):
         if not name.endswith(".jsonl"):
             continue
         with open(os.path.join(events_dir, name)) as f:
-            evs = [e for e in map(json.loads, f) if e["ev"] in ("took_part", "step", "fail")]
+            evs = [json.loads(line) for line in f]
+        if any(e["ev"] == "gave_up" for e in evs):
+            continue  # its steps trained alone, from scratch, and were dropped
+        evs = [e for e in evs if e["ev"] in ("took_part", "step", "fail")]
         for i, e in enumerate(evs):
+            last = i + 1 == len(evs)
             if e["ev"] == "step":
                 world.setdefault(e["step"] - 1, set()).add(e["world"])
+                if last:
+                    silent.setdefault(e["step"], set()).add(e["rank"])
             elif e["ev"] == "fail":
                 failed.setdefault(e["step"], []).append(e["t"])
-            elif i + 1 == len(evs):
+            elif last:
                 dangling.setdefault(e["step"], {})[e["rank"]] = e["t"]
             elif evs[i + 1]["ev"] == "step" and evs[i + 1]["step"] == e["step"] + 1:
                 confirmed.setdefault(e["step"], set()).add(e["rank"])
@@ -147,10 +163,13 @@ def takers_by_step(events_dir: str) -> dict[int, tuple[list[int], int]]:
     for step, worlds in sorted(world.items()):
         groups = confirmed.get(step, set()) | {rank for rank, t in dangling.get(step, {}).items()
                                                if not any(f > t for f in failed.get(step, ()))}
-        if len(worlds) != 1 or not 0 < len(groups) <= min(worlds):
+        n = min(worlds)
+        if len(groups) < n and len(groups | silent.get(step, set())) == n:
+            groups |= silent[step]
+        if len(worlds) != 1 or not (0 < len(groups) <= n if step == 0 else len(groups) == n):
             raise ValueError(f"step {step}: committed at world {sorted(worlds)} with the gradients of replica "
                              f"groups {sorted(groups)}")
-        steps[step] = (sorted(groups), min(worlds))
+        steps[step] = (sorted(groups), n)
     return steps
 
 

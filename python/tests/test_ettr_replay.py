@@ -66,6 +66,35 @@ def test_a_group_killed_in_an_attempt_that_failed_did_not(tmp_path):
     assert ettr_torchft.takers_by_step(str(tmp_path)) == {4: ([0, 2], 2)}
 
 
+def test_a_group_killed_after_its_share_was_sent_took_part(tmp_path):
+    # Group 1 committed step 3 and died in step 4 before took_part, but the
+    # others committed step 4 at world 3: its allreduce had sent its share.
+    write_events(tmp_path, {
+        1: [took(0, 3), stepped(0, 3, 3), took(0, 4), stepped(0, 4, 3)],
+        2: [took(1, 3), stepped(1, 3, 3)],
+        3: [took(2, 3), stepped(2, 3, 3), took(2, 4), stepped(2, 4, 3)],
+    })
+    assert ettr_torchft.takers_by_step(str(tmp_path)) == {3: ([0, 1, 2], 3), 4: ([0, 1, 2], 3)}
+
+
+def test_a_world_the_events_cannot_fill_is_an_error(tmp_path):
+    write_events(tmp_path, {
+        1: [took(0, 3), stepped(0, 3, 3)],
+        2: [took(1, 3), stepped(1, 3, 3)],
+    })
+    with pytest.raises(ValueError, match=r"step 3: committed at world \[3\] with the gradients of replica groups "
+                                         r"\[0, 1\]"):
+        ettr_torchft.takers_by_step(str(tmp_path))
+
+
+def test_a_group_that_gave_up_is_not_in_the_job(tmp_path):
+    write_events(tmp_path, {
+        1: [took(0, 0), stepped(0, 0, 1)],
+        2: [took(1, 0), stepped(1, 0, 1), ("gave_up", {"rank": 1, "step": 1})],
+    })
+    assert ettr_torchft.takers_by_step(str(tmp_path)) == {0: ([0], 1)}
+
+
 def test_more_gradients_than_the_world_is_an_error(tmp_path):
     write_events(tmp_path, {
         1: [took(0, 0), stepped(0, 0, 1)],
