@@ -51,7 +51,7 @@ def replica_main(a) -> int:
     from torchft.optim import OptimizerWrapper
     from torchft.process_group import ProcessGroupGloo
 
-    from ettr_train import GLOBAL_BATCH, WIDTH, Events, build, digest
+    from ettr_train import Events, build, digest, global_batch
 
     torch.set_num_threads(1)
     events = Events(a.events)
@@ -78,15 +78,14 @@ def replica_main(a) -> int:
     while manager.current_step() < a.steps:
         started = time.monotonic()
         step = manager.current_step()
-        g = torch.Generator().manual_seed(step * 7919 + 17)  # ettr_train's data for this step
-        x = torch.randn(GLOBAL_BATCH, WIDTH, generator=g)
-        y = x.roll(1, dims=1).sin()
+        x, y = global_batch(step)
         xs, ys = torch.tensor_split(x, a.replicas)[a.replica], torch.tensor_split(y, a.replicas)[a.replica]
         opt.zero_grad()
         out = ((ddp(xs) - ys) ** 2).mean()
         out.backward()  # the allreduce: after it, this step's quorum says who takes part
-        participating = manager.is_participating()  # not while healing: its gradient is zeroed
-        if participating:  # before the commit: a group killed after its allreduce still took part
+        # Not while healing (its gradient is zeroed); written before the
+        # commit: a group killed after its allreduce still took part.
+        if manager.is_participating():
             events("took_part", rank=a.replica, step=step)
         opt.step()  # commits only if every participant's allreduce succeeded
         if a.attempt and manager.num_participants() == 1 and os.path.exists(finished_mark(a.events)):
@@ -113,14 +112,21 @@ def replica_main(a) -> int:
     # groups that finish may be fewer than four (the others killed late),
     # and one group's quarter of the batch is a noisier figure than the
     # fault-free run's (it made perf/ettr.py's loss check fail a sound run).
-    g = torch.Generator().manual_seed((a.steps - 1) * 7919 + 17)
-    x = torch.randn(GLOBAL_BATCH, WIDTH, generator=g)
-    with torch.no_grad():
-        final = ((model(x) - x.roll(1, dims=1).sin()) ** 2).mean().item()
+    final, rows = final_loss(model, a.steps)
     events("done", rank=a.replica, world=manager.num_participants(), step=manager.current_step(), loss=final,
-           loss_sum=final * GLOBAL_BATCH, rows=GLOBAL_BATCH, digest=digest(model))
+           loss_sum=final * rows, rows=rows, digest=digest(model))
     manager.shutdown(wait=False)
     return 0
+
+
+def final_loss(model, steps: int) -> tuple[float, int]:
+    """The model's loss on the last step's whole global batch, and its rows."""
+    import torch
+    from ettr_train import global_batch
+
+    x, y = global_batch(steps - 1)
+    with torch.no_grad():
+        return ((model(x) - y) ** 2).mean().item(), x.shape[0]
 
 
 def takers_by_step(events_dir: str) -> dict[int, tuple[list[int], int]]:
@@ -180,7 +186,7 @@ def replay_main(a) -> int:
     import torch
 
     sys.path.insert(0, os.path.dirname(HERE))
-    from ettr_train import GLOBAL_BATCH, WIDTH, build, digest
+    from ettr_train import build, digest, global_batch
 
     torch.set_num_threads(1)
     takers = takers_by_step(a.replay)
@@ -190,17 +196,14 @@ def replay_main(a) -> int:
         return 1
     model, optimizer = build()
     for step in range(a.steps):
-        g = torch.Generator().manual_seed(step * 7919 + 17)
-        x = torch.randn(GLOBAL_BATCH, WIDTH, generator=g)
-        xs, ys = torch.tensor_split(x, a.replicas), torch.tensor_split(x.roll(1, dims=1).sin(), a.replicas)
+        x, y = global_batch(step)
+        xs, ys = torch.tensor_split(x, a.replicas), torch.tensor_split(y, a.replicas)
         optimizer.zero_grad()
         groups, world = takers[step]
         loss = sum(((model(xs[r]) - ys[r]) ** 2).mean() for r in groups) / world
         loss.backward()
         optimizer.step()
-    x = torch.randn(GLOBAL_BATCH, WIDTH, generator=torch.Generator().manual_seed((a.steps - 1) * 7919 + 17))
-    with torch.no_grad():
-        final = ((model(x) - x.roll(1, dims=1).sin()) ** 2).mean().item()
+    final, _ = final_loss(model, a.steps)
     short = sum(1 for groups, _ in takers.values() if len(groups) < a.replicas)
     print(json.dumps({"loss": final, "digest": digest(model), "short_steps": short}))
     return 0

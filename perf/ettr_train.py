@@ -84,15 +84,19 @@ def digest(model) -> str:
     return hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()[:16]
 
 
+def global_batch(step: int):
+    """The step's whole batch and its targets, the same for every job."""
+    x = torch.randn(GLOBAL_BATCH, WIDTH, generator=torch.Generator().manual_seed(step * 7919 + 17))
+    return x, x.roll(1, dims=1).sin()
+
+
 def train_step(ddp, opt, step: int) -> float:
     """One step of the global batch; this rank takes its share. The loss is
     scaled so that DDP's mean over ranks is the global batch's mean at any
     world size; returned as this rank's part of that mean (the ranks' parts
     sum to it)."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    g = torch.Generator().manual_seed(step * 7919 + 17)
-    x = torch.randn(GLOBAL_BATCH, WIDTH, generator=g)
-    y = x.roll(1, dims=1).sin()
+    x, y = global_batch(step)
     xs, ys = torch.tensor_split(x, world)[rank], torch.tensor_split(y, world)[rank]
     opt.zero_grad(set_to_none=False)
     loss = ((ddp(xs) - ys) ** 2).mean(dim=1).sum() * world / GLOBAL_BATCH
