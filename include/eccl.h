@@ -238,6 +238,11 @@ typedef struct {
   uint64_t fastMessagesSent;
   uint64_t fastMessagesReceived;
   uint64_t fastMessagesStale;
+  /* Payload bytes copied into posted receives with the transport's lock released (TCP and shared-memory
+     lanes), and of those, the bytes the progress thread copied from a peer's other lanes while a waiting
+     caller copied one (ECCL_COPY_HELP_BYTES). */
+  uint64_t bytesReadUnlocked;
+  uint64_t bytesCopiedByHelper;
 } ecclCommStats_t;
 ecclResult_t ecclCommGetStats(ecclComm_t comm, ecclCommStats_t* stats);
 

@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 
 #include "common/error.h"
 
@@ -121,6 +122,10 @@ const std::vector<Param>& all() {
       {"ECCL_MAX_UNAUTHENTICATED", "int", "128",
        "Connections each listener (the coordinator's, each member's) holds at once before they prove the job "
        "secret; past it the oldest is dropped. Handshakes run side by side, so none of them delays another."},
+      {"ECCL_COPY_HELP_BYTES", "int", "-1",
+       "A waiting caller that copies at least this many bytes of one lane with the device lock released wakes the "
+       "progress thread to copy the peer's other lanes (ECCL_NSOCKS_PERPEER > 1) beside it. 0: never; -1: 262144 "
+       "on a machine with at least 8 cores, never on a smaller one (where the ranks use every core already)."},
       {"ECCL_PIN_PROGRESS_THREAD", "int", "1",
        "Bind the progress thread to the NUMA node of the chosen NIC (when hwloc knows it)."},
       {"ECCL_HEARTBEAT_MS", "int", "500",
@@ -228,6 +233,11 @@ int64_t shmRingBytes() {
   return v;
 }
 bool checkCalls() { return getInt("ECCL_CHECK_CALLS") != 0; }
+int64_t copyHelpBytes() {
+  const int64_t v = getInt("ECCL_COPY_HELP_BYTES");
+  if (v >= 0) return v;
+  return std::thread::hardware_concurrency() >= 8 ? int64_t{256} << 10 : 0;
+}
 int pinProgressThread() { return static_cast<int>(getInt("ECCL_PIN_PROGRESS_THREAD")); }
 int envRank() { return static_cast<int>(getInt("ECCL_RANK")); }
 int envNranks() { return static_cast<int>(getInt("ECCL_NRANKS")); }

@@ -117,6 +117,7 @@ void Communicator::join(const ecclUniqueId& id, membership::Role role, int rank,
   t.handshakeTimeoutMs = std::min<int64_t>(params::handshakeTimeoutMs(), timeoutMs_);
   t.ifname = params::socketIfname();
   t.pinProgressThread = params::pinProgressThread() != 0;
+  t.copyHelpBytes = params::copyHelpBytes();
   t.spinUs = std::max<int64_t>(0, params::spinUs());
   t.rdmaPollUs = std::max<int64_t>(0, params::ibPollUs());
   t.announceReceives = params::ibAnnounceReceives() != 0;
@@ -330,6 +331,8 @@ void Communicator::fillStats(ecclCommStats_t* out) const {
   s.fastMessagesSent = fast.sent;
   s.fastMessagesReceived = fast.received;
   s.fastMessagesStale = fast.staleDropped;
+  s.bytesReadUnlocked = d.bytesReadUnlocked;
+  s.bytesCopiedByHelper = d.bytesCopiedByHelper;
   std::memcpy(out, &s, std::min(out->size, sizeof(s)));
 }
 

@@ -17,7 +17,11 @@
 
 namespace eccl::transport {
 
-// One lane's byte stream to one peer. Used only under the device lock.
+// One lane's byte stream to one peer. Used under the device lock, except
+// read() of a conduit whose readsBesideCalls() holds: the device then
+// copies a large payload without its lock, so that read may run beside
+// any other call on the same conduit (never beside another read, and the
+// conduit is not destroyed before it returns).
 class Conduit {
  public:
   virtual ~Conduit() = default;
@@ -51,6 +55,9 @@ class Conduit {
   // Reads up to n bytes; > 0: bytes read, 0: the peer closed the stream
   // and everything it sent has been read, -1 with errno (EAGAIN: nothing now).
   virtual ssize_t read(void* into, size_t n) = 0;
+  // Whether read() may run beside the other calls (see above): the read
+  // side's state shares nothing unsynchronised with the write side's.
+  virtual bool readsBesideCalls() const { return false; }
 
   // Called before the device sleeps in poll(): lets the peer's next write
   // (or, with wantSpace, the peer's next read) wake pollFd(). Returns false

@@ -44,6 +44,9 @@ struct DeviceOptions {
   int64_t stripeMinBytes = 256 << 10;
   int64_t handshakeTimeoutMs = 5000;
   bool pinProgressThread = true;
+  // A caller's unlocked copy of this many bytes on a peer with several
+  // lanes wakes the progress thread to copy the others beside it (0: never).
+  int64_t copyHelpBytes = 0;
   int64_t spinUs = 0;  // how long a waiting caller polls before it sleeps
   // How long it goes on polling while an RDMA transfer of its own is in
   // flight (a completion is due: sleeping on the completion channel costs

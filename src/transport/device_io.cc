@@ -13,17 +13,19 @@ void LaneDevice::serviceLanesLocked(bool sockets) {
     if (it == lanesByToken_.end()) continue;  // closed since epoll_wait returned
     Lane& lane = *it->second;
     const bool readable = events[i].events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR);
-    if (readable) lane.conduit->onPollReady();
+    // A lane another thread reads (lock released) is its: it comes back.
+    const bool readHere = readable && !lane.reading;
+    if (readHere) lane.conduit->onPollReady();
     if ((events[i].events & EPOLLOUT) || (readable && !lane.conduit->writableByPoll())) flushLocked(lane);
-    if (lane.token == token && readable) readLocked(lane);
+    if (lane.token == token && readHere) readLocked(lane, /*mayUnlock=*/true);
   }
   // Lanes in memory announce nothing while their peer is awake: look.
   for (size_t i = 0; i < memoryLanes_.size(); ++i) {
     Lane& lane = *memoryLanes_[i];
     const uint64_t token = lane.token;
     if (lane.hasSends()) flushLocked(lane);
-    if (lane.token == token && lane.conduit) readLocked(lane);
-    if (i < memoryLanes_.size() && memoryLanes_[i] != &lane) --i;  // closed meanwhile
+    if (lane.token == token && lane.conduit && !lane.reading) readLocked(lane, /*mayUnlock=*/true);
+    if (i < memoryLanes_.size() && memoryLanes_[i] != &lane) --i;  // closed meanwhile (`lane` may be gone)
   }
 }
 
@@ -31,6 +33,9 @@ void LaneDevice::serviceLanesLocked(bool sockets) {
 // for whatever comes next; false when something is there already.
 bool LaneDevice::armLanesLocked() {
   for (Lane* lane : memoryLanes_) {
+    // Being read by another thread, lock released: its ring may hold more,
+    // which that thread reads next, but nothing rings for it meanwhile.
+    if (lane->reading) return false;
     if (!lane->conduit->armWakeup(lane->wantsRoom())) return false;
     if (lane->bulkHeldBack && !lane->conduit->armBulkWakeup()) return false;
     // armWakeup looks at the completions once more after arming: a
@@ -48,6 +53,10 @@ bool LaneDevice::rdmaInFlightLocked() const {
 
 void LaneDevice::completeLocked(const RequestPtr& r, ecclResult_t code, std::string error) {
   if (r->state.load() != Request::kPending) return;
+  if (r->unlockedReads > 0) {  // a lane writes its buffer now: completed once that read returns
+    if (!r->heldCompletion) r->heldCompletion.emplace(code, std::move(error));
+    return;
+  }
   r->code = code;
   r->error = std::move(error);
   r->state.store(code == ecclSuccess ? Request::kDone : Request::kFailed);
@@ -382,6 +391,13 @@ bool LaneDevice::arrived(MemberId peer, uint64_t seq, uint32_t tag, size_t* byte
 
 void LaneDevice::cancel(const RequestPtr& r, const std::string& reason) {
   MutexLock lock(mu_);
+  cancelLocked(r, reason);
+  // A lane may be copying into the buffer with the lock released (its
+  // read never blocks): the caller may free the buffer once this returns.
+  while (r->unlockedReads > 0) cv_.waitUntil(mu_, Clock::now() + std::chrono::milliseconds(10));
+}
+
+void LaneDevice::cancelLocked(const RequestPtr& r, const std::string& reason) {
   if (r->state.load() != Request::kPending) return;
   auto peer = peers_.find(r->peer);
   if (r->isSend && peer != peers_.end()) {
@@ -501,6 +517,14 @@ bool LaneDevice::driveLocked(const RequestPtr& r, Deadline until) {
       mu_.lock();
       continue;
     }
+    if (unlockedReads_ > 0) {
+      // Another thread copies with the lock released; what it completes
+      // may be ours. It needs the lock back to say so.
+      mu_.unlock();
+      sched_yield();
+      mu_.lock();
+      continue;
+    }
     if (!armLanesLocked()) continue;
     pollfd fds[2] = {{laneEpoll_.get(), POLLIN, 0}, {wakeFd, POLLIN, 0}};
     auto ms = std::chrono::ceil<std::chrono::milliseconds>(until - now).count();
@@ -541,6 +565,7 @@ bool LaneDevice::test(const RequestPtr& r, const std::string& opName) {
 }
 
 void LaneDevice::progressLoop() {
+  t_progressThread = true;
   if (opt_.pinProgressThread)
     for (auto& backend : backends_)
       if (backend->placeThread()) break;
@@ -565,6 +590,12 @@ void LaneDevice::progressLoop() {
     if (!callerOwned_) {
       serviceLanesLocked();
       if (!armLanesLocked()) timeoutMs = 0;
+    } else if (helpWanted_) {
+      // A caller copies one lane: this thread takes the others, and keeps
+      // looking while anyone copies (a striped message's lanes fill together).
+      serviceLanesLocked();
+      helpWanted_ = unlockedReads_ > 0;
+      if (helpWanted_) timeoutMs = 0;
     }
   }
 }
@@ -572,14 +603,22 @@ void LaneDevice::progressLoop() {
 // Small frames arrive through the lane's receive buffer, several per
 // recv(); a large payload is read straight into its destination. A short
 // read means the socket is empty, so no recv() is spent on EAGAIN.
-void LaneDevice::readLocked(Lane& lane) {
+bool LaneDevice::readLocked(Lane& lane, bool mayUnlock) {
   lane.reading = true;
   const uint64_t token = lane.token;
-  readFramesLocked(lane);
+  if (!readFramesLocked(lane, mayUnlock)) {
+    // Closed meanwhile; while the lock was released it may even have been
+    // destroyed (its peer removed) or opened again (a new connection,
+    // a new token): it is touched only if it still exists.
+    if (!mayUnlock || laneExistsLocked(&lane)) lane.reading = false;
+    return false;
+  }
   // Writes cleared by what was read start now, after every frame that came
-  // with them was answered.
-  if (lane.token == token && lane.conduit && lane.zeroCopyHeldBack) flushLocked(lane, /*startWrite=*/true);
+  // with them was answered; so do sends other threads queued while the
+  // lock was released (they start no zero-copy write on a lane being read).
+  if (lane.conduit && (lane.zeroCopyHeldBack || (mayUnlock && lane.hasSends()))) flushLocked(lane, /*startWrite=*/true);
   lane.reading = false;
+  return laneAliveLocked(&lane, token);
 }
 
 // A lane gets up to kReadBudgetPerEvent per pass; once a foreground request
@@ -587,7 +626,7 @@ void LaneDevice::readLocked(Lane& lane) {
 // completion does not wait for megabytes of another transfer (epoll is
 // level-triggered and a lane in memory is looked at every pass: what is
 // left is read next pass).
-void LaneDevice::readFramesLocked(Lane& lane) {
+bool LaneDevice::readFramesLocked(Lane& lane, bool mayUnlock) {
   const uint64_t token = lane.token;
   size_t budget = kReadBudgetPerEvent;
   bool drained = false, readOnce = false;
@@ -598,27 +637,31 @@ void LaneDevice::readFramesLocked(Lane& lane) {
       size_t n = std::min(want, lane.rxEnd - lane.rxBegin);
       if (dst && n) std::memcpy(dst, lane.rxBuffer.get() + lane.rxBegin, n);
       lane.rxBegin += n;
-      if (!advanceLocked(lane, n)) return;
+      if (!advanceLocked(lane, n)) return false;
     }
     lane.rxBegin = lane.rxEnd = 0;
-    if (drained || budget == 0 || (readOnce && foregroundCompleted_)) return;
+    if (drained || budget == 0 || (readOnce && foregroundCompleted_)) return true;
     readOnce = true;
     size_t want;
     uint8_t* dst = rxDestinationLocked(lane, &want);
     const bool direct = lane.rx == Lane::Rx::kPayload && dst && want >= kDirectReadBytes;
     uint8_t* into = direct ? dst : lane.rxBuffer.get();
     const size_t ask = direct ? want : kRxBufferBytes;
-    ssize_t rc = lane.conduit->read(into, ask);
+    RequestPtr pinned = direct && mayUnlock ? unlockedReadTargetLocked(lane) : nullptr;
+    ssize_t rc = pinned ? readUnlocked(lane, pinned, into, ask) : lane.conduit->read(into, ask);
+    // Closed while the lock was released: what was read belongs to no
+    // stream any more (and `lane` may be gone).
+    if (pinned && !laneAliveLocked(&lane, token)) return false;
     if (rc <= 0) {
       const int error = errno;
-      if (rc < 0 && (error == EAGAIN || error == EINTR)) return;
+      if (rc < 0 && (error == EAGAIN || error == EINTR)) return true;
       MemberId remote = lane.key.remote;
       Peer& p = peers_[remote];
       // After our goodbye a peer closes its end instead of answering: orderly.
       if (lane.saidGoodbye || closing_) {
         closeLaneLocked(lane);
         markLeftLocked(p);
-        return;
+        return false;
       }
       std::string failure = rc < 0 ? lane.conduit->failure() : std::string();
       std::string why = rc == 0            ? "closed the connection"
@@ -627,7 +670,7 @@ void LaneDevice::readFramesLocked(Lane& lane) {
       const bool closed = rc == 0 || (failure.empty() && (error == ECONNRESET || error == EPIPE));
       failPeerLocked(remote, ecclRemoteError, fmt::format("peer {} {} (lane {})", p.label, why, lane.key.lane), true,
                      0, closed ? FailureEvidence::kPeerClosed : FailureEvidence::kObserved);
-      return;
+      return false;
     }
     size_t got = static_cast<size_t>(rc);
     stats_.bytesReceived += got;
@@ -636,10 +679,50 @@ void LaneDevice::readFramesLocked(Lane& lane) {
     if (!direct) {
       lane.rxEnd = got;
     } else if (!advanceLocked(lane, got)) {
-      return;
+      return false;
     }
-    if (lane.token != token) return;
+    if (lane.token != token) return false;
   }
+}
+
+// Only a posted receive's own buffer is filled without the lock: its
+// request is pinned (completeLocked holds a completion back, cancel waits)
+// for the read's length. A staged message's buffer belongs to its inbox
+// entry, which may be erased or recycled at any time.
+RequestPtr LaneDevice::unlockedReadTargetLocked(const Lane& lane) {
+  if (!lane.conduit->readsBesideCalls() || lane.frame.type != FrameType::kData || lane.discarding) return nullptr;
+  auto it = inbox_.find(lane.inboxKey);
+  if (it == inbox_.end() || it->second.unexpected || !it->second.request) return nullptr;
+  return it->second.request;
+}
+
+// Copies the payload with the device lock released. Meanwhile the lane is
+// this thread's (Lane::reading), the conduit is kept alive by this
+// reference even if the lane closes, and the receive cannot complete.
+ssize_t LaneDevice::readUnlocked(Lane& lane, const RequestPtr& pinned, uint8_t* into, size_t n) {
+  std::shared_ptr<Conduit> conduit = lane.conduit;
+  if (opt_.copyHelpBytes > 0 && n >= static_cast<uint64_t>(opt_.copyHelpBytes) && callerOwned_ && !helpWanted_ &&
+      !t_progressThread && peers_[lane.key.remote].lanes.size() > 1) {
+    helpWanted_ = true;
+    wakeLoop();
+  }
+  pinned->unlockedReads++;
+  stats_.concurrentUnlockedReads = std::max<uint64_t>(stats_.concurrentUnlockedReads, ++unlockedReads_);
+  mu_.unlock();
+  const ssize_t rc = conduit->read(into, n);
+  const int error = errno;
+  mu_.lock();
+  unlockedReads_--;
+  if (rc > 0) stats_.bytesReadUnlocked += static_cast<uint64_t>(rc);
+  if (rc > 0 && t_progressThread && callerOwned_) stats_.bytesCopiedByHelper += static_cast<uint64_t>(rc);
+  if (--pinned->unlockedReads == 0 && pinned->heldCompletion) {
+    auto [code, why] = std::move(*pinned->heldCompletion);
+    pinned->heldCompletion.reset();
+    completeLocked(pinned, code, std::move(why));
+  }
+  cv_.notifyAll();  // cancel waits for the buffer to be let go
+  errno = error;
+  return rc;
 }
 
 // Where the next bytes of the current frame go (null: skipped) and how many

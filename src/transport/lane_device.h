@@ -59,6 +59,7 @@ class ThreadWakeFd {
 };
 inline thread_local ThreadWakeFd t_wakeFd;
 inline int threadWakeFd() { return t_wakeFd.peek(); }
+inline thread_local bool t_progressThread = false;
 
 constexpr size_t kReadBudgetPerEvent = 8 << 20;  // fairness between sockets
 constexpr size_t kRxBufferBytes = 32 << 10;
@@ -148,7 +149,9 @@ struct InboxKey {
 struct Lane {
   ConnKey key;
   uint64_t token = 0;  // epoll cookie; 0 while unconnected
-  std::unique_ptr<Conduit> conduit;
+  // Shared with a read running without the device lock (readFramesLocked),
+  // which keeps it alive if the lane closes meanwhile.
+  std::shared_ptr<Conduit> conduit;
   // The conduit's slots for the fast path (Conduit::fastChannel), kept
   // after the lane closes: what the peer wrote before it left or failed
   // stays readable, as a whole message it sent before does here.
@@ -156,7 +159,9 @@ struct Lane {
   bool wantOut = false;
   bool saidGoodbye = false;  // the peer's goodbye arrived on this lane
   bool opened = false;       // connected once (it may be closed again)
-  bool reading = false;      // readLocked is parsing this lane (it must not be re-entered)
+  // readLocked is parsing this lane, maybe with the device lock released
+  // around a payload read: nobody else reads it, or arms it for sleep.
+  bool reading = false;
   std::deque<SendItem> sendQueue;
   // Device::isendBulk's frames, none started: one moves to sendQueue when
   // that is empty and the conduit has room for bulk (roomForBulk).
@@ -355,6 +360,7 @@ class LaneDevice final : public Device {
     callMismatchLocked(member, seq, mine, theirs);
   }
   void cancel(const RequestPtr& request, const std::string& reason) override;
+  void cancelLocked(const RequestPtr& request, const std::string& reason) ECCL_REQUIRES(mu_);
   bool arrived(MemberId peer, uint64_t seq, uint32_t tag, size_t* bytes, uint64_t* order) override;
   void abort(const std::string& reason) override;
   void close(Deadline deadline) override;
@@ -491,8 +497,26 @@ class LaneDevice final : public Device {
   void acceptLoop();
   static RequestPtr newRequest(MemberId member, uint64_t seq, bool isSend);
   bool failIfPeerGoneLocked(const RequestPtr& r, Peer& p) ECCL_REQUIRES(mu_);
-  void readLocked(Lane& lane) ECCL_REQUIRES(mu_);
-  void readFramesLocked(Lane& lane) ECCL_REQUIRES(mu_);
+  // mayUnlock: the caller lets the device lock go around a large payload's
+  // read (a pass over the lanes, whose callers hold no state across it).
+  // Both return false when the lane closed or went away meanwhile: the
+  // caller must not touch it again.
+  bool readLocked(Lane& lane, bool mayUnlock = false) ECCL_REQUIRES(mu_);
+  bool readFramesLocked(Lane& lane, bool mayUnlock) ECCL_REQUIRES(mu_);
+  // The posted receive whose user buffer the lane's payload goes to, when
+  // that may be read into without the lock; null otherwise.
+  RequestPtr unlockedReadTargetLocked(const Lane& lane) ECCL_REQUIRES(mu_);
+  ssize_t readUnlocked(Lane& lane, const RequestPtr& pinned, uint8_t* into, size_t n) ECCL_REQUIRES(mu_);
+  bool laneExistsLocked(const Lane* lane) const ECCL_REQUIRES(mu_) {
+    for (auto& [id, peer] : peers_)
+      for (auto& l : peer.lanes)
+        if (l.get() == lane) return true;
+    return false;
+  }
+  bool laneAliveLocked(const Lane* lane, uint64_t token) const ECCL_REQUIRES(mu_) {
+    auto it = lanesByToken_.find(token);
+    return token != 0 && it != lanesByToken_.end() && it->second == lane;
+  }
   uint8_t* rxDestinationLocked(Lane& lane, size_t* want) ECCL_REQUIRES(mu_);
   bool advanceLocked(Lane& lane, size_t got) ECCL_REQUIRES(mu_);
   bool onHeaderLocked(Lane& lane) ECCL_REQUIRES(mu_);
@@ -624,6 +648,10 @@ class LaneDevice final : public Device {
     int exposed;
   };
   std::map<InboxKey, Draining> draining_ ECCL_GUARDED_BY(mu_);
+  int unlockedReads_ ECCL_GUARDED_BY(mu_) = 0;  // lanes being read with mu_ released now
+  // A caller copying a large chunk asked the progress thread to copy the
+  // peer's other lanes beside it (DeviceOptions::copyHelpBytes).
+  bool helpWanted_ ECCL_GUARDED_BY(mu_) = false;
   bool callerOwned_ ECCL_GUARDED_BY(mu_) = false;
   // A request outside the background class completed since this pass over
   // the lanes began: its waiter needs the lock, so every lane still to be

@@ -9,6 +9,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <thread>
 #include <vector>
 
 #include "common/clock.h"
@@ -50,6 +51,15 @@ struct Script {
   uint64_t generation = 0;
   std::atomic<int> struck{0};
   std::atomic<int> swapped{0};  // reorders that put a frame behind the next one (not alone, late)
+  // addSlowRead's: reads that sleep before they read.
+  struct SlowRead {
+    MemberId member;
+    size_t atLeastBytes;
+    int ms;
+    int left;
+  };
+  std::vector<SlowRead> slowReads;
+  std::atomic<int> slowBegun{0}, slowEnded{0};
 };
 Script& script() {
   static Script s;
@@ -141,6 +151,7 @@ class FaultyConduit final : public transport::Conduit {
     inner_->attachedTo(peer, lane);
   }
   std::string failure() const override {
+    std::lock_guard<std::mutex> lock(mu_);
     if (active_ && (active_->kind == FaultKind::kError || active_->kind == FaultKind::kClose))
       return fmt::format("injected fault: {} after {} frames", faultName(active_->kind), active_->afterFrames);
     return inner_->failure();
@@ -153,6 +164,7 @@ class FaultyConduit final : public transport::Conduit {
   bool pollsMemory() const override { return true; }
   void onPollReady() override { inner_->onPollReady(); }
   bool armWakeup(bool wantSpace) override {
+    std::lock_guard<std::mutex> lock(mu_);
     if (flushHeldIfDue() < 0) return false;
     return !faulting() && !reorder_ && inner_->armWakeup(wantSpace);
   }
@@ -161,16 +173,26 @@ class FaultyConduit final : public transport::Conduit {
   bool armBulkWakeup() override { return inner_->armBulkWakeup(); }
   // No zero-copy: every byte goes through write(), where the script reads it.
 
+  // As the inner lane's read: the script's state below is this conduit's
+  // own lock's, which a read holds across the inner read (a write beside
+  // it waits for the copy; the device lock is not held then).
+  bool readsBesideCalls() const override { return inner_->readsBesideCalls(); }
+
   ssize_t read(void* into, size_t n) override {
+    const bool slow = sleepIfSlow(n);
+    std::lock_guard<std::mutex> lock(mu_);
     flushHeldIfDue();  // a failure shows on the next write, or in the inner read
     if (broken()) {
       errno = active_->kind == FaultKind::kClose ? ECONNRESET : EIO;
       return -1;
     }
-    return inner_->read(into, n);
+    const ssize_t rc = inner_->read(into, n);
+    if (slow) script().slowEnded++;
+    return rc;
   }
 
   ssize_t write(const iovec* iov, int count) override {
+    std::lock_guard<std::mutex> lock(mu_);
     pickUp();
     if (broken()) {
       errno = active_->kind == FaultKind::kClose ? EPIPE : EIO;
@@ -208,6 +230,25 @@ class FaultyConduit final : public transport::Conduit {
   }
 
  private:
+  // Outside this conduit's lock: the device's calls on the lane go on.
+  bool sleepIfSlow(size_t n) {
+    Script& s = script();
+    int ms = -1;
+    {
+      std::lock_guard<std::mutex> lock(s.mu);
+      for (auto& r : s.slowReads)
+        if (r.left > 0 && (r.member == kAnyMember || r.member == self_) && n >= r.atLeastBytes) {
+          --r.left;
+          ms = r.ms;
+          break;
+        }
+    }
+    if (ms < 0) return false;
+    s.slowBegun++;
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+    return true;
+  }
+
   bool faulting() const { return active_ && (broken() || Clock::now() < until_); }
   bool broken() const {
     return active_ && (active_->kind == FaultKind::kClose || active_->kind == FaultKind::kError);
@@ -327,6 +368,7 @@ class FaultyConduit final : public transport::Conduit {
     if (*flipAt_ >= written_ && *flipAt_ < written_ + flat_.size()) flat_[*flipAt_ - written_] ^= 0x5a;
   }
 
+  mutable std::mutex mu_;
   std::unique_ptr<transport::Conduit> inner_;
   const MemberId self_;
   MemberId peer_ = kAnyMember;  // until the device attaches the lane
@@ -404,9 +446,39 @@ void clearFaults() {
   Script& s = script();
   std::lock_guard<std::mutex> lock(s.mu);
   for (auto& e : s.rules) e.left = 0;
+  s.slowReads.clear();
 }
 
 int faultsStruck() { return script().struck.load(); }
+
+transport::DeviceOptions faultDeviceOptions(const std::string& backend, int lanes, uint64_t jobId) {
+  registerFaultBackends();
+  transport::DeviceOptions o;
+  o.backends = {backend};
+  o.ringBytes = 64 << 10;
+  o.jobId = o.commId = jobId;
+  o.secret.fill(static_cast<uint8_t>(jobId));
+  o.lanes = lanes;
+  o.ifname = "lo";
+  o.handshakeTimeoutMs = 2000;
+  o.self = 0;
+  return o;
+}
+
+std::vector<uint8_t> patternBytes(size_t bytes, uint32_t seed) {
+  std::vector<uint8_t> v(bytes);
+  for (size_t i = 0; i < bytes; ++i) v[i] = static_cast<uint8_t>(i * 131 + seed);
+  return v;
+}
+
+void addSlowRead(MemberId member, size_t atLeastBytes, int ms, int times) {
+  Script& s = script();
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.slowReads.push_back({member, atLeastBytes, ms, times});
+}
+
+int slowReadsBegun() { return script().slowBegun.load(); }
+int slowReadsEnded() { return script().slowEnded.load(); }
 int framesSwapped() { return script().swapped.load(); }
 
 }  // namespace eccl::test

@@ -12,7 +12,9 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
+#include "transport/device.h"
 #include "transport/transport.h"
 
 namespace eccl::test {
@@ -41,6 +43,12 @@ struct FaultRule {
   int lane = -1;                            // only this lane index (-1: any)
 };
 
+// The options of a device over `backend` (registered first) on loopback,
+// with small rings, as the tests' device pairs use them; self is 0.
+transport::DeviceOptions faultDeviceOptions(const std::string& backend, int lanes, uint64_t jobId);
+// Bytes that differ from one message (seed) to the next.
+std::vector<uint8_t> patternBytes(size_t bytes, uint32_t seed);
+
 // Registers fault-tcp and fault-shm once per process; they behave as tcp
 // and shm until a rule strikes.
 void registerFaultBackends();
@@ -53,5 +61,14 @@ void clearFaults();
 int faultsStruck();
 // How many reorder rules put their frame behind the next one.
 int framesSwapped();
+
+// The next `times` reads of at least `atLeastBytes` on `member`'s lanes
+// (payloads read straight into their receive) sleep `ms` first, outside
+// every lock of the lane: what other threads do while the device copies
+// without its lock is then seen on purpose. clearFaults drops them.
+void addSlowRead(transport::MemberId member, size_t atLeastBytes, int ms, int times = 1);
+// Such reads begun (asleep or reading) and ended so far.
+int slowReadsBegun();
+int slowReadsEnded();
 
 }  // namespace eccl::test

@@ -32,16 +32,7 @@ struct FaultyPair {
   std::string failureAtA, failureAtB;  // outlive the devices, whose threads may still report
   std::unique_ptr<transport::Device> a, b;
   explicit FaultyPair(const std::string& backend, int lanes = 1) {
-    registerFaultBackends();
-    transport::DeviceOptions o;
-    o.backends = {backend};
-    o.ringBytes = 64 << 10;
-    o.jobId = o.commId = 11;
-    o.secret.fill(4);
-    o.lanes = lanes;
-    o.ifname = "lo";
-    o.handshakeTimeoutMs = 2000;
-    o.self = 0;
+    transport::DeviceOptions o = faultDeviceOptions(backend, lanes, 11);
     a = transport::createDevice(o);
     o.self = 1;
     b = transport::createDevice(o);
@@ -61,11 +52,7 @@ struct FaultyPair {
   ~FaultyPair() { clearFaults(); }
 };
 
-std::vector<uint8_t> pattern(size_t bytes, uint32_t seed) {
-  std::vector<uint8_t> v(bytes);
-  for (size_t i = 0; i < bytes; ++i) v[i] = static_cast<uint8_t>(i * 131 + seed);
-  return v;
-}
+std::vector<uint8_t> pattern(size_t bytes, uint32_t seed) { return patternBytes(bytes, seed); }
 
 // One message from a to b, both requests ended before the buffers go.
 struct Exchange {

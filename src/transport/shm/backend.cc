@@ -120,6 +120,10 @@ class ShmConduit final : public Conduit {
     return static_cast<ssize_t>(total);
   }
 
+  // The read side touches only the receive ring, its writer arm and the
+  // doorbell socket (one send), and the two flags below.
+  bool readsBesideCalls() const override { return true; }
+
   ssize_t read(void* into, size_t n) override {
     if (broken_) {
       errno = EIO;
@@ -247,8 +251,10 @@ class ShmConduit final : public Conduit {
   uint64_t handles_ = 0;
   uint64_t writesDone_ = 0;
   std::string writeFailure_;
-  bool broken_ = false;
-  bool peerGone_ = false;
+  // Set by write-side calls and onPollReady, read by read(), which may run
+  // on another thread (readsBesideCalls).
+  std::atomic<bool> broken_{false};
+  std::atomic<bool> peerGone_{false};
 };
 
 }  // namespace

@@ -26,6 +26,8 @@ class TcpConduit final : public Conduit {
     return rc;
   }
 
+  bool readsBesideCalls() const override { return true; }  // recv beside send on one socket
+
   ssize_t read(void* into, size_t n) override {
     ssize_t rc = ::recv(fd_.get(), into, n, MSG_DONTWAIT);
     if (rc < 0 && errno == EINTR) errno = EAGAIN;
