@@ -3,7 +3,7 @@
 # Sourced by pack.sh (what to build and ship) and run.sh (what to run).
 # Binaries are named by the file the bundle holds (bin/ or lib/).
 
-hw_stage_order=(cuda device nccl dispatch gpu_snapshot torch reconfig logs snapshots)
+hw_stage_order=(cuda device nccl dispatch gpu_snapshot torch reconfig logs snapshots copyhelp)
 
 declare -A hw_stage_title=(
   [cuda]="CUDA kernels against their CPU references"
@@ -15,6 +15,7 @@ declare -A hw_stage_title=(
   [reconfig]="reconfiguration: downtime flat in N, migration against full init, preparation interference"
   [logs]="the boundary-send log's tee and replay, two ranks on cores of their own"
   [snapshots]="snapshots beside an allreduce with cores to spare; an eager standby's sandbox recording"
+  [copyhelp]="four TCP lanes a peer: the progress thread copying lanes beside the caller, on and off"
 )
 
 declare -A hw_stage_files=(
@@ -27,6 +28,7 @@ declare -A hw_stage_files=(
   [reconfig]="bin/reconfig_perf bin/eccl-run"
   [logs]="bin/sendrecv_perf bin/log_perf bin/eccl-run"
   [snapshots]="bin/snapshot_perf bin/sandbox_record_perf bin/eccl-run"
+  [copyhelp]="bin/sendrecv_perf bin/eccl-run"
 )
 
 # What a stage needs of the machine: gpu, nccl (a libnccl.so.2), torch (a
@@ -42,13 +44,14 @@ declare -A hw_stage_needs=(
   [reconfig]="cores:12"
   [logs]="cores:4"
   [snapshots]="cores:6"
+  [copyhelp]="cores:8"
 )
 
 # Seconds a stage may take at most; the run as a whole stops starting
 # stages once its own budget is spent.
 declare -A hw_stage_limit=(
   [cuda]=60 [device]=120 [nccl]=150 [dispatch]=75 [gpu_snapshot]=60 [torch]=180 [reconfig]=90 [logs]=60
-  [snapshots]=90
+  [snapshots]=90 [copyhelp]=45
 )
 
 # The CMake target behind a bundle file.

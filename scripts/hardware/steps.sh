@@ -154,3 +154,17 @@ stage_snapshots() {
   step sandbox_record all -- env ECCL_PREPARE=eager "$B/bin/eccl-run" -np 3 --standby 1 --timeout 60 \
     "$B/bin/sandbox_record_perf" "${sandbox[@]}"
 }
+
+# ECCL_COPY_HELP_BYTES off and on, alternating, five rounds: the 2-core
+# development machine cannot tell whether a second thread copying lanes
+# pays (there it cost 0.63-0.90x, four threads on two cores).
+stage_copyhelp() {
+  stage_notes=$(cores_note copyhelp)
+  local i help
+  for i in 1 2 3 4 5; do
+    for help in $([ $((i % 2)) -eq 1 ] && echo "0 262144" || echo "262144 0"); do
+      step "help${help}_$i" all -- env ECCL_TRANSPORT=tcp ECCL_NSOCKS_PERPEER=4 ECCL_COPY_HELP_BYTES=$help \
+        "$B/bin/eccl-run" -np 2 --timeout 20 "$B/bin/sendrecv_perf" -b 1M -e 64M -f 4 -n 20 -w 3
+    done
+  done
+}
