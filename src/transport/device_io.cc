@@ -605,12 +605,14 @@ void LaneDevice::progressLoop() {
 // read means the socket is empty, so no recv() is spent on EAGAIN.
 bool LaneDevice::readLocked(Lane& lane, bool mayUnlock) {
   lane.reading = true;
+  const uint64_t ticket = lane.readTicket = ++readTickets_;
   const uint64_t token = lane.token;
   if (!readFramesLocked(lane, mayUnlock)) {
     // Closed meanwhile; while the lock was released it may even have been
-    // destroyed (its peer removed) or opened again (a new connection,
-    // a new token): it is touched only if it still exists.
-    if (!mayUnlock || laneExistsLocked(&lane)) lane.reading = false;
+    // destroyed (its peer removed; another lane may live at its address
+    // now, read by someone else) or opened again (a new connection, a new
+    // token): it is touched only if it still exists and is still ours.
+    if (!mayUnlock || (laneExistsLocked(&lane) && lane.readTicket == ticket)) lane.reading = false;
     return false;
   }
   // Writes cleared by what was read start now, after every frame that came

@@ -162,6 +162,7 @@ struct Lane {
   // readLocked is parsing this lane, maybe with the device lock released
   // around a payload read: nobody else reads it, or arms it for sleep.
   bool reading = false;
+  uint64_t readTicket = 0;  // which readLocked call set `reading` (LaneDevice::readTickets_)
   std::deque<SendItem> sendQueue;
   // Device::isendBulk's frames, none started: one moves to sendQueue when
   // that is empty and the conduit has room for bulk (roomForBulk).
@@ -648,6 +649,7 @@ class LaneDevice final : public Device {
     int exposed;
   };
   std::map<InboxKey, Draining> draining_ ECCL_GUARDED_BY(mu_);
+  uint64_t readTickets_ ECCL_GUARDED_BY(mu_) = 0;
   int unlockedReads_ ECCL_GUARDED_BY(mu_) = 0;  // lanes being read with mu_ released now
   // A caller copying a large chunk asked the progress thread to copy the
   // peer's other lanes beside it (DeviceOptions::copyHelpBytes).
