@@ -116,6 +116,11 @@ class Conduit {
     return false;
   }
   virtual uint64_t zeroCopyWritesDone() const { return 0; }
+  // Whether writeZeroCopy may run without the device lock, beside the
+  // other calls (never beside another writeZeroCopy): a back end that
+  // copies in the call itself (shared memory's process_vm_writev), where
+  // the copy, not a post, is the time it takes.
+  virtual bool writesZeroCopyBesideCalls() const { return false; }
 
   // Slots for small collective messages beside the lane (fast_channel.h),
   // where the back end has memory both ends map; null otherwise. The same

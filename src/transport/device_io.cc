@@ -25,6 +25,10 @@ void LaneDevice::serviceLanesLocked(bool sockets) {
     const uint64_t token = lane.token;
     if (lane.hasSends()) flushLocked(lane);
     if (lane.token == token && lane.conduit && !lane.reading) readLocked(lane, /*mayUnlock=*/true);
+    // (`lane` may be gone once a copy released the lock: looked up, not touched.)
+    if (laneAliveLocked(&lane, token) && lane.zeroCopyHeldBack && !lane.zeroCopyWriting &&
+        lane.conduit->writesZeroCopyBesideCalls())
+      writeHeldZeroCopyLocked(lane);
     if (i < memoryLanes_.size() && memoryLanes_[i] != &lane) --i;  // closed meanwhile (`lane` may be gone)
   }
 }
@@ -53,7 +57,7 @@ bool LaneDevice::rdmaInFlightLocked() const {
 
 void LaneDevice::completeLocked(const RequestPtr& r, ecclResult_t code, std::string error) {
   if (r->state.load() != Request::kPending) return;
-  if (r->unlockedReads > 0) {  // a lane writes its buffer now: completed once that read returns
+  if (r->unlockedCopies > 0) {  // a lane writes its buffer now: completed once that read returns
     if (!r->heldCompletion) r->heldCompletion.emplace(code, std::move(error));
     return;
   }
@@ -394,7 +398,7 @@ void LaneDevice::cancel(const RequestPtr& r, const std::string& reason) {
   cancelLocked(r, reason);
   // A lane may be copying into the buffer with the lock released (its
   // read never blocks): the caller may free the buffer once this returns.
-  while (r->unlockedReads > 0) cv_.waitUntil(mu_, Clock::now() + std::chrono::milliseconds(10));
+  while (r->unlockedCopies > 0) cv_.waitUntil(mu_, Clock::now() + std::chrono::milliseconds(10));
 }
 
 void LaneDevice::cancelLocked(const RequestPtr& r, const std::string& reason) {
@@ -517,7 +521,7 @@ bool LaneDevice::driveLocked(const RequestPtr& r, Deadline until) {
       mu_.lock();
       continue;
     }
-    if (unlockedReads_ > 0) {
+    if (unlockedCopies_ > 0) {
       // Another thread copies with the lock released; what it completes
       // may be ours. It needs the lock back to say so.
       mu_.unlock();
@@ -594,7 +598,7 @@ void LaneDevice::progressLoop() {
       // A caller copies one lane: this thread takes the others, and keeps
       // looking while anyone copies (a striped message's lanes fill together).
       serviceLanesLocked();
-      helpWanted_ = unlockedReads_ > 0;
+      helpWanted_ = unlockedCopies_ > 0;
       if (helpWanted_) timeoutMs = 0;
     }
   }
@@ -708,23 +712,31 @@ ssize_t LaneDevice::readUnlocked(Lane& lane, const RequestPtr& pinned, uint8_t* 
     helpWanted_ = true;
     wakeLoop();
   }
-  pinned->unlockedReads++;
-  stats_.concurrentUnlockedReads = std::max<uint64_t>(stats_.concurrentUnlockedReads, ++unlockedReads_);
+  pinLocked(pinned);
   mu_.unlock();
   const ssize_t rc = conduit->read(into, n);
   const int error = errno;
   mu_.lock();
-  unlockedReads_--;
   if (rc > 0) stats_.bytesReadUnlocked += static_cast<uint64_t>(rc);
   if (rc > 0 && t_progressThread && callerOwned_) stats_.bytesCopiedByHelper += static_cast<uint64_t>(rc);
-  if (--pinned->unlockedReads == 0 && pinned->heldCompletion) {
-    auto [code, why] = std::move(*pinned->heldCompletion);
-    pinned->heldCompletion.reset();
-    completeLocked(pinned, code, std::move(why));
-  }
-  cv_.notifyAll();  // cancel waits for the buffer to be let go
+  unpinLocked(pinned);
   errno = error;
   return rc;
+}
+
+void LaneDevice::pinLocked(const RequestPtr& r) {
+  if (r) r->unlockedCopies++;
+  stats_.concurrentUnlockedReads = std::max<uint64_t>(stats_.concurrentUnlockedReads, ++unlockedCopies_);
+}
+
+void LaneDevice::unpinLocked(const RequestPtr& r) {
+  unlockedCopies_--;
+  if (r && --r->unlockedCopies == 0 && r->heldCompletion) {
+    auto [code, why] = std::move(*r->heldCompletion);
+    r->heldCompletion.reset();
+    completeLocked(r, code, std::move(why));
+  }
+  cv_.notifyAll();  // cancel waits for the buffer to be let go
 }
 
 // Where the next bytes of the current frame go (null: skipped) and how many

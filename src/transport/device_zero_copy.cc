@@ -119,10 +119,17 @@ void LaneDevice::onClearToSendLocked(Lane& lane) {
 // running together. On an HCA a post is a doorbell, and the next pass posts
 // the next write microseconds later. True when one started.
 bool LaneDevice::startZeroCopyWriteLocked(Lane& lane) {
+  if (lane.zeroCopyWriting) return false;  // another thread's write runs; it looks again after
   lane.zeroCopyHeldBack = false;
   auto next = std::find_if(lane.zeroCopyWrites.begin(), lane.zeroCopyWrites.end(),
                            [](const SendItem& item) { return item.ticket == 0; });
   if (next == lane.zeroCopyWrites.end()) return false;
+  if (lane.conduit->writesZeroCopyBesideCalls()) {
+    // Copied with the lock released, by the next pass over the lanes
+    // (serviceLanesLocked), not inside a flush any post may start.
+    lane.zeroCopyHeldBack = true;
+    return false;
+  }
   SendItem& item = *next;
   const bool tracing = log::threshold() >= log::Level::kTrace;
   const auto posting = tracing ? Clock::now() : Clock::time_point{};
@@ -132,6 +139,11 @@ bool LaneDevice::startZeroCopyWriteLocked(Lane& lane) {
     log::trace("rendezvous: wrote op {:#x} tag {} offset {} ({} B) to {} on lane {} (the post took {} us)",
                item.chunk.seq, item.chunk.tag, item.chunk.offset, item.length, labelLocked(lane.key.remote),
                lane.key.lane, std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - posting).count());
+  zeroCopyWriteStartedLocked(lane, item, std::next(next) != lane.zeroCopyWrites.end());
+  return true;
+}
+
+void LaneDevice::zeroCopyWriteStartedLocked(Lane& lane, SendItem& item, bool more) {
   item.ticket = ++lane.zeroCopyStarted;
   stats_.bytesSent += item.length;
   stats_.zeroCopyChunksSent++;
@@ -144,8 +156,48 @@ bool LaneDevice::startZeroCopyWriteLocked(Lane& lane) {
   } else {
     queueControlLocked(lane, FrameType::kLanded, encodeChunkRef(item.chunk), /*flush=*/false);
   }
-  lane.zeroCopyHeldBack = std::next(next) != lane.zeroCopyWrites.end();
-  return true;
+  lane.zeroCopyHeldBack = more;
+}
+
+// The write is marked under way (ticket kWritingTicket) while the lock is
+// released: nothing reaps it, and no other write on the lane starts
+// (Lane::zeroCopyWriting), so it is the same item when the lock is back.
+// The send is pinned, so its buffer outlives a cancel or a failure meanwhile.
+bool LaneDevice::writeHeldZeroCopyLocked(Lane& lane) {
+  constexpr uint64_t kWritingTicket = ~uint64_t{0};
+  lane.zeroCopyHeldBack = false;
+  auto next = std::find_if(lane.zeroCopyWrites.begin(), lane.zeroCopyWrites.end(),
+                           [](const SendItem& item) { return item.ticket == 0; });
+  if (next == lane.zeroCopyWrites.end()) return true;
+  const uint64_t token = lane.token;
+  std::shared_ptr<Conduit> conduit = lane.conduit;
+  RequestPtr pinned = next->request;
+  const SendItem& item = *next;
+  const uint64_t handle = item.pinned, address = item.chunk.address;
+  const uint8_t* from = item.pinnedFrom;
+  const size_t length = item.length;
+  const uint32_t key = item.chunk.key;
+  next->ticket = kWritingTicket;
+  lane.zeroCopyWriting = true;
+  pinLocked(pinned);
+  mu_.unlock();
+  const bool started = conduit->writeZeroCopy(handle, from, length, address, key);
+  mu_.lock();
+  unpinLocked(pinned);
+  if (!laneAliveLocked(&lane, token)) return false;
+  lane.zeroCopyWriting = false;
+  auto it = std::find_if(lane.zeroCopyWrites.begin(), lane.zeroCopyWrites.end(),
+                         [](const SendItem& i) { return i.ticket == kWritingTicket; });
+  if (it == lane.zeroCopyWrites.end()) return true;  // not expected: the lane kept it
+  if (!started) {
+    it->ticket = 0;  // no room: a completion brings the lane back
+    return true;
+  }
+  stats_.zeroCopyBytesUnlocked += length;
+  const bool more = std::any_of(std::next(it), lane.zeroCopyWrites.end(), [](const SendItem& i) { return i.ticket == 0; });
+  zeroCopyWriteStartedLocked(lane, *it, more);
+  flushLocked(lane);  // its kLanded, or its header
+  return laneAliveLocked(&lane, token);
 }
 
 bool LaneDevice::zeroCopyWriteFinishedLocked(const Lane& lane) const {

@@ -205,6 +205,8 @@ struct Lane {
   // Cleared writes left unstarted by the one-write-per-pass rule
   // (startZeroCopyWriteLocked): the device must come back to them, not sleep.
   bool zeroCopyHeldBack = false;
+  // A zero-copy write runs with the device lock released (writeHeldZeroCopyLocked).
+  bool zeroCopyWriting = false;
   struct Exposure {
     InboxKey key;
     ChunkRef chunk;
@@ -508,6 +510,17 @@ class LaneDevice final : public Device {
   // that may be read into without the lock; null otherwise.
   RequestPtr unlockedReadTargetLocked(const Lane& lane) ECCL_REQUIRES(mu_);
   ssize_t readUnlocked(Lane& lane, const RequestPtr& pinned, uint8_t* into, size_t n) ECCL_REQUIRES(mu_);
+  // The oldest cleared zero-copy write of a lane whose conduit copies it
+  // beside its other calls, with the lock released; false when the lane
+  // closed or went away meanwhile (the caller must not touch it again).
+  bool writeHeldZeroCopyLocked(Lane& lane) ECCL_REQUIRES(mu_);
+  // A request whose buffer is copied with the lock released: completions
+  // are held back meanwhile (completeLocked) and given at the unpin.
+  void pinLocked(const RequestPtr& r) ECCL_REQUIRES(mu_);
+  void unpinLocked(const RequestPtr& r) ECCL_REQUIRES(mu_);
+  // Where the cleared write began (the part of startZeroCopyWriteLocked
+  // after the conduit took it): its ticket, the frame that follows it.
+  void zeroCopyWriteStartedLocked(Lane& lane, SendItem& item, bool more) ECCL_REQUIRES(mu_);
   bool laneExistsLocked(const Lane* lane) const ECCL_REQUIRES(mu_) {
     for (auto& [id, peer] : peers_)
       for (auto& l : peer.lanes)
@@ -650,7 +663,7 @@ class LaneDevice final : public Device {
   };
   std::map<InboxKey, Draining> draining_ ECCL_GUARDED_BY(mu_);
   uint64_t readTickets_ ECCL_GUARDED_BY(mu_) = 0;
-  int unlockedReads_ ECCL_GUARDED_BY(mu_) = 0;  // lanes being read with mu_ released now
+  int unlockedCopies_ ECCL_GUARDED_BY(mu_) = 0;  // copies running with mu_ released now
   // A caller copying a large chunk asked the progress thread to copy the
   // peer's other lanes beside it (DeviceOptions::copyHelpBytes).
   bool helpWanted_ ECCL_GUARDED_BY(mu_) = false;

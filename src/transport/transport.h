@@ -66,11 +66,12 @@ struct Request {
   // Set by a layer above that completes this request itself (the fast
   // path, core/fast_path.h): its own index + 1; 0 for the device's.
   uint32_t fastIndex = 0;
-  // The device's, under its lock: lanes reading into this receive's buffer
-  // with the lock released (Conduit::readsBesideCalls). A completion that
-  // comes meanwhile is held until the last of those reads returned, so the
-  // buffer is never written after its owner heard the receive ended.
-  int unlockedReads = 0;
+  // The device's, under its lock: copies into this receive's buffer (or out
+  // of this send's) running with the lock released (Conduit::readsBesideCalls,
+  // writesZeroCopyBesideCalls). A completion that comes meanwhile is held
+  // until the last of them returned, so a buffer is never touched after its
+  // owner heard the request ended.
+  int unlockedCopies = 0;
   std::optional<std::pair<ecclResult_t, std::string>> heldCompletion;
 };
 using RequestPtr = std::shared_ptr<Request>;
@@ -90,7 +91,8 @@ struct DeviceStats {
   // that ran at once.
   uint64_t bytesReadUnlocked = 0;
   uint64_t concurrentUnlockedReads = 0;
-  uint64_t bytesCopiedByHelper = 0;  // of those, by the progress thread a caller woke (copyHelpBytes)
+  uint64_t bytesCopiedByHelper = 0;
+  uint64_t zeroCopyBytesUnlocked = 0;  // zero-copy chunks written with the device lock released  // of those, by the progress thread a caller woke (copyHelpBytes)
   uint64_t openConnections = 0;  // lanes open now
   // Queue pairs of the lanes opened and closed (Conduit::queuePairs()), and
   // every back end's own count of those it created and destroyed (in-flight

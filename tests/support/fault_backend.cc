@@ -57,8 +57,10 @@ struct Script {
     size_t atLeastBytes;
     int ms;
     int left;
+    bool zeroCopyWrite = false;  // addSlowZeroCopyWrite's
   };
   std::vector<SlowRead> slowReads;
+  std::atomic<bool> zeroCopy{false};  // allowZeroCopy: lanes opened from now on forward it
   std::atomic<int> slowBegun{0}, slowEnded{0};
 };
 Script& script() {
@@ -143,7 +145,8 @@ struct Reorder {
 
 class FaultyConduit final : public transport::Conduit {
  public:
-  FaultyConduit(std::unique_ptr<transport::Conduit> inner, MemberId self) : inner_(std::move(inner)), self_(self) {}
+  FaultyConduit(std::unique_ptr<transport::Conduit> inner, MemberId self)
+      : inner_(std::move(inner)), self_(self), zeroCopy_(script().zeroCopy.load()) {}
   const char* kind() const override { return inner_->kind(); }
   void attachedTo(MemberId peer, uint32_t lane) override {
     peer_ = peer;
@@ -171,7 +174,24 @@ class FaultyConduit final : public transport::Conduit {
   bool seesPeerReads() const override { return inner_->seesPeerReads(); }
   bool roomForBulk() const override { return inner_->roomForBulk(); }
   bool armBulkWakeup() override { return inner_->armBulkWakeup(); }
-  // No zero-copy: every byte goes through write(), where the script reads it.
+  // No zero-copy unless a test allowed it (allowZeroCopy) when the lane
+  // opened: every other byte goes through write(), where the script reads it.
+  size_t zeroCopyMinBytes() const override { return zeroCopy_ ? inner_->zeroCopyMinBytes() : 0; }
+  std::optional<Window> expose(void* buffer, size_t bytes) override {
+    return zeroCopy_ ? inner_->expose(buffer, bytes) : std::nullopt;
+  }
+  uint64_t pin(const void* buffer, size_t bytes) override { return zeroCopy_ ? inner_->pin(buffer, bytes) : 0; }
+  void release(uint64_t handle) override {
+    if (zeroCopy_) inner_->release(handle);
+  }
+  bool writeZeroCopy(uint64_t pinned, const void* buffer, size_t bytes, uint64_t address, uint32_t key) override {
+    const bool slow = sleepIfSlow(bytes, /*zeroCopyWrite=*/true);
+    const bool started = inner_->writeZeroCopy(pinned, buffer, bytes, address, key);
+    if (slow) script().slowEnded++;
+    return started;
+  }
+  uint64_t zeroCopyWritesDone() const override { return inner_->zeroCopyWritesDone(); }
+  bool writesZeroCopyBesideCalls() const override { return inner_->writesZeroCopyBesideCalls(); }
 
   // As the inner lane's read: the script's state below is this conduit's
   // own lock's, which a read holds across the inner read (a write beside
@@ -179,7 +199,7 @@ class FaultyConduit final : public transport::Conduit {
   bool readsBesideCalls() const override { return inner_->readsBesideCalls(); }
 
   ssize_t read(void* into, size_t n) override {
-    const bool slow = sleepIfSlow(n);
+    const bool slow = sleepIfSlow(n, /*zeroCopyWrite=*/false);
     std::lock_guard<std::mutex> lock(mu_);
     flushHeldIfDue();  // a failure shows on the next write, or in the inner read
     if (broken()) {
@@ -231,13 +251,14 @@ class FaultyConduit final : public transport::Conduit {
 
  private:
   // Outside this conduit's lock: the device's calls on the lane go on.
-  bool sleepIfSlow(size_t n) {
+  bool sleepIfSlow(size_t n, bool zeroCopyWrite) {
     Script& s = script();
     int ms = -1;
     {
       std::lock_guard<std::mutex> lock(s.mu);
       for (auto& r : s.slowReads)
-        if (r.left > 0 && (r.member == kAnyMember || r.member == self_) && n >= r.atLeastBytes) {
+        if (r.left > 0 && r.zeroCopyWrite == zeroCopyWrite && (r.member == kAnyMember || r.member == self_) &&
+            n >= r.atLeastBytes) {
           --r.left;
           ms = r.ms;
           break;
@@ -370,6 +391,7 @@ class FaultyConduit final : public transport::Conduit {
 
   mutable std::mutex mu_;
   std::unique_ptr<transport::Conduit> inner_;
+  const bool zeroCopy_;
   const MemberId self_;
   MemberId peer_ = kAnyMember;  // until the device attaches the lane
   int lane_ = -1;
@@ -447,6 +469,7 @@ void clearFaults() {
   std::lock_guard<std::mutex> lock(s.mu);
   for (auto& e : s.rules) e.left = 0;
   s.slowReads.clear();
+  s.zeroCopy = false;
 }
 
 int faultsStruck() { return script().struck.load(); }
@@ -476,6 +499,14 @@ void addSlowRead(MemberId member, size_t atLeastBytes, int ms, int times) {
   std::lock_guard<std::mutex> lock(s.mu);
   s.slowReads.push_back({member, atLeastBytes, ms, times});
 }
+
+void addSlowZeroCopyWrite(MemberId member, int ms, int times) {
+  Script& s = script();
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.slowReads.push_back({member, 0, ms, times, /*zeroCopyWrite=*/true});
+}
+
+void allowZeroCopy(bool on) { script().zeroCopy = on; }
 
 int slowReadsBegun() { return script().slowBegun.load(); }
 int slowReadsEnded() { return script().slowEnded.load(); }

@@ -55,7 +55,8 @@ void registerFaultBackends();
 // Adds a rule (any thread): every lane of the member counts its frames
 // from the moment it first writes after this call.
 void addFault(const FaultRule& rule);
-// Drops every rule not yet used up; lanes in a fault stay in it.
+// Drops every rule not yet used up (and allowZeroCopy); lanes in a fault
+// stay in it.
 void clearFaults();
 // How many times rules struck since the process started.
 int faultsStruck();
@@ -67,7 +68,14 @@ int framesSwapped();
 // every lock of the lane: what other threads do while the device copies
 // without its lock is then seen on purpose. clearFaults drops them.
 void addSlowRead(transport::MemberId member, size_t atLeastBytes, int ms, int times = 1);
-// Such reads begun (asleep or reading) and ended so far.
+// The same for `member`'s zero-copy writes (Conduit::writeZeroCopy: shared
+// memory's process_vm_writev, on lanes opened while allowZeroCopy held).
+void addSlowZeroCopyWrite(transport::MemberId member, int ms, int times = 1);
+// Lanes opened from now on pass zero-copy through to the inner back end
+// (DeviceOptions::shmZeroCopyBytes decides its size); by default they do
+// not, so every byte goes through write(), where the rules see it.
+void allowZeroCopy(bool on);
+// Such reads (and writes) begun (asleep or copying) and ended so far.
 int slowReadsBegun();
 int slowReadsEnded();
 

@@ -27,9 +27,11 @@ constexpr size_t kSlowFrom = 64 << 10;  // only a direct payload read asks this 
 
 struct Pair {
   std::unique_ptr<transport::Device> a, b;  // a sends, b receives
-  explicit Pair(const std::string& backend, int lanes, int64_t copyHelpBytes = 0) {
+  explicit Pair(const std::string& backend, int lanes, int64_t copyHelpBytes = 0, size_t shmZeroCopyBytes = 0) {
     transport::DeviceOptions o = faultDeviceOptions(backend, lanes, 12);
     o.copyHelpBytes = copyHelpBytes;
+    o.shmZeroCopyBytes = shmZeroCopyBytes;
+    allowZeroCopy(shmZeroCopyBytes > 0);
     a = transport::createDevice(o);
     o.self = 1;
     b = transport::createDevice(o);
@@ -202,6 +204,73 @@ TEST_P(LockSplit, TheProgressThreadCopiesTheOtherLanesOfAStripedMessage) {
   EXPECT_EQ(error, "");
   EXPECT_EQ(in, out);
   EXPECT_GE(p.b->stats().bytesCopiedByHelper - before, kSlowFrom);
+}
+
+// Shared memory's zero-copy write (process_vm_writev, the sender's one
+// copy of a large chunk) runs with the sender's lock released too.
+struct HeldZeroCopyWrite {
+  Pair p{"fault-shm", 2, 0, /*shmZeroCopyBytes=*/64 << 10};
+  std::vector<uint8_t> sent = pattern(kBig, 6), got = std::vector<uint8_t>(kBig, 0);
+  RequestPtr recv, send;
+  std::string error;
+  bool writeEndedFirst = false;
+  std::thread sender;
+  int ended = 0;
+  HeldZeroCopyWrite() {
+    warm(p, 2);
+    const int begun = slowReadsBegun();
+    ended = slowReadsEnded();
+    addSlowZeroCopyWrite(0, kSleepMs);
+    recv = p.b->irecv(0, 2, 0, got.data(), got.size());
+    send = p.a->isend(1, 2, 0, sent.data(), sent.size());  // lane 0
+    sender = std::thread([this] {  // watches, drives nothing (as BigReceive)
+      const auto until = Clock::now() + std::chrono::seconds(10);
+      try {
+        while (!p.a->test(send, "big send") && Clock::now() < until)
+          std::this_thread::sleep_for(std::chrono::microseconds(200));
+      } catch (const Error& e) {
+        error = e.what();
+      }
+      writeEndedFirst = slowReadsEnded() > ended;
+    });
+    EXPECT_TRUE(awaitSlowReadBegun(begun)) << "no zero-copy write began";
+  }
+  void join() {
+    sender.join();
+    if (recv->state.load() == Request::kPending) p.b->cancel(recv, "test over");
+  }
+};
+
+TEST(LockSplitZeroCopy, AnotherLaneIsWrittenWhileAZeroCopyWriteRuns) {
+  HeldZeroCopyWrite w;
+  std::vector<uint8_t> out = pattern(4096, 9), in(4096);
+  auto r = w.p.b->irecv(0, 3, 0, in.data(), in.size());
+  auto s = w.p.a->isend(1, 3, 0, out.data(), out.size());  // lane 1
+  w.p.a->wait(s, deadlineAfterMs(5000), "small send");
+  w.p.b->wait(r, deadlineAfterMs(5000), "small recv");
+  EXPECT_EQ(slowReadsEnded(), w.ended) << "the small message waited for the other lane's zero-copy write";
+  EXPECT_EQ(in, out);
+  w.p.b->wait(w.recv, deadlineAfterMs(5000), "big recv");
+  w.join();
+  EXPECT_EQ(w.error, "");
+  EXPECT_EQ(w.got, w.sent);
+  EXPECT_EQ(w.p.a->stats().zeroCopyBytesUnlocked, kBig);
+}
+
+TEST(LockSplitZeroCopy, CancelReturnsOnlyOnceTheWriteLetTheBufferGo) {
+  HeldZeroCopyWrite w;
+  w.p.a->cancel(w.send, "send cancelled by the test");
+  EXPECT_EQ(slowReadsEnded(), w.ended + 1) << "cancel returned while the buffer was still being written from";
+  w.join();
+  EXPECT_NE(w.error.find("send cancelled by the test"), std::string::npos) << w.error;
+}
+
+TEST(LockSplitZeroCopy, APeerRemovedDuringTheWriteEndsTheSendAfterIt) {
+  HeldZeroCopyWrite w;
+  w.p.a->removePeer(1);
+  w.join();
+  EXPECT_NE(w.error.find("not in the new view"), std::string::npos) << w.error;
+  EXPECT_TRUE(w.writeEndedFirst) << "the send ended while its buffer was still being written from";
 }
 
 INSTANTIATE_TEST_SUITE_P(Over, LockSplit, ::testing::Values("fault-tcp", "fault-shm"),

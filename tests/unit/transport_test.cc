@@ -307,6 +307,10 @@ TEST_P(DeviceOverEachBackEnd, LargeChunksMoveZeroCopyOverRdmaAndSharedMemory) {
     EXPECT_EQ(p.a->stats().singleCopyLanes, 2u);  // its ends of both lanes
     EXPECT_EQ(p.a->stats().singleCopyRefused, 0u);
     EXPECT_EQ(p.a->stats().singleCopyBytes, 2 * big.size());
+    // process_vm_writev copies in the call: with the device lock released.
+    EXPECT_EQ(p.a->stats().zeroCopyBytesUnlocked, 2 * big.size());
+  } else {
+    EXPECT_EQ(p.a->stats().zeroCopyBytesUnlocked, 0u);  // a verbs write is a post, done under the lock
   }
   // Small messages keep using the ring.
   int32_t v = 7, w = 0;

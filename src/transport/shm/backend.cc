@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <mutex>
 #include <thread>
 
 #include "common/crypto.h"
@@ -174,12 +175,19 @@ class ShmConduit final : public Conduit {
       broken_ = true;  // the next write() or read() breaks the lane, naming failure()
       return true;
     }
-    ++writesDone_;
+    writesDone_.fetch_add(1, std::memory_order_release);
     counters_->singleCopyBytes.fetch_add(bytes, std::memory_order_relaxed);
     return true;
   }
-  uint64_t zeroCopyWritesDone() const override { return writesDone_; }
-  std::string failure() const override { return writeFailure_; }
+  uint64_t zeroCopyWritesDone() const override { return writesDone_.load(std::memory_order_acquire); }
+  // process_vm_writev copies in the call: the device releases its lock
+  // around it. The write side shares with the others only the atomics and
+  // the failure text (its own lock).
+  bool writesZeroCopyBesideCalls() const override { return true; }
+  std::string failure() const override {
+    std::lock_guard<std::mutex> lock(failureMu_);
+    return writeFailure_;
+  }
 
   std::shared_ptr<FastChannel> fastChannel() override {
     if (!fast_) {
@@ -206,7 +214,8 @@ class ShmConduit final : public Conduit {
     (mayWritePeer_ ? counters_->singleCopyLanes : counters_->singleCopyRefused).fetch_add(1, std::memory_order_relaxed);
     if (!mayWritePeer_)
       log::info("shared memory: this process may not write into process {} ({}); its large chunks go through the ring",
-                peerPid_, writeFailure_.empty() ? "the probe did not land" : writeFailure_);
+                peerPid_, failure().empty() ? "the probe did not land" : failure());
+    std::lock_guard<std::mutex> lock(failureMu_);
     writeFailure_.clear();
   }
 
@@ -218,8 +227,10 @@ class ShmConduit final : public Conduit {
       ssize_t n = process_vm_writev(peerPid_, &local, 1, &remote, 1, 0);
       if (n <= 0) {
         if (n < 0 && errno == EINTR) continue;
+        const int error = errno;
+        std::lock_guard<std::mutex> lock(failureMu_);
         writeFailure_ = fmt::format("process_vm_writev of {} bytes into process {} at {:#x}: {}", bytes - done,
-                                    peerPid_, address + done, n < 0 ? strerror(errno) : "nothing written");
+                                    peerPid_, address + done, n < 0 ? strerror(error) : "nothing written");
         return false;
       }
       done += static_cast<size_t>(n);
@@ -249,7 +260,8 @@ class ShmConduit final : public Conduit {
   pid_t peerPid_ = 0;
   bool mayWritePeer_ = false;
   uint64_t handles_ = 0;
-  uint64_t writesDone_ = 0;
+  std::atomic<uint64_t> writesDone_{0};
+  mutable std::mutex failureMu_;
   std::string writeFailure_;
   // Set by write-side calls and onPollReady, read by read(), which may run
   // on another thread (readsBesideCalls).
