@@ -243,6 +243,9 @@ typedef struct {
      caller copied one (ECCL_COPY_HELP_BYTES). */
   uint64_t bytesReadUnlocked;
   uint64_t bytesCopiedByHelper;
+  /* Shared memory's large chunks written once into the peer (ECCL_SHM_ZERO_COPY_BYTES), with that lock
+     released. */
+  uint64_t zeroCopyBytesUnlocked;
 } ecclCommStats_t;
 ecclResult_t ecclCommGetStats(ecclComm_t comm, ecclCommStats_t* stats);
 

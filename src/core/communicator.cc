@@ -333,6 +333,7 @@ void Communicator::fillStats(ecclCommStats_t* out) const {
   s.fastMessagesStale = fast.staleDropped;
   s.bytesReadUnlocked = d.bytesReadUnlocked;
   s.bytesCopiedByHelper = d.bytesCopiedByHelper;
+  s.zeroCopyBytesUnlocked = d.zeroCopyBytesUnlocked;
   std::memcpy(out, &s, std::min(out->size, sizeof(s)));
 }
 
