@@ -23,12 +23,12 @@ void LaneDevice::serviceLanesLocked(bool sockets) {
   for (size_t i = 0; i < memoryLanes_.size(); ++i) {
     Lane& lane = *memoryLanes_[i];
     const uint64_t token = lane.token;
+    // A cleared zero-copy write the peer waits for goes before the read
+    // (which may copy megabytes in) and after it (what it cleared).
     if (lane.hasSends()) flushLocked(lane);
-    if (lane.token == token && lane.conduit && !lane.reading) readLocked(lane, /*mayUnlock=*/true);
-    // (`lane` may be gone once a copy released the lock: looked up, not touched.)
-    if (laneAliveLocked(&lane, token) && lane.zeroCopyHeldBack && !lane.zeroCopyWriting &&
-        lane.conduit->writesZeroCopyBesideCalls())
-      writeHeldZeroCopyLocked(lane);
+    writeHeldIfDueLocked(&lane, token);
+    if (laneAliveLocked(&lane, token) && lane.conduit && !lane.reading) readLocked(lane, /*mayUnlock=*/true);
+    writeHeldIfDueLocked(&lane, token);
     if (i < memoryLanes_.size() && memoryLanes_[i] != &lane) --i;  // closed meanwhile (`lane` may be gone)
   }
 }
@@ -311,16 +311,29 @@ RequestPtr LaneDevice::postSend(MemberId member, uint64_t seq, uint32_t tag, con
     offset += n;
   } while (offset < len);
   bool waitsForRoom = false;
+  std::vector<uint64_t> heldWrites;  // tokens of lanes with a zero-copy write to do without the lock
   for (size_t i = 0; i < lanes; ++i)
     if (touched & (uint64_t{1} << i)) {
-      flushLocked(*p.lanes[i]);
-      waitsForRoom |= p.lanes[i]->conduit && (p.lanes[i]->wantsRoom() || p.lanes[i]->bulkHeldBack);
+      Lane& lane = *p.lanes[i];
+      flushLocked(lane);
+      waitsForRoom |= lane.conduit && (lane.wantsRoom() || lane.bulkHeldBack);
+      if (lane.conduit && lane.zeroCopyHeldBack && lane.conduit->writesZeroCopyBesideCalls())
+        heldWrites.push_back(lane.token);
     }
   // What did not fit goes when the lane has room. A poster that will not
   // drive the lanes (a background thread, a consumer that tests) leaves
   // that to the progress thread, which armed its lanes before this send
   // existed: wake it to arm them for room, or it sleeps its full timeout.
   if (waitsForRoom && !callerOwned_) wakeLoop();
+  // A write into a receive the peer announced is done here, as the post
+  // did before it was done unlocked: a collective that posts a send and
+  // then reduces must not leave its peer waiting for the copy until its
+  // next wait. Nothing of this post is touched after the lock is let go.
+  for (uint64_t token : heldWrites) {
+    auto it = lanesByToken_.find(token);
+    if (it == lanesByToken_.end()) continue;
+    writeHeldIfDueLocked(it->second, token);
+  }
   return r;
 }
 

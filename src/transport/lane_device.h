@@ -514,6 +514,13 @@ class LaneDevice final : public Device {
   // beside its other calls, with the lock released; false when the lane
   // closed or went away meanwhile (the caller must not touch it again).
   bool writeHeldZeroCopyLocked(Lane& lane) ECCL_REQUIRES(mu_);
+  // The same where one is held back, `lane` being the one of `token` still
+  // (it may be gone once a copy released the lock: looked up first).
+  void writeHeldIfDueLocked(Lane* lane, uint64_t token) ECCL_REQUIRES(mu_) {
+    if (laneAliveLocked(lane, token) && lane->zeroCopyHeldBack && !lane->zeroCopyWriting &&
+        lane->conduit->writesZeroCopyBesideCalls())
+      writeHeldZeroCopyLocked(*lane);
+  }
   // A request whose buffer is copied with the lock released: completions
   // are held back meanwhile (completeLocked) and given at the unpin.
   void pinLocked(const RequestPtr& r) ECCL_REQUIRES(mu_);
