@@ -126,6 +126,10 @@ const std::vector<Param>& all() {
        "A waiting caller that copies at least this many bytes of one lane with the device lock released wakes the "
        "progress thread to copy the peer's other lanes (ECCL_NSOCKS_PERPEER > 1) beside it. 0: never; -1: 262144 "
        "on a machine with at least 8 cores, never on a smaller one (where the ranks use every core already)."},
+      {"ECCL_SHM_UNLOCKED_WRITES", "int", "0",
+       "1: shared memory's single-copy writes (ECCL_SHM_ZERO_COPY_BYTES) run with the transport's lock released, "
+       "so other threads' posts and receives go on beside them; 0: under it. Off by default: 4 ranks on 2 cores "
+       "lost 5-10% of busbw at 16-64 MiB with it (docs/performance.md)."},
       {"ECCL_PIN_PROGRESS_THREAD", "int", "1",
        "Bind the progress thread to the NUMA node of the chosen NIC (when hwloc knows it)."},
       {"ECCL_HEARTBEAT_MS", "int", "500",
@@ -238,6 +242,7 @@ int64_t copyHelpBytes() {
   if (v >= 0) return v;
   return std::thread::hardware_concurrency() >= 8 ? int64_t{256} << 10 : 0;
 }
+bool shmUnlockedWrites() { return getInt("ECCL_SHM_UNLOCKED_WRITES") != 0; }
 int pinProgressThread() { return static_cast<int>(getInt("ECCL_PIN_PROGRESS_THREAD")); }
 int envRank() { return static_cast<int>(getInt("ECCL_RANK")); }
 int envNranks() { return static_cast<int>(getInt("ECCL_NRANKS")); }

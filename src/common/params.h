@@ -37,7 +37,8 @@ int64_t ringSegmentBytes();
 int64_t handshakeTimeoutMs();
 int64_t maxUnauthenticated();
 int pinProgressThread();
-int64_t copyHelpBytes();  // ECCL_COPY_HELP_BYTES, resolved (0: never)
+int64_t copyHelpBytes();
+bool shmUnlockedWrites();  // ECCL_SHM_UNLOCKED_WRITES  // ECCL_COPY_HELP_BYTES, resolved (0: never)
 int64_t spinUs();
 int64_t coordFailoverMs();
 int64_t ibPollUs();

@@ -118,6 +118,7 @@ void Communicator::join(const ecclUniqueId& id, membership::Role role, int rank,
   t.ifname = params::socketIfname();
   t.pinProgressThread = params::pinProgressThread() != 0;
   t.copyHelpBytes = params::copyHelpBytes();
+  t.shmUnlockedWrites = params::shmUnlockedWrites();
   t.spinUs = std::max<int64_t>(0, params::spinUs());
   t.rdmaPollUs = std::max<int64_t>(0, params::ibPollUs());
   t.announceReceives = params::ibAnnounceReceives() != 0;

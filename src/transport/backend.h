@@ -44,6 +44,8 @@ struct BackendOptions {
   // Shared memory: chunks of at least this many bytes are written once,
   // into the receiver's buffer (0: always through the ring).
   size_t shmZeroCopyBytes = 0;
+  // Those writes run without the device lock (Conduit::writesZeroCopyBesideCalls).
+  bool shmUnlockedWrites = false;
 };
 
 class Backend {

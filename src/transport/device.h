@@ -60,6 +60,7 @@ struct DeviceOptions {
   std::string ifname;         // ECCL_SOCKET_IFNAME syntax
   size_t ringBytes = 1 << 20;  // for back ends that buffer in memory, per lane and direction
   size_t shmZeroCopyBytes = 0;  // shared memory: chunks from this size are written once (0: never)
+  bool shmUnlockedWrites = false;  // and without the device lock (ECCL_SHM_UNLOCKED_WRITES)
   // The secret an incoming lane must prove, by the job id its hello names;
   // unset: `secret`, for `jobId` only.
   membership::SecretLookup acceptSecrets;

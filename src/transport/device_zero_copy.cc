@@ -125,8 +125,8 @@ bool LaneDevice::startZeroCopyWriteLocked(Lane& lane) {
                            [](const SendItem& item) { return item.ticket == 0; });
   if (next == lane.zeroCopyWrites.end()) return false;
   if (lane.conduit->writesZeroCopyBesideCalls()) {
-    // Copied with the lock released, by the next pass over the lanes
-    // (serviceLanesLocked), not inside a flush any post may start.
+    // Copied with the lock released, by the post or the next pass over the
+    // lanes (serviceLanesLocked), not inside a flush any post may start.
     lane.zeroCopyHeldBack = true;
     return false;
   }

@@ -671,6 +671,7 @@ class LaneDevice final : public Device {
   std::map<InboxKey, Draining> draining_ ECCL_GUARDED_BY(mu_);
   uint64_t readTickets_ ECCL_GUARDED_BY(mu_) = 0;
   int unlockedCopies_ ECCL_GUARDED_BY(mu_) = 0;  // copies running with mu_ released now
+  int copyWaiters_ ECCL_GUARDED_BY(mu_) = 0;     // cancel calls waiting for one of them to end
   // A caller copying a large chunk asked the progress thread to copy the
   // peer's other lanes beside it (DeviceOptions::copyHelpBytes).
   bool helpWanted_ ECCL_GUARDED_BY(mu_) = false;
@@ -680,6 +681,7 @@ class LaneDevice final : public Device {
   // read in the pass gets one read, not a whole budget (readFramesLocked).
   bool foregroundCompleted_ ECCL_GUARDED_BY(mu_) = false;
   int drivers_ ECCL_GUARDED_BY(mu_) = 0;
+  std::atomic<int> driving_{0};  // drivers_, for the progress thread to look at without the lock
   Clock::time_point leaseUntil_ ECCL_GUARDED_BY(mu_){};
   std::vector<std::pair<std::unique_ptr<uint8_t[]>, size_t>> stagingPool_ ECCL_GUARDED_BY(mu_);
   size_t stagingPoolBytes_ ECCL_GUARDED_BY(mu_) = 0;

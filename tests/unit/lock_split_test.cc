@@ -31,6 +31,7 @@ struct Pair {
     transport::DeviceOptions o = faultDeviceOptions(backend, lanes, 12);
     o.copyHelpBytes = copyHelpBytes;
     o.shmZeroCopyBytes = shmZeroCopyBytes;
+    o.shmUnlockedWrites = true;
     allowZeroCopy(shmZeroCopyBytes > 0);
     a = transport::createDevice(o);
     o.self = 1;

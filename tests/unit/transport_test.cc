@@ -80,6 +80,7 @@ struct Pair {
     o.backends = {backend};
     o.ringBytes = 64 << 10;  // small rings: large messages wrap many times
     o.shmZeroCopyBytes = 64 << 10;  // shared memory's single copy, as ECCL_IB_ZERO_COPY_BYTES over verbs
+    o.shmUnlockedWrites = true;     // and with the device lock released (ECCL_SHM_UNLOCKED_WRITES)
     o.jobId = 5;
     o.commId = 5;
     o.secret.fill(1);

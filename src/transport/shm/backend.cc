@@ -67,7 +67,7 @@ sockaddr_un abstractAddress(const std::string& name, socklen_t* len) {
 class ShmConduit final : public Conduit {
  public:
   ShmConduit(Fd doorbell, Segment segment, uint64_t ringBytes, Ring* tx, Ring* rx, int side, size_t zeroCopyBytes,
-             std::shared_ptr<ShmCounters> counters)
+             bool unlockedWrites, std::shared_ptr<ShmCounters> counters)
       : doorbell_(std::move(doorbell)),
         segment_(std::make_shared<Segment>(std::move(segment))),
         ringBytes_(ringBytes),
@@ -76,6 +76,7 @@ class ShmConduit final : public Conduit {
         page_(crossMemoryPage(*segment_)),
         side_(side),
         zeroCopyBytes_(zeroCopyBytes),
+        unlockedWrites_(unlockedWrites),
         counters_(std::move(counters)) {
     setNonBlocking(doorbell_.get(), true);
     ucred cred{};
@@ -183,7 +184,7 @@ class ShmConduit final : public Conduit {
   // process_vm_writev copies in the call: the device releases its lock
   // around it. The write side shares with the others only the atomics and
   // the failure text (its own lock).
-  bool writesZeroCopyBesideCalls() const override { return true; }
+  bool writesZeroCopyBesideCalls() const override { return unlockedWrites_; }
   std::string failure() const override {
     std::lock_guard<std::mutex> lock(failureMu_);
     return writeFailure_;
@@ -256,6 +257,7 @@ class ShmConduit final : public Conduit {
   CrossMemoryPage* page_;
   int side_;
   size_t zeroCopyBytes_;
+  bool unlockedWrites_;
   std::shared_ptr<ShmCounters> counters_;
   pid_t peerPid_ = 0;
   bool mayWritePeer_ = false;
@@ -348,7 +350,7 @@ std::unique_ptr<Conduit> ShmBackend::openDialed(Fd stream, Deadline deadline, co
   recvAll(stream.get(), &ack, sizeof(ack), deadline, what);
   if (ack != kMappedAck) fail(ecclRemoteError, "{}: malformed shared-memory acknowledgement ({:#x})", what, ack);
   return std::make_unique<ShmConduit>(std::move(stream), std::move(segment), opt_.ringBytes, tx, rx, 0,
-                                      opt_.shmZeroCopyBytes, counters_);
+                                      opt_.shmZeroCopyBytes, opt_.shmUnlockedWrites, counters_);
 }
 
 std::unique_ptr<Conduit> ShmBackend::openAccepted(Fd stream, Deadline deadline, const std::string& what) {
@@ -365,7 +367,7 @@ std::unique_ptr<Conduit> ShmBackend::openAccepted(Fd stream, Deadline deadline, 
   crossMemoryPage(segment)->mappedAt[1].store(reinterpret_cast<uint64_t>(base), std::memory_order_release);
   sendAll(stream.get(), &kMappedAck, sizeof(kMappedAck), deadline, what);
   return std::make_unique<ShmConduit>(std::move(stream), std::move(segment), hello.ringBytes, tx, rx, 1,
-                                      opt_.shmZeroCopyBytes, counters_);
+                                      opt_.shmZeroCopyBytes, opt_.shmUnlockedWrites, counters_);
 }
 
 BackendSpec backendSpec() {
