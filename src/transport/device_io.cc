@@ -512,7 +512,6 @@ bool LaneDevice::driveLocked(const RequestPtr& r, Deadline until) {
   r->driverWakeFd = wakeFd;
   drivers_++;
   driving_.fetch_add(1, std::memory_order_relaxed);
-
   setCallerOwnedLocked(true);
   const auto started = Clock::now();
   const auto spinUntil = started + std::chrono::microseconds(opt_.spinUs);
@@ -560,7 +559,6 @@ bool LaneDevice::driveLocked(const RequestPtr& r, Deadline until) {
   r->driverWakeFd = -1;
   drivers_--;
   driving_.fetch_sub(1, std::memory_order_relaxed);
-
   leaseUntil_ = Clock::now() + std::chrono::milliseconds(kLeaseMs);
   return true;
 }
