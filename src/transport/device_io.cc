@@ -24,11 +24,12 @@ void LaneDevice::serviceLanesLocked(bool sockets) {
     Lane& lane = *memoryLanes_[i];
     const uint64_t token = lane.token;
     // A cleared zero-copy write the peer waits for goes before the read
-    // (which may copy megabytes in) and after it (what it cleared).
+    // (which may copy megabytes in) and after it (what it cleared). Each
+    // step that may release the lock says whether `lane` is still there.
     if (lane.hasSends()) flushLocked(lane);
-    writeHeldIfDueLocked(&lane, token);
-    if (laneAliveLocked(&lane, token) && lane.conduit && !lane.reading) readLocked(lane, /*mayUnlock=*/true);
-    writeHeldIfDueLocked(&lane, token);
+    bool alive = writeHeldIfDueLocked(lane);
+    if (alive && lane.token == token && lane.conduit && !lane.reading) alive = readLocked(lane, /*mayUnlock=*/true);
+    if (alive) writeHeldIfDueLocked(lane);
     if (i < memoryLanes_.size() && memoryLanes_[i] != &lane) --i;  // closed meanwhile (`lane` may be gone)
   }
 }
@@ -331,8 +332,7 @@ RequestPtr LaneDevice::postSend(MemberId member, uint64_t seq, uint32_t tag, con
   // next wait. Nothing of this post is touched after the lock is let go.
   for (uint64_t token : heldWrites) {
     auto it = lanesByToken_.find(token);
-    if (it == lanesByToken_.end()) continue;
-    writeHeldIfDueLocked(it->second, token);
+    if (it != lanesByToken_.end()) writeHeldIfDueLocked(*it->second);
   }
   return r;
 }
@@ -653,7 +653,7 @@ bool LaneDevice::readLocked(Lane& lane, bool mayUnlock) {
   // lock was released (they start no zero-copy write on a lane being read).
   if (lane.conduit && (lane.zeroCopyHeldBack || (mayUnlock && lane.hasSends()))) flushLocked(lane, /*startWrite=*/true);
   lane.reading = false;
-  return laneAliveLocked(&lane, token);
+  return lane.token == token;  // no lock let go since readFramesLocked: `lane` exists
 }
 
 // A lane gets up to kReadBudgetPerEvent per pass; once a foreground request
@@ -741,21 +741,15 @@ ssize_t LaneDevice::readUnlocked(Lane& lane, const RequestPtr& pinned, uint8_t* 
     helpWanted_ = true;
     wakeLoop();
   }
-  pinLocked(pinned);
-  mu_.unlock();
-  const ssize_t rc = conduit->read(into, n);
-  const int error = errno;
-  mu_.lock();
+  const ssize_t rc = copyWithLockReleased(pinned, [&] { return conduit->read(into, n); });
   if (rc > 0) stats_.bytesReadUnlocked += static_cast<uint64_t>(rc);
   if (rc > 0 && t_progressThread && callerOwned_) stats_.bytesCopiedByHelper += static_cast<uint64_t>(rc);
-  unpinLocked(pinned);
-  errno = error;
   return rc;
 }
 
 void LaneDevice::pinLocked(const RequestPtr& r) {
   if (r) r->unlockedCopies++;
-  stats_.concurrentUnlockedReads = std::max<uint64_t>(stats_.concurrentUnlockedReads, ++unlockedCopies_);
+  unlockedCopies_++;
 }
 
 void LaneDevice::unpinLocked(const RequestPtr& r) {

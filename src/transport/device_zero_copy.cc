@@ -179,11 +179,8 @@ bool LaneDevice::writeHeldZeroCopyLocked(Lane& lane) {
   const uint32_t key = item.chunk.key;
   next->ticket = kWritingTicket;
   lane.zeroCopyWriting = true;
-  pinLocked(pinned);
-  mu_.unlock();
-  const bool started = conduit->writeZeroCopy(handle, from, length, address, key);
-  mu_.lock();
-  unpinLocked(pinned);
+  const bool started =
+      copyWithLockReleased(pinned, [&] { return conduit->writeZeroCopy(handle, from, length, address, key); });
   if (!laneAliveLocked(&lane, token)) return false;
   lane.zeroCopyWriting = false;
   auto it = std::find_if(lane.zeroCopyWrites.begin(), lane.zeroCopyWrites.end(),
@@ -197,7 +194,7 @@ bool LaneDevice::writeHeldZeroCopyLocked(Lane& lane) {
   const bool more = std::any_of(std::next(it), lane.zeroCopyWrites.end(), [](const SendItem& i) { return i.ticket == 0; });
   zeroCopyWriteStartedLocked(lane, *it, more);
   flushLocked(lane);  // its kLanded, or its header
-  return laneAliveLocked(&lane, token);
+  return lane.token == token;
 }
 
 bool LaneDevice::zeroCopyWriteFinishedLocked(const Lane& lane) const {

@@ -514,15 +514,26 @@ class LaneDevice final : public Device {
   // beside its other calls, with the lock released; false when the lane
   // closed or went away meanwhile (the caller must not touch it again).
   bool writeHeldZeroCopyLocked(Lane& lane) ECCL_REQUIRES(mu_);
-  // The same where one is held back, `lane` being the one of `token` still
-  // (it may be gone once a copy released the lock: looked up first).
-  void writeHeldIfDueLocked(Lane* lane, uint64_t token) ECCL_REQUIRES(mu_) {
-    if (laneAliveLocked(lane, token) && lane->zeroCopyHeldBack && !lane->zeroCopyWriting &&
-        lane->conduit->writesZeroCopyBesideCalls())
-      writeHeldZeroCopyLocked(*lane);
+  // The same where one is held back; false as above.
+  bool writeHeldIfDueLocked(Lane& lane) ECCL_REQUIRES(mu_) {
+    if (!lane.zeroCopyHeldBack || lane.zeroCopyWriting || !lane.conduit || !lane.conduit->writesZeroCopyBesideCalls())
+      return true;
+    return writeHeldZeroCopyLocked(lane);
   }
-  // A request whose buffer is copied with the lock released: completions
-  // are held back meanwhile (completeLocked) and given at the unpin.
+  // Runs `copy` (touching nothing the lock guards) with the lock released
+  // and `pinned`'s completions held back meanwhile (completeLocked; given
+  // at the unpin); errno as `copy` left it.
+  template <class Copy>
+  auto copyWithLockReleased(const RequestPtr& pinned, Copy&& copy) ECCL_REQUIRES(mu_) {
+    pinLocked(pinned);
+    mu_.unlock();
+    auto result = copy();
+    const int error = errno;
+    mu_.lock();
+    unpinLocked(pinned);
+    errno = error;
+    return result;
+  }
   void pinLocked(const RequestPtr& r) ECCL_REQUIRES(mu_);
   void unpinLocked(const RequestPtr& r) ECCL_REQUIRES(mu_);
   // Where the cleared write began (the part of startZeroCopyWriteLocked

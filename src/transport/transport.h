@@ -87,10 +87,8 @@ struct DeviceStats {
   uint64_t bytesSent = 0;
   uint64_t bytesReceived = 0;
   // Of those, payload read straight into a posted receive with the device
-  // lock released (Conduit::readsBesideCalls), and the most such reads
-  // that ran at once.
+  // lock released (Conduit::readsBesideCalls).
   uint64_t bytesReadUnlocked = 0;
-  uint64_t concurrentUnlockedReads = 0;
   uint64_t bytesCopiedByHelper = 0;
   uint64_t zeroCopyBytesUnlocked = 0;  // zero-copy chunks written with the device lock released  // of those, by the progress thread a caller woke (copyHelpBytes)
   uint64_t openConnections = 0;  // lanes open now

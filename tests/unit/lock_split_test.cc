@@ -64,6 +64,18 @@ bool awaitSlowReadBegun(int before) {
   return slowReadsBegun() > before;
 }
 
+// Polls the request with test(), which drives nothing, until it ends (10 s
+// at most); what it failed with, empty when it completed.
+std::string watch(transport::Device& d, const RequestPtr& r, const char* what) {
+  const auto until = Clock::now() + std::chrono::seconds(10);
+  try {
+    while (!d.test(r, what) && Clock::now() < until) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return {};
+}
+
 // The big message's receive, watched from its own thread by test(), which
 // drives nothing: the progress thread does the slow read, so the receive's
 // end is seen as soon as the device says it, not when a driving waiter's
@@ -78,13 +90,7 @@ struct BigReceive {
     recv = p.b->irecv(0, seq, 0, got.data(), got.size());  // posted first: its buffer is the target
     send = p.a->isend(1, seq, 0, sent.data(), sent.size());
     waiter = std::thread([this, &p, ended = slowReadsEnded()] {
-      const auto until = Clock::now() + std::chrono::seconds(10);
-      try {
-        while (!p.b->test(recv, "big recv") && Clock::now() < until)
-          std::this_thread::sleep_for(std::chrono::microseconds(200));
-      } catch (const Error& e) {
-        error = e.what();
-      }
+      error = watch(*p.b, recv, "big recv");
       readEndedFirst = slowReadsEnded() > ended;
     });
   }
@@ -224,14 +230,8 @@ struct HeldZeroCopyWrite {
     addSlowZeroCopyWrite(0, kSleepMs);
     recv = p.b->irecv(0, 2, 0, got.data(), got.size());
     send = p.a->isend(1, 2, 0, sent.data(), sent.size());  // lane 0
-    sender = std::thread([this] {  // watches, drives nothing (as BigReceive)
-      const auto until = Clock::now() + std::chrono::seconds(10);
-      try {
-        while (!p.a->test(send, "big send") && Clock::now() < until)
-          std::this_thread::sleep_for(std::chrono::microseconds(200));
-      } catch (const Error& e) {
-        error = e.what();
-      }
+    sender = std::thread([this] {
+      error = watch(*p.a, send, "big send");
       writeEndedFirst = slowReadsEnded() > ended;
     });
     EXPECT_TRUE(awaitSlowReadBegun(begun)) << "no zero-copy write began";
