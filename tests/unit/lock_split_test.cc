@@ -22,6 +22,10 @@ using transport::Request;
 using transport::RequestPtr;
 
 constexpr int kSleepMs = 400;
+// Where the test asserts what happened meanwhile: long enough for that to
+// happen on a loaded machine (under ASan beside the main job, a small
+// exchange once took longer than 400 ms).
+constexpr int kLongSleepMs = 3000;
 constexpr size_t kBig = 192 << 10;       // one frame: below the stripe threshold (256 KiB)
 constexpr size_t kSlowFrom = 64 << 10;  // only a direct payload read asks this much
 
@@ -120,7 +124,7 @@ TEST_P(LockSplit, AnotherLaneIsReadWhileOneCopiesWithoutTheLock) {
   Pair p(GetParam(), 2);
   warm(p, 2);
   const int begun = slowReadsBegun(), ended = slowReadsEnded();
-  addSlowRead(1, kSlowFrom, kSleepMs);
+  addSlowRead(1, kSlowFrom, kLongSleepMs);
   const auto before = p.b->stats().bytesReadUnlocked;
   BigReceive big(p, 2);  // on lane 0 (lane 1 had the last warm-up message)
   ASSERT_TRUE(awaitSlowReadBegun(begun));
@@ -189,7 +193,7 @@ TEST_P(LockSplit, TheProgressThreadCopiesTheOtherLanesOfAStripedMessage) {
   Pair p(GetParam(), 2, /*copyHelpBytes=*/64 << 10);
   warm(p, 2);
   const int begun = slowReadsBegun();
-  addSlowRead(1, kSlowFrom, kSleepMs);
+  addSlowRead(1, kSlowFrom, kLongSleepMs);
   const size_t bytes = 2 << 20;  // 1 MiB a lane
   std::vector<uint8_t> out = pattern(bytes, 5), in(bytes);
   auto r = p.b->irecv(0, 2, 0, in.data(), in.size());
@@ -227,7 +231,7 @@ struct HeldZeroCopyWrite {
     warm(p, 2);
     const int begun = slowReadsBegun();
     ended = slowReadsEnded();
-    addSlowZeroCopyWrite(0, kSleepMs);
+    addSlowZeroCopyWrite(0, kLongSleepMs);
     recv = p.b->irecv(0, 2, 0, got.data(), got.size());
     send = p.a->isend(1, 2, 0, sent.data(), sent.size());  // lane 0
     sender = std::thread([this] {
