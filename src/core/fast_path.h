@@ -78,6 +78,7 @@ class FastPath {
   static transport::RequestPtr handle(Op& op) { return transport::RequestPtr(std::shared_ptr<void>(), &op.request); }
   // Writes pending sends, drains the channels pending receives read from.
   void progress();
+  void trySend(Op& op);  // completes it when a slot is free
   void drain(transport::FastChannel& channel, transport::MemberId member);
   void deliver(Op& op, const transport::FastChannel::Header& header, const uint8_t* data);
   void finish(Op& op, ecclResult_t code, std::string error);

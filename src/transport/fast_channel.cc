@@ -16,10 +16,13 @@ namespace eccl::transport {
 // The header takes the first 48 bytes of a cache line and the payload
 // follows at once, so a message of up to 16 bytes (an 8-byte allreduce)
 // travels in the flag's own line: the reader misses once, not twice. The
-// flag is the first word, stored last by the producer, cleared by the
-// consumer.
+// flag is the first word, stored last by the producer: the message's
+// position + 1, so a slot's next message has a flag its last one never
+// had and nobody clears it (the consumer's store into that line, and the
+// producer's load of it to see that it is free, each cost the other side
+// a transfer: 8 B allreduce at 2 ranks 0.50 us with both, 0.30 without).
 struct FastChannel::Slot {
-  alignas(64) std::atomic<uint64_t> flag;  // 0: free; else the message's position + 1
+  alignas(64) std::atomic<uint64_t> flag;  // the last message's position + 1; 0: none yet
   uint64_t seq;
   uint32_t epoch;
   uint32_t tag;
@@ -29,11 +32,15 @@ struct FastChannel::Slot {
   uint8_t payload[kPayloadBytes];
 };
 
-// One line before each direction's slots: the reader's word that it sleeps,
-// and the futex it sleeps on.
+// Two lines before each direction's slots: the reader's word that it
+// sleeps and the futex it sleeps on (read by the producer on every
+// message, written by the reader only when it sleeps), and how many
+// messages the reader has taken (written on every message, read by the
+// producer only when the slots it knows to be free are used up).
 struct FastChannel::Doorbell {
   alignas(64) std::atomic<uint32_t> sleeping;
   std::atomic<uint32_t> rung;
+  alignas(64) std::atomic<uint64_t> consumed;
 };
 
 FastChannel::Doorbell* FastChannel::doorbell(void* base) { return static_cast<Doorbell*>(base); }
@@ -47,6 +54,7 @@ size_t FastChannel::footprint() {
 void FastChannel::create(void* memory) {
   new (&doorbell(memory)->sleeping) std::atomic<uint32_t>(0);
   new (&doorbell(memory)->rung) std::atomic<uint32_t>(0);
+  new (&doorbell(memory)->consumed) std::atomic<uint64_t>(0);
   auto* slots = reinterpret_cast<Slot*>(static_cast<unsigned char*>(memory) + sizeof(Doorbell));
   for (size_t i = 0; i < kSlots; ++i) new (&slots[i].flag) std::atomic<uint64_t>(0);
 }
@@ -66,8 +74,13 @@ FastChannel::Slot* FastChannel::slot(void* base, uint64_t position) const {
 bool FastChannel::trySend(const Header& header, const void* data) {
   if (header.bytes > kPayloadBytes)
     fail(ecclInternalError, "fast channel: a message of {} bytes does not fit a slot of {}", header.bytes, kPayloadBytes);
+  if (sent_ - peerConsumed_ >= kSlots) {
+    // A count past what was sent is a broken peer's: believed only up to
+    // what it can have taken.
+    peerConsumed_ = std::min(doorbell(tx_)->consumed.load(std::memory_order_acquire), sent_);
+    if (sent_ - peerConsumed_ >= kSlots) return false;
+  }
   Slot* s = slot(tx_, sent_);
-  if (s->flag.load(std::memory_order_acquire) != 0) return false;
   s->seq = header.seq;
   s->epoch = header.epoch;
   s->tag = header.tag;
@@ -115,8 +128,8 @@ const FastChannel::Message* FastChannel::peek() {
 void FastChannel::pop() {
   if (!peeked_) return;
   peeked_ = false;
-  slot(rx_, received_)->flag.store(0, std::memory_order_release);
   ++received_;
+  doorbell(rx_)->consumed.store(received_, std::memory_order_release);
 }
 
 bool FastChannel::closed() const { return closed_(); }

@@ -2,11 +2,13 @@
 // beside a lane (the shared-memory back end gives each lane a pair, one per
 // direction). The models are Open MPI's vader fast boxes and NCCL's LL
 // protocol: the producer copies the payload into a free slot and then
-// stores the header's flag with release order, in the header's own cache
-// line, so a consumer polling that one line sees a whole message; the
-// consumer copies it out and clears the flag, which frees the slot. No
-// lock, no allocation, no system call on the way while the reader polls;
-// a reader that has polled long enough sleeps on a futex word beside the
+// stores the header's flag (the message's position + 1) with release
+// order, in the header's own cache line, so a consumer polling that one
+// line sees a whole message; the consumer copies it out and counts it on
+// a line of its own, which the producer reads only when the slots it
+// knows to be free are used up. No lock, no allocation, no system call on
+// the way while the reader polls; a reader that has polled long enough
+// sleeps on a futex word beside the
 // slots, and the writer wakes it (a locked store and a load per message).
 //
 // A slot carries what the device's frames carry for a collective: the view
@@ -85,6 +87,7 @@ class FastChannel {
   std::function<bool()> framesWaiting_;
   uint64_t sent_ = 0;      // messages written so far
   uint64_t received_ = 0;  // messages read so far
+  uint64_t peerConsumed_ = 0;  // messages the reader had taken when last looked at
   bool peeked_ = false;
   Message head_{};
 };

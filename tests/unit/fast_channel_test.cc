@@ -99,8 +99,8 @@ TEST(FastChannel, APeersMalformedHeaderReadsAsAnOversizedMessage) {
   Pair p;
   ASSERT_TRUE(p.a->trySend(header(1, 1, 8), "12345678"));
   // Corrupt the length in shared memory as a broken peer would.
-  // A 64-byte doorbell line, then the slots.
-  constexpr size_t kDoorbellBytes = 64;
+  // Two 64-byte doorbell lines, then the slots.
+  constexpr size_t kDoorbellBytes = 128;
   const size_t slotBytes = (FastChannel::footprint() - kDoorbellBytes) / FastChannel::kSlots;
   auto* words = reinterpret_cast<uint32_t*>(static_cast<uint8_t*>(p.memory.get()) + kDoorbellBytes);
   words[6] = 1u << 30;  // the slot's `bytes` field: after flag (8), seq (8), epoch, tag

@@ -21,7 +21,7 @@
 namespace eccl::transport::shm {
 namespace {
 
-constexpr uint64_t kSegmentMagic = 0x4d48534c43434348ull;  // "ECCLSHM" + version 4 (payload in the slot header's line)
+constexpr uint64_t kSegmentMagic = 0x4d48534c43434349ull;  // "ECCLSHM" + version 5 (fast slots never cleared)
 
 struct SegmentAnnouncement {
   uint64_t magic;
