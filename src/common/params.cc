@@ -39,9 +39,9 @@ const std::vector<Param>& all() {
        "When a member loses the coordinator, how long it looks for a successor at the addresses the job's id names "
        "(replicated coordinators: eccl-run --etcd, which sets it, or ecclcoord serve --etcd) before the loss is "
        "final; it resumes with the one that leads, keeping its id and rank. 0: a lost coordinator is final at once."},
-      {"ECCL_SPIN_US", "int", "20",
-       "How long a caller waiting on a message polls its peer's sockets before it sleeps in poll(), "
-       "in microseconds."},
+      {"ECCL_SPIN_US", "int", "200",
+       "How long a caller waiting on a message polls its peer's sockets or slots, yielding the core "
+       "between looks, before it sleeps, in microseconds."},
       {"ECCL_CHECK_CALLS", "int", "1",
        "Every message carries its call's signature (collective, type, op, root, count; send/recv: type "
        "and count) and ranks that disagree get ecclInvalidUsage naming both calls. 0 turns the check off."},
