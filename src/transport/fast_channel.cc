@@ -75,9 +75,11 @@ bool FastChannel::trySend(const Header& header, const void* data) {
   if (header.bytes > kPayloadBytes)
     fail(ecclInternalError, "fast channel: a message of {} bytes does not fit a slot of {}", header.bytes, kPayloadBytes);
   if (sent_ - peerConsumed_ >= kSlots) {
-    // A count past what was sent is a broken peer's: believed only up to
-    // what it can have taken.
-    peerConsumed_ = std::min(doorbell(tx_)->consumed.load(std::memory_order_acquire), sent_);
+    // A count past what was sent, or one that went back, is a broken
+    // peer's: not believed (the slots stay full, the send runs into its
+    // deadline and names the peer).
+    const uint64_t consumed = doorbell(tx_)->consumed.load(std::memory_order_acquire);
+    if (consumed <= sent_ && consumed > peerConsumed_) peerConsumed_ = consumed;
     if (sent_ - peerConsumed_ >= kSlots) return false;
   }
   Slot* s = slot(tx_, sent_);

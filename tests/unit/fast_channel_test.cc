@@ -118,6 +118,23 @@ TEST(FastChannel, APeersMalformedHeaderReadsAsAnOversizedMessage) {
   EXPECT_GT(m->header.bytes, FastChannel::kPayloadBytes);
 }
 
+// The reader's count of what it took is the peer's word too: a count past
+// what was sent never frees a slot it has not read.
+TEST(FastChannel, APeersCountPastWhatWasSentFreesNothing) {
+  Pair p;
+  for (size_t i = 0; i < FastChannel::kSlots; ++i) ASSERT_TRUE(p.a->trySend(header(i, 1, 8), "12345678")) << i;
+  // The count sits on the second doorbell line of the direction it counts.
+  auto* consumed = reinterpret_cast<std::atomic<uint64_t>*>(static_cast<uint8_t*>(p.memory.get()) + 64);
+  consumed->store(FastChannel::kSlots + 5);
+  EXPECT_FALSE(p.a->trySend(header(16, 1, 8), "12345678")) << "an unread slot was overwritten";
+  consumed->store(0);
+  EXPECT_FALSE(p.a->trySend(header(16, 1, 8), "12345678"));
+  p.b->peek();
+  p.b->pop();  // an honest count: one slot free
+  EXPECT_TRUE(p.a->trySend(header(16, 1, 8), "12345678"));
+  EXPECT_FALSE(p.a->trySend(header(17, 1, 8), "12345678"));
+}
+
 // A reader asleep on the doorbell wakes when the message comes, long
 // before its deadline; with nothing coming it wakes at the deadline.
 TEST(FastChannel, ASleepingReaderWakesWhenTheMessageComes) {
