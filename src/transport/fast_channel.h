@@ -8,8 +8,8 @@
 // a line of its own, which the producer reads only when the slots it
 // knows to be free are used up. No lock, no allocation, no system call on
 // the way while the reader polls; a reader that has polled long enough
-// sleeps on a futex word beside the
-// slots, and the writer wakes it (a locked store and a load per message).
+// sleeps on a futex word beside the slots, and the writer wakes it (a
+// locked store and a load per message).
 //
 // A slot carries what the device's frames carry for a collective: the view
 // (epoch), the op, the tag and the call's signature, so the layer above
