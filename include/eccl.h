@@ -246,6 +246,12 @@ typedef struct {
   /* Shared memory's large chunks written once into the peer (ECCL_SHM_ZERO_COPY_BYTES), with that lock
      released. */
   uint64_t zeroCopyBytesUnlocked;
+  /* Shared memory, ECCL_SHM_DIRECT_BYTES: collectives (allreduce, reduce-scatter, all-gather,
+     broadcast) that read their peers' buffers where they lie, the bytes this member read that way,
+     and lanes whose peer's memory it may read. */
+  uint64_t directCollectives;
+  uint64_t peerBytesRead;
+  uint64_t peerReadLanes;
 } ecclCommStats_t;
 ecclResult_t ecclCommGetStats(ecclComm_t comm, ecclCommStats_t* stats);
 

@@ -69,6 +69,16 @@ class RingAllGather {
 
 void allreduceRing(Links& links, const void* in, void* out, size_t count, ecclDataType_t type,
                    ecclRedOp_t op);
+// Same host, every peer readable (Links::readsEveryPeer, coll/direct.h):
+// the peers' buffers are read where they lie, the reductions piece by
+// piece through a cache-sized buffer, in rank order. Small messages hold
+// the peers in the op. Where some rank may not read every peer, every rank
+// returns false having moved nothing (the caller runs another algorithm).
+bool allreduceDirect(Links& links, const void* in, void* out, size_t count, ecclDataType_t type, ecclRedOp_t op);
+bool reduceScatterDirect(Links& links, const void* in, void* out, size_t recvCount, ecclDataType_t type,
+                         ecclRedOp_t op);
+bool allGatherDirect(Links& links, const void* in, void* out, size_t bytes);
+bool broadcastDirect(Links& links, const void* in, void* out, size_t bytes, int root);
 // Half the tree's hops, but log2(n) partners per rank: not among
 // latencyPeers, so they connect on first use (ECCL_ALLREDUCE_SMALL_ALGO).
 void allreduceRecursiveDoubling(Links& links, const void* in, void* out, size_t count,

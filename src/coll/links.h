@@ -28,6 +28,13 @@ class Links {
   // as a large share of a big allreduce). Slots do not alias each other;
   // the memory is valid until the op ends.
   virtual uint8_t* scratch(int slot, size_t bytes) = 0;
+  // Same host: whether this process may read every peer's memory where it
+  // lies (readPeer), as decided for each peer when its lane opened.
+  virtual bool readsEveryPeer() { return false; }
+  // Copies `bytes` at `address` in `peer`'s memory into `into`. The peer
+  // must be held inside the op by messages while it is read; throws
+  // eccl::Error naming the op and the peer when the read fails.
+  virtual void readPeer(int peer, uint64_t address, void* into, size_t bytes);
 
   void waitAll(std::vector<RequestPtr>& requests) {
     for (auto& r : requests) wait(r);

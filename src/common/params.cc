@@ -80,6 +80,17 @@ const std::vector<Param>& all() {
        "Shared memory: a collective's messages of at most this many bytes (4096 at most) go through slots "
        "beside the lane, polled by the receiver, instead of as frames through the ring and the device: the "
        "latency of small collectives. 0: every message takes the ring."},
+      {"ECCL_SHM_DIRECT_BYTES", "int", "32768",
+       "Shared memory: an allreduce of at least this many bytes (at 2 ranks 4 times as many; a broadcast, "
+       "all-gather or reduce-scatter, every rank's part counted, at 2 ranks from half as many, at more from twice "
+       "as many), where every rank may read every peer's memory (process_vm_readv: same user, no seccomp or Yama "
+       "rule against it; tried once per lane), reads the peers' buffers where they lie: reductions read their "
+       "block of each peer's input through a cache-sized buffer, the rest is read from its owner; one copy of "
+       "each byte. 0: never."},
+      {"ECCL_SHM_PEER_READS", "int", "1",
+       "Shared memory: 0 tells this process not to read its peers' memory, as where the kernel forbids it: "
+       "collectives that would read their peers' buffers (ECCL_SHM_DIRECT_BYTES) then go through the lanes at "
+       "every rank of the view."},
       {"ECCL_SHM_ZERO_COPY_BYTES", "int", "262144",
        "Shared memory: chunks of at least this many bytes are copied once, by the sender straight into the "
        "receiver's buffer (process_vm_writev, where the kernel allows one process to write into the other: same "
@@ -222,6 +233,8 @@ int64_t netEagerBytes() { return getInt("ECCL_NET_EAGER_BYTES"); }
 std::string ibHca() { return getString("ECCL_IB_HCA"); }
 int64_t ibGidIndex() { return getInt("ECCL_IB_GID_INDEX"); }
 int64_t ibZeroCopyBytes() { return getInt("ECCL_IB_ZERO_COPY_BYTES"); }
+int64_t shmPeerReads() { return getInt("ECCL_SHM_PEER_READS"); }
+int64_t shmDirectBytes() { return getInt("ECCL_SHM_DIRECT_BYTES"); }
 int64_t shmZeroCopyBytes() { return getInt("ECCL_SHM_ZERO_COPY_BYTES"); }
 int64_t shmFastPathBytes() { return getInt("ECCL_SHM_FAST_PATH_BYTES"); }
 int64_t ibRegistrationCacheBytes() { return getInt("ECCL_IB_REGISTRATION_CACHE_BYTES"); }

@@ -48,6 +48,8 @@ int64_t netEagerBytes();
 std::string ibHca();
 int64_t ibGidIndex();
 int64_t ibZeroCopyBytes();
+int64_t shmDirectBytes();
+int64_t shmPeerReads();
 int64_t shmZeroCopyBytes();
 int64_t shmFastPathBytes();
 int64_t ibRegistrationCacheBytes();

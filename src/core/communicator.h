@@ -206,6 +206,12 @@ class Communicator {
   // Tuning read once at init (the environment is not consulted per op).
   const size_t segmentBytes_ = static_cast<size_t>(params::ringSegmentBytes());
   const size_t smallAllreduceBytes_ = static_cast<size_t>(params::smallAllreduceBytes());
+  const size_t directBytes_ = static_cast<size_t>(params::shmDirectBytes());
+  // The view in which some rank said it may not read every peer's memory:
+  // collectives stop asking until the view changes.
+  std::optional<uint32_t> directRefusedEpoch_ ECCL_GUARDED_BY(caller_);
+  std::map<transport::MemberId, bool> sharesHost_ ECCL_GUARDED_BY(caller_);  // Device::sharesHostWith, asked once
+  std::atomic<uint64_t> directCollectives_{0}, peerBytesRead_{0};  // for ecclCommGetStats from any thread
   const params::SmallAllreduce smallAllreduceAlgorithm_ = params::smallAllreduceAlgorithm();
   // Which latency algorithms open no connection beyond a view change's at
   // this view's size (the same answer on every rank), computed once a size.
@@ -216,6 +222,11 @@ class Communicator {
   params::SmallAllreduce smallAllreduceFor(size_t bytes) ECCL_REQUIRES(caller_);
   // Small broadcasts, reduces and allgathers by log-depth trees.
   bool latencyTree(size_t messageBytes) ECCL_REQUIRES(caller_);
+  // Runs `algorithm` (a same-host one that reads the peers' buffers, false
+  // when some rank may not) where the view and the size allow: true when
+  // it moved the data.
+  bool readDirectly(bool allreduce, size_t messageBytes, FunctionRef<bool()> algorithm) ECCL_REQUIRES(caller_);
+  bool everyRankOnThisHost() ECCL_REQUIRES(caller_);
   const bool checkCalls_ = params::checkCalls();
   transport::MemberId self_ = 0;
   // A collective's small messages to peers on this host (core/fast_path.h).

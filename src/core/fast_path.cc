@@ -82,6 +82,15 @@ bool FastPath::agrees(MemberId member, const FastChannel::Header& h) {
 
 FastChannel* FastPath::route(MemberId member, size_t bytes) {
   if (maxBytes_ == 0 || bytes > maxBytes_) return nullptr;  // 0: the path is off, empty messages too
+  return channel(member);
+}
+
+const transport::PeerMemory* FastPath::peerMemory(MemberId member) {
+  FastChannel* slots = channel(member);
+  return slots ? slots->peerMemory() : nullptr;
+}
+
+FastChannel* FastPath::channel(MemberId member) {
   const uint64_t events = device_.failureEvents();
   if (events != channelsAtEvents_ || epoch_ != channelsAtEpoch_) {
     channels_.clear();

@@ -39,6 +39,9 @@ class FastPath {
   // The slots a message of `bytes` to `member` goes through, or null: the
   // device's way. Opens the member's lanes if they are not (as a post would).
   transport::FastChannel* route(transport::MemberId member, size_t bytes);
+  // Where this process may read `member`'s memory (transport/peer_memory.h),
+  // or null. Opens the member's lanes if they are not.
+  const transport::PeerMemory* peerMemory(transport::MemberId member);
   transport::RequestPtr send(transport::FastChannel* channel, transport::MemberId member, int rank, uint32_t tag,
                              const void* buf, size_t bytes);
   transport::RequestPtr recv(transport::FastChannel* channel, transport::MemberId member, int rank, uint32_t tag,
@@ -73,6 +76,7 @@ class FastPath {
     transport::FastChannel::Header header;
     std::vector<uint8_t> data;
   };
+  transport::FastChannel* channel(transport::MemberId member);  // the member's slots, or null
   Op& newOp(transport::FastChannel* channel, transport::MemberId member, int rank, uint32_t tag, size_t bytes,
             bool isSend);
   static transport::RequestPtr handle(Op& op) { return transport::RequestPtr(std::shared_ptr<void>(), &op.request); }

@@ -31,6 +31,7 @@ struct BackendCounters {
   uint64_t singleCopyLanes = 0;
   uint64_t singleCopyRefused = 0;
   uint64_t singleCopyBytes = 0;
+  uint64_t peerReadLanes = 0;  // shared memory: lanes whose peer's memory this process may read
 };
 
 // What every back end is created with; each uses what applies to it.
@@ -46,6 +47,9 @@ struct BackendOptions {
   size_t shmZeroCopyBytes = 0;
   // Those writes run without the device lock (Conduit::writesZeroCopyBesideCalls).
   bool shmUnlockedWrites = false;
+  // Shared memory: whether this process may try to read its peers' memory
+  // (transport/peer_memory.h).
+  bool shmPeerReads = true;
 };
 
 class Backend {
@@ -64,6 +68,12 @@ class Backend {
   virtual bool placeThread() { return false; }
   // Read by the device's stats() from any thread.
   virtual BackendCounters counters() const { return {}; }
+  // Whether a member whose address has `part` for this back end is
+  // listening where this process could open such a lane to it without
+  // dialing (shared memory: its socket in this network namespace). Both
+  // ends of a pair get the same answer. False for back ends that reach
+  // other hosts.
+  virtual bool listensHere(const std::string& part) const { return false; }
   // A connected, blocking stream to `member` at `address` (this back end's
   // part of the member's address), or an empty Fd when this back end cannot
   // reach it (shared memory: another host or network namespace). Throws

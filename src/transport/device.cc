@@ -29,7 +29,7 @@ void LaneDevice::startBackends() {
   const bool chosen = !opt_.backends.empty();
   std::vector<std::string> names = chosen ? opt_.backends : parseBackendList("auto");
   BackendOptions options{opt_.jobId, opt_.self, opt_.ifname, opt_.ringBytes, opt_.shmZeroCopyBytes,
-                         opt_.shmUnlockedWrites};
+                         opt_.shmUnlockedWrites, opt_.shmPeerReads};
   std::vector<std::pair<std::string, std::string>> parts;
   std::string where;
   for (const std::string& name : names) {

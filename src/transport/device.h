@@ -61,6 +61,7 @@ struct DeviceOptions {
   size_t ringBytes = 1 << 20;  // for back ends that buffer in memory, per lane and direction
   size_t shmZeroCopyBytes = 0;  // shared memory: chunks from this size are written once (0: never)
   bool shmUnlockedWrites = false;  // and without the device lock (ECCL_SHM_UNLOCKED_WRITES)
+  bool shmPeerReads = true;        // shared memory: peers' memory may be read (ECCL_SHM_PEER_READS)
   // The secret an incoming lane must prove, by the job id its hello names;
   // unset: `secret`, for `jobId` only.
   membership::SecretLookup acceptSecrets;

@@ -22,6 +22,20 @@ std::shared_ptr<FastChannel> LaneDevice::fastChannel(MemberId member, Deadline d
   return it->second.lanes[0]->fast;
 }
 
+bool LaneDevice::sharesHostWith(MemberId member) {
+  std::vector<std::pair<std::string, std::string>> address;
+  {
+    MutexLock lock(mu_);
+    auto it = peers_.find(member);
+    if (it == peers_.end()) return false;
+    address = it->second.address;
+  }
+  for (const auto& [name, part] : address)
+    for (const auto& backend : backends_)
+      if (name == backend->name() && backend->listensHere(part)) return true;
+  return false;
+}
+
 std::vector<std::pair<MemberId, std::shared_ptr<FastChannel>>> LaneDevice::fastChannels() {
   MutexLock lock(mu_);
   std::vector<std::pair<MemberId, std::shared_ptr<FastChannel>>> out;

@@ -24,6 +24,7 @@
 #include <memory>
 
 #include "common/clock.h"
+#include "transport/peer_memory.h"
 #include "transport/signature.h"
 
 namespace eccl::transport {
@@ -71,6 +72,11 @@ class FastChannel {
   // said it sleeps; the two sides' fences make sure one sees the other).
   void waitForMessage(Deadline until);
 
+  // The peer's memory, where this process may read it (set once, by the
+  // back end, before the channel is shared); null where it may not.
+  void setPeerMemory(std::shared_ptr<const PeerMemory> memory) { peerMemory_ = std::move(memory); }
+  const PeerMemory* peerMemory() const { return peerMemory_.get(); }
+
   uint64_t sent() const { return sent_; }
   uint64_t received() const { return received_; }
 
@@ -85,6 +91,7 @@ class FastChannel {
   void* rx_;
   std::function<bool()> closed_;
   std::function<bool()> framesWaiting_;
+  std::shared_ptr<const PeerMemory> peerMemory_;
   uint64_t sent_ = 0;      // messages written so far
   uint64_t received_ = 0;  // messages read so far
   uint64_t peerConsumed_ = 0;  // messages the reader had taken when last looked at

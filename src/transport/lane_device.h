@@ -354,6 +354,7 @@ class LaneDevice final : public Device {
   bool checkAlive(MemberId member, int64_t silentMs) override;
   // The fast path's (device_fast.cc).
   std::shared_ptr<FastChannel> fastChannel(MemberId member, Deadline deadline) override;
+  bool sharesHostWith(MemberId member) override;
   std::vector<std::pair<MemberId, std::shared_ptr<FastChannel>>> fastChannels() override;
   uint64_t failureEvents() const override { return failureEvents_.load(std::memory_order_acquire); }
   std::optional<std::pair<ecclResult_t, std::string>> whyOpFails(MemberId member, uint64_t seq, bool commit) override;
@@ -392,6 +393,7 @@ class LaneDevice final : public Device {
       s.singleCopyLanes += c.singleCopyLanes;
       s.singleCopyRefused += c.singleCopyRefused;
       s.singleCopyBytes += c.singleCopyBytes;
+      s.peerReadLanes += c.peerReadLanes;
     }
     return s;
   }

@@ -107,6 +107,9 @@ struct DeviceStats {
   uint64_t singleCopyLanes = 0;
   uint64_t singleCopyRefused = 0;
   uint64_t singleCopyBytes = 0;
+  // Shared memory: lanes whose peer's memory this process may read (same-host
+  // collectives that read their peers' buffers in place use them).
+  uint64_t peerReadLanes = 0;
   // Chunks moved by rendezvous straight between the users' buffers.
   uint64_t zeroCopyChunksSent = 0;
   uint64_t zeroCopyChunksReceived = 0;
@@ -272,6 +275,10 @@ class Device {
   // collective's small messages through slots beside a lane
   // (fast_channel.h) without the device, and relies on the device for
   // everything else.
+  // Whether `member` listens on this host for a back end that shares
+  // memory (Backend::listensHere), found without opening a lane; the same
+  // answer at both ends.
+  virtual bool sharesHostWith(MemberId member) = 0;
   // The slots of `member`'s first lane, once its lanes are open (started
   // and waited for like a post's; throws at the deadline naming it); null
   // where that lane has none. Both ends of a lane see the same answer.

@@ -15,13 +15,6 @@
 namespace eccl::test {
 namespace {
 
-ecclCommStats_t statsOf(ecclComm_t comm) {
-  ecclCommStats_t s{};
-  s.size = sizeof(s);
-  if (ecclCommGetStats(comm, &s) != ecclSuccess) throw std::runtime_error("ecclCommGetStats failed");
-  return s;
-}
-
 bool overSharedMemory() {
   const char* t = getenv("ECCL_TRANSPORT");
   const char* off = getenv("ECCL_SHM_FAST_PATH_BYTES");

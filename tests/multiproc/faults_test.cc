@@ -124,7 +124,8 @@ TEST_P(FaultsAtASize, StoppedRankIsCaughtByTheTimeout) {
   EXPECT_GE(namingVictim, 2) << describe(outcomes);
 }
 
-// 32 bytes: the small-message path (over shared memory, its slots); 256 KiB: the ring.
+// 32 bytes: the small-message path (over shared memory, its slots); 256 KiB: over shared memory
+// the peers' buffers read in place (coll/direct.h), over TCP the ring.
 INSTANTIATE_TEST_SUITE_P(Sizes, FaultsAtASize, ::testing::Values(size_t(8), size_t(1) << 16),
                          [](const ::testing::TestParamInfo<size_t>& info) {
                            return info.param == 8 ? std::string("Small") : std::string("Large");

@@ -41,13 +41,6 @@ class ElasticTest : public ::testing::Test {
   }
 };
 
-inline ecclCommStats_t statsOf(ecclComm_t comm) {
-  ecclCommStats_t s{};
-  s.size = sizeof(s);
-  RANK_OK(ecclCommGetStats(comm, &s), comm);
-  return s;
-}
-
 // Over verbs (ECCL_TRANSPORT=ib) every lane is one queue pair, so the
 // reconfiguration's queue-pair counts equal its lane counts; over TCP and
 // shared memory no queue pair exists at all.

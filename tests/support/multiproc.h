@@ -103,6 +103,14 @@ bool allSucceeded(const std::vector<RankOutcome>& outcomes);
                                ecclGetLastError(comm));                                           \
   } while (0)
 
+// The communicator's counters (ecclCommGetStats); throws naming the error.
+inline ecclCommStats_t statsOf(ecclComm_t comm) {
+  ecclCommStats_t s{};
+  s.size = sizeof(s);
+  RANK_OK(ecclCommGetStats(comm, &s), comm);
+  return s;
+}
+
 
 inline std::string format() { return {}; }
 inline std::string format(const std::string& s) { return s; }

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <mutex>
 #include <thread>
 
@@ -67,7 +68,7 @@ sockaddr_un abstractAddress(const std::string& name, socklen_t* len) {
 class ShmConduit final : public Conduit {
  public:
   ShmConduit(Fd doorbell, Segment segment, uint64_t ringBytes, Ring* tx, Ring* rx, int side, size_t zeroCopyBytes,
-             bool unlockedWrites, std::shared_ptr<ShmCounters> counters)
+             bool unlockedWrites, bool peerReads, std::shared_ptr<ShmCounters> counters)
       : doorbell_(std::move(doorbell)),
         segment_(std::make_shared<Segment>(std::move(segment))),
         ringBytes_(ringBytes),
@@ -83,6 +84,7 @@ class ShmConduit final : public Conduit {
     socklen_t len = sizeof(cred);
     if (getsockopt(doorbell_.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) peerPid_ = cred.pid;
     if (zeroCopyBytes_ > 0) probeCrossMemory();
+    if (peerReads) probePeerReads();
   }
   ~ShmConduit() override {
     tx_->markClosed();
@@ -198,6 +200,7 @@ class ShmConduit final : public Conduit {
                                             fastSlots(*segment_, ringBytes_, 1 - side_),
                                             [tx, rx] { return tx->closed() || rx->closed(); },
                                             [rx] { return rx->readable() > 0; });
+      fast_->setPeerMemory(peerMemory_);
     }
     return fast_;
   }
@@ -218,6 +221,26 @@ class ShmConduit final : public Conduit {
                 peerPid_, failure().empty() ? "the probe did not land" : failure());
     std::lock_guard<std::mutex> lock(failureMu_);
     writeFailure_.clear();
+  }
+
+  // Tried once, as the lane opens: the peer's own record of where it
+  // mapped this segment, read from its mapping, against ours.
+  void probePeerReads() {
+    const uint64_t peerBase = page_->mappedAt[1 - side_].load(std::memory_order_acquire);
+    if (peerPid_ <= 0 || peerBase == 0) return;
+    auto memory = std::make_shared<PeerMemory>(peerPid_);
+    const uint64_t at = peerBase + (reinterpret_cast<uintptr_t>(&page_->mappedAt[1 - side_]) -
+                                    reinterpret_cast<uintptr_t>(segment_->data()));
+    uint64_t seen = 0;
+    std::string why;
+    if (memory->read(at, &seen, sizeof(seen), &why) && seen == peerBase) {
+      peerMemory_ = std::move(memory);
+      counters_->peerReadLanes.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      log::info("shared memory: this process may not read process {}'s memory ({}); same-host collectives copy "
+                "through the lanes",
+                peerPid_, why.empty() ? "the probe read something else" : why);
+    }
   }
 
   bool writeIntoPeer(const void* buffer, size_t bytes, uint64_t address) {
@@ -261,6 +284,7 @@ class ShmConduit final : public Conduit {
   std::shared_ptr<ShmCounters> counters_;
   pid_t peerPid_ = 0;
   bool mayWritePeer_ = false;
+  std::shared_ptr<const PeerMemory> peerMemory_;  // null: the probe read failed
   uint64_t handles_ = 0;
   std::atomic<uint64_t> writesDone_{0};
   mutable std::mutex failureMu_;
@@ -278,7 +302,23 @@ BackendCounters ShmBackend::counters() const {
   c.singleCopyLanes = counters_->singleCopyLanes.load(std::memory_order_relaxed);
   c.singleCopyRefused = counters_->singleCopyRefused.load(std::memory_order_relaxed);
   c.singleCopyBytes = counters_->singleCopyBytes.load(std::memory_order_relaxed);
+  c.peerReadLanes = counters_->peerReadLanes.load(std::memory_order_relaxed);
   return c;
+}
+
+// The kernel lists this network namespace's listening unix sockets in
+// /proc/net/unix, abstract names with a leading '@': found there, the
+// member can be dialed over shared memory (and it finds this one there too).
+bool ShmBackend::listensHere(const std::string& part) const {
+  if (part.empty()) return false;
+  std::ifstream table("/proc/net/unix");
+  const std::string wanted = "@" + part;
+  std::string line;
+  while (std::getline(table, line)) {
+    const size_t at = line.rfind(' ');
+    if (at != std::string::npos && line.compare(at + 1, std::string::npos, wanted) == 0) return true;
+  }
+  return false;
 }
 
 bool ShmBackend::validRingBytes(uint64_t bytes) {
@@ -350,7 +390,7 @@ std::unique_ptr<Conduit> ShmBackend::openDialed(Fd stream, Deadline deadline, co
   recvAll(stream.get(), &ack, sizeof(ack), deadline, what);
   if (ack != kMappedAck) fail(ecclRemoteError, "{}: malformed shared-memory acknowledgement ({:#x})", what, ack);
   return std::make_unique<ShmConduit>(std::move(stream), std::move(segment), opt_.ringBytes, tx, rx, 0,
-                                      opt_.shmZeroCopyBytes, opt_.shmUnlockedWrites, counters_);
+                                      opt_.shmZeroCopyBytes, opt_.shmUnlockedWrites, opt_.shmPeerReads, counters_);
 }
 
 std::unique_ptr<Conduit> ShmBackend::openAccepted(Fd stream, Deadline deadline, const std::string& what) {
@@ -367,7 +407,7 @@ std::unique_ptr<Conduit> ShmBackend::openAccepted(Fd stream, Deadline deadline, 
   crossMemoryPage(segment)->mappedAt[1].store(reinterpret_cast<uint64_t>(base), std::memory_order_release);
   sendAll(stream.get(), &kMappedAck, sizeof(kMappedAck), deadline, what);
   return std::make_unique<ShmConduit>(std::move(stream), std::move(segment), hello.ringBytes, tx, rx, 1,
-                                      opt_.shmZeroCopyBytes, opt_.shmUnlockedWrites, counters_);
+                                      opt_.shmZeroCopyBytes, opt_.shmUnlockedWrites, opt_.shmPeerReads, counters_);
 }
 
 BackendSpec backendSpec() {

@@ -29,6 +29,7 @@ namespace eccl::transport::shm {
 // Counted by the lanes, read by the device's stats() from any thread.
 struct ShmCounters {
   std::atomic<uint64_t> singleCopyLanes{0}, singleCopyRefused{0}, singleCopyBytes{0};
+  std::atomic<uint64_t> peerReadLanes{0};  // lanes whose peer's memory this process may read
 };
 
 class ShmBackend final : public Backend {
@@ -39,6 +40,7 @@ class ShmBackend final : public Backend {
   std::string describe() const override { return "shared memory (@" + socketName_ + ")"; }
   int listenFd() const override { return listenFd_.get(); }
   BackendCounters counters() const override;
+  bool listensHere(const std::string& part) const override;
   Fd dial(MemberId member, const std::string& address, Deadline deadline, const std::string& what,
           const std::function<bool()>& giveUp) override;
   Fd accept(std::string* from) override;

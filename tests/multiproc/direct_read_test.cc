@@ -1,0 +1,113 @@
+// Same-host collectives that read the peers' buffers where they lie
+// (ECCL_SHM_DIRECT_BYTES, coll/direct.h): allreduce gives every rank the
+// sums in rank order ((x0 + x1) + x2 ...) bit for bit, in place and out of
+// place, with uneven blocks, in every type and op; broadcast, all-gather
+// and reduce-scatter give the lanes' results, both placements; TCP lanes,
+// ECCL_SHM_DIRECT_BYTES=0 and a rank that may not read its peers
+// (ECCL_SHM_PEER_READS=0) keep the lanes at every rank, with the same
+// sums. A rank killed or stopped inside it: faults_test's FaultsAtASize/Large.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "tests/support/collectives.h"
+#include "tests/support/multiproc.h"
+
+namespace eccl::test {
+namespace {
+
+bool overSharedMemory() {
+  const char* t = getenv("ECCL_TRANSPORT");
+  return !t || std::string(t) != "tcp";
+}
+
+std::vector<float> inputOf(int rank, size_t count) {
+  std::mt19937 gen(1234 + rank);
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  std::vector<float> v(count);
+  for (float& x : v) x = d(gen);
+  return v;
+}
+
+// Random floats. Read in place they are summed in rank order: the
+// expected bits, computed here; the lanes' ring sums in another order.
+void checkSums(ecclComm_t comm, int rank, int n, size_t count, bool inPlace, bool rankOrder) {
+  std::vector<float> in = inputOf(rank, count), out(count, -7.0f);
+  float* result = inPlace ? in.data() : out.data();
+  RANK_OK(ecclAllReduce(in.data(), result, count, ecclFloat32, ecclSum, comm, nullptr), comm);
+  std::vector<float> want = inputOf(0, count);
+  for (int r = 1; r < n; ++r) {
+    std::vector<float> next = inputOf(r, count);
+    for (size_t i = 0; i < count; ++i) want[i] += next[i];
+  }
+  for (size_t i = 0; i < count; ++i)
+    RANK_CHECK(rankOrder ? std::memcmp(&result[i], &want[i], sizeof(float)) == 0
+                         : std::fabs(result[i] - want[i]) <= 1e-5f,
+               "count " + std::to_string(count) + (inPlace ? " in place" : "") + ": element " + std::to_string(i) +
+                   " is " + std::to_string(result[i]) + ", the rank-order sum " + std::to_string(want[i]));
+}
+
+// What each job expects of the direct path: taken, or kept off at every rank.
+enum class Expect { kDirect, kLanes };
+
+ProcessGroup::Body directJob(Expect expect, int refusingRank) {
+  return [expect, refusingRank](int rank, int n, const ecclUniqueId& id) {
+    if (rank == refusingRank) setenv("ECCL_SHM_PEER_READS", "0", 1);
+    ecclComm_t comm;
+    RANK_OK(ecclCommInitRank(&comm, n, id, rank), nullptr);
+    // From the 2-rank threshold (128 KiB) up; blocks uneven (a prime), and
+    // 8 MiB (many cache-sized pieces per block).
+    for (size_t count : {size_t(32768), size_t(1000003), size_t(2) << 20})
+      for (bool inPlace : {false, true}) checkSums(comm, rank, n, count, inPlace, expect == Expect::kDirect);
+    checkEveryTypeAndOp(comm, 140000);  // int8 at 2 ranks too
+    for (bool inPlace : {false, true}) checkEveryCollective(comm, 1000003, inPlace);  // broadcast, gathers, scatters
+    const ecclCommStats_t s = statsOf(comm);
+    const std::string seen = "direct allreduces " + std::to_string(s.directCollectives) + ", peer bytes read " +
+                             std::to_string(s.peerBytesRead) + ", readable lanes " + std::to_string(s.peerReadLanes);
+    if (expect == Expect::kDirect) {
+      RANK_CHECK(s.directCollectives >= uint64_t(6 + int(ecclNumTypes) * int(ecclNumOps) + 2 * 4) && s.peerBytesRead > 0 && s.peerReadLanes >= uint64_t(n - 1),
+                 seen);
+    } else {
+      RANK_CHECK(s.directCollectives == 0 && s.peerBytesRead == 0, seen);
+      if (rank == refusingRank) RANK_CHECK(s.peerReadLanes == 0, seen);
+    }
+    RANK_OK(ecclCommDestroy(comm), nullptr);
+  };
+}
+
+class DirectRanks : public ::testing::TestWithParam<int> {};
+
+TEST_P(DirectRanks, AllreduceReadsThePeersInPlaceWithRankOrderSums) {
+  setenv("ECCL_SOCKET_IFNAME", "lo", 1);
+  ProcessGroup group(GetParam(), directJob(overSharedMemory() ? Expect::kDirect : Expect::kLanes, -1));
+  auto outcomes = group.wait(std::chrono::seconds(240));
+  EXPECT_TRUE(allSucceeded(outcomes)) << describe(outcomes);
+}
+
+TEST_P(DirectRanks, ASizeOfZeroKeepsTheLanes) {
+  setenv("ECCL_SOCKET_IFNAME", "lo", 1);
+  setenv("ECCL_SHM_DIRECT_BYTES", "0", 1);
+  ProcessGroup group(GetParam(), directJob(Expect::kLanes, -1));
+  auto outcomes = group.wait(std::chrono::seconds(240));
+  unsetenv("ECCL_SHM_DIRECT_BYTES");
+  EXPECT_TRUE(allSucceeded(outcomes)) << describe(outcomes);
+}
+
+// The last rank may not read: it says so in the first round, and every
+// rank runs the ring for that op and the rest of the view.
+TEST_P(DirectRanks, ARankThatMayNotReadKeepsEveryRankOnTheLanes) {
+  setenv("ECCL_SOCKET_IFNAME", "lo", 1);
+  ProcessGroup group(GetParam(), directJob(Expect::kLanes, GetParam() - 1));
+  auto outcomes = group.wait(std::chrono::seconds(240));
+  EXPECT_TRUE(allSucceeded(outcomes)) << describe(outcomes);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, DirectRanks, ::testing::Values(2, 3, 4));
+
+}  // namespace
+}  // namespace eccl::test
