@@ -147,6 +147,7 @@ struct Fault {
   bool triggered = false;
   int signal = SIGKILL;
   bool done = false;
+  bool deferred = false;  // its time came before its rank was in the view
 };
 
 // "RANK:TEXT", e.g. "2:step 40".
@@ -281,8 +282,10 @@ int main(int argc, char** argv) {
       .range(10, 3600000);
   app.option("--chaos-max", chaosMax, "stop the chaos after this many kills").range(1, 100000000);
   app.option("--seed", seed, "seed of the chaos schedule");
-  app.option("--kill", kills, "fault injection: SIGKILL rank R after S seconds (R@S, repeatable)");
-  app.option("--stop", stops, "fault injection: SIGSTOP rank R after S seconds (R@S, repeatable)");
+  app.option("--kill", kills,
+             "fault injection: SIGKILL rank R after S seconds, once it is in the job's view (R@S, repeatable)");
+  app.option("--stop", stops,
+             "fault injection: SIGSTOP rank R after S seconds, once it is in the job's view (R@S, repeatable)");
   std::vector<std::string> killWhens;
   app.option("--kill-when", killWhens,
              "fault injection: SIGKILL rank R once its output contains TEXT (R:TEXT, repeatable)");
@@ -519,16 +522,6 @@ int main(int argc, char** argv) {
           fprintf(stderr, "eccl-run: --respawn: standby %s started at %.2f s\n", children.back().label.c_str(), elapsed);
         }
       }
-    for (auto& f : faults) {
-      if (f.done || (f.pattern.empty() ? elapsed < f.seconds : !f.triggered)) continue;
-      f.done = true;
-      Child& c = children[f.rank];
-      if (c.exited) continue;
-      fprintf(stderr, "eccl-run: injecting %s into rank %d (pid %d) at %.2f s\n", strsignal(f.signal), f.rank, c.pid,
-              elapsed);
-      c.injected = f.signal == SIGKILL;
-      kill(c.pid, f.signal);
-    }
     auto idle = idlePids();
     // A standby is available until it is in the view (idle, or still
     // starting however long that takes: a loaded host took over 10 s to
@@ -536,6 +529,28 @@ int main(int argc, char** argv) {
     // 10 s); a promoted one is a rank (fair game for the chaos, and
     // replaced by a refill).
     auto inView = viewPids();
+    // A timed fault waits for its rank to be in the view, as the chaos
+    // does: a rank gone before the job formed can never be replaced (the
+    // others time out in bootstrap), and "R@S" means a failure of the
+    // running job (a rank slow to start under load was killed at 0.14 s,
+    // before it registered).
+    for (auto& f : faults) {
+      if (f.done || (f.pattern.empty() ? elapsed < f.seconds : !f.triggered)) continue;
+      Child& c = children[f.rank];
+      if (f.pattern.empty() && !c.exited && !inView.count(static_cast<uint64_t>(c.pid))) {
+        if (!f.deferred)
+          fprintf(stderr, "eccl-run: %s for rank %d at %.2f s waits until it is in the job's view\n",
+                  strsignal(f.signal), f.rank, elapsed);
+        f.deferred = true;
+        continue;
+      }
+      f.done = true;
+      if (c.exited) continue;
+      fprintf(stderr, "eccl-run: injecting %s into rank %d (pid %d) at %.2f s\n", strsignal(f.signal), f.rank, c.pid,
+              elapsed);
+      c.injected = f.signal == SIGKILL;
+      kill(c.pid, f.signal);
+    }
     // A member declared failed is fenced: it can never rejoin. One still
     // alive is hung (stopped, spinning, cut off); it would hold its slot
     // and its repair (--respawn) until a watchdog or --timeout. Killed

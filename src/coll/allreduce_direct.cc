@@ -27,12 +27,12 @@ bool allreduceDirect(Links& links, const void* in, void* outv, size_t count, ecc
   const Blocks blocks = Blocks::even(count, n);
   const size_t offset = blocks.offsets[r] * elem;
   reduceFromPeers(links, peers, in, offset, out + offset, blocks.size(r), type, op);
-  peers.everyoneReached(2);  // every block is reduced
-  for (int k = 1; k < n; ++k) {
-    const int peer = (r + k) % n;
+  // Each block is read as soon as its reducer says it is done, not once
+  // all are: with more ranks than cores the reducers finish far apart.
+  peers.eachReached(2, [&](int peer) {
     const size_t at = blocks.offsets[peer] * elem;
     peers.readOut(peer, at, out + at, blocks.size(peer) * elem);
-  }
+  });
   peers.everyoneReached(3);  // nobody reads this rank's output any more
   return true;
 }

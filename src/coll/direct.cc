@@ -41,6 +41,21 @@ void PeerBuffers::everyoneReached(uint32_t phase) {
   links_.waitAll(requests_);
 }
 
+void PeerBuffers::eachReached(uint32_t phase, FunctionRef<void(int peer)> then) {
+  const int n = links_.size(), r = links_.rank();
+  std::vector<RequestPtr> arrivals;
+  arrivals.reserve(n - 1);
+  for (int k = 1; k < n; ++k) arrivals.push_back(links_.irecv((r + k) % n, makeTag(phase, 0, 0), nullptr, 0));
+  for (int k = 1; k < n; ++k) requests_.push_back(links_.isend((r + k) % n, makeTag(phase, 0, 0), nullptr, 0));
+  // In rank order from the next: each peer reads the blocks in a different
+  // order, so they do not all read the same reducer at once.
+  for (int k = 1; k < n; ++k) {
+    links_.wait(arrivals[k - 1]);
+    then((r + k) % n);
+  }
+  links_.waitAll(requests_);
+}
+
 void PeerBuffers::read(int rank, uint64_t address, void* into, size_t bytes) {
   if (bytes) links_.readPeer(rank, address, into, bytes);
 }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "coll/links.h"
+#include "common/function_ref.h"
 #include "eccl.h"
 
 namespace eccl::coll {
@@ -27,6 +28,9 @@ class PeerBuffers {
   void readOut(int rank, size_t offset, void* into, size_t bytes) { read(rank, out(rank) + offset, into, bytes); }
   // An empty message to and from every peer: every rank got past the same point.
   void everyoneReached(uint32_t phase);
+  // The same, calling `then(peer)` once each peer's message is in, peers
+  // taken in rank order from the next one.
+  void eachReached(uint32_t phase, FunctionRef<void(int peer)> then);
 
  private:
   struct Buffers {

@@ -8,11 +8,14 @@
 // sums. A rank killed or stopped inside it: faults_test's FaultsAtASize/Large.
 #include <gtest/gtest.h>
 
+#include <signal.h>
+
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/support/collectives.h"
@@ -108,6 +111,52 @@ TEST_P(DirectRanks, ARankThatMayNotReadKeepsEveryRankOnTheLanes) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, DirectRanks, ::testing::Values(2, 3, 4));
+
+// A standby replaces a killed rank: the survivors and the joiner (a new
+// process, a new lane, a new probe) read each other in place at once, with
+// rank-order bits, and the killed rank's failure was named.
+TEST(DirectReplace, AJoinerIsReadInPlaceAfterItReplacesAKilledRank) {
+  setenv("ECCL_SOCKET_IFNAME", "lo", 1);
+  setenv("ECCL_HEARTBEAT_MS", "100", 1);
+  constexpr int n = 3, victim = 1;
+  const bool shm = overSharedMemory();
+  ProcessGroup group(n + 1, [&](int index, int, const ecclUniqueId& id) {
+    ecclComm_t comm;
+    if (index == n) {  // the standby
+      RANK_OK(ecclCommInitStandby(&comm, id, nullptr), nullptr);
+      checkSums(comm, victim, n, 1000003, false, shm);
+      const ecclCommStats_t s = statsOf(comm);
+      RANK_CHECK(shm ? s.directCollectives == 1 && s.peerReadLanes >= uint64_t(n - 1) : s.directCollectives == 0,
+                 "the joiner read in place " + std::to_string(s.directCollectives) + " times over " +
+                     std::to_string(s.peerReadLanes) + " lanes");
+      RANK_OK(ecclCommDestroy(comm), comm);
+      return;
+    }
+    RANK_OK(ecclCommInitRank(&comm, n, id, index), nullptr);
+    checkSums(comm, index, n, 1000003, false, shm);
+    if (index == victim) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      raise(SIGKILL);
+    }
+    std::vector<float> v(1000003, 1.0f);
+    ecclResult_t r = ecclSuccess;
+    for (int i = 0; i < 100000 && r == ecclSuccess; ++i)
+      r = ecclAllReduce(v.data(), v.data(), v.size(), ecclFloat32, ecclSum, comm, nullptr);
+    RANK_CHECK(r != ecclSuccess && std::string(ecclGetLastError(comm)).find("rank 1") != std::string::npos,
+               std::string("the failure does not name rank 1: ") + ecclGetLastError(comm));
+    RANK_OK(ecclCommRecover(comm, ecclRecoverReplace), comm);
+    const uint64_t before = statsOf(comm).directCollectives;
+    checkSums(comm, index, n, 1000003, false, shm);
+    RANK_CHECK(statsOf(comm).directCollectives == before + (shm ? 1 : 0), "after the replacement");
+    RANK_OK(ecclCommDestroy(comm), comm);
+  });
+  auto outcomes = group.wait(std::chrono::seconds(120));
+  unsetenv("ECCL_HEARTBEAT_MS");
+  for (const auto& o : outcomes) {
+    if (o.rank == victim) continue;
+    EXPECT_TRUE(o.exited && o.exitCode == 0) << describe(outcomes);
+  }
+}
 
 }  // namespace
 }  // namespace eccl::test
