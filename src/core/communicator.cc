@@ -517,7 +517,8 @@ void Communicator::runCollective(const char* name, const transport::CallSignatur
   checkUsable();
   if (fast_->framesWaiting()) device_->poll();
   uint64_t seq = ++collSeq_;
-  if (std::optional<std::string> refused = device_->collectiveStarts(seq, checkCalls_ ? &signature : nullptr)) {
+  if (std::optional<std::string> refused =
+          device_->collectiveStarts(seq, checkCalls_ ? &signature : nullptr, takeEndedWell())) {
     device_->collectiveEnds(seq, false);
     fail(ecclInvalidUsage, "{}", *refused);
   }
@@ -538,12 +539,22 @@ void Communicator::runCollective(const char* name, const transport::CallSignatur
     dropSandboxRecording("a recorded call failed");
     throw;
   }
-  device_->collectiveEnds(seq, true);
+  // Told with the next op's start (one device lock per op, not two): a
+  // refusal of this op heard meanwhile is news only to that next op,
+  // which the device refuses naming it either way.
+  endedWell_ = {view_.epoch, seq};
   recordForSandbox(signature, out, outBytes);
+}
+
+uint64_t Communicator::takeEndedWell() {
+  const auto [epoch, seq] = endedWell_;
+  endedWell_ = {};
+  return epoch == view_.epoch ? seq : 0;  // the device forgot an older view's ops
 }
 
 void Communicator::refuseCollective(const std::string& why) {
   if (standby_ || sandboxed() || size() < 2) return;  // nobody waits for this rank's part
+  if (const uint64_t ended = takeEndedWell()) device_->collectiveEnds(ended, true);
   const uint64_t seq = ++collSeq_;
   device_->refuseCall(seq, fmt::format("rank {} refused its part of collective op {} (epoch {}): {}", rank_, seq,
                                        epoch(), why));

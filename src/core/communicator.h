@@ -210,7 +210,8 @@ class Communicator {
   // The view in which some rank said it may not read every peer's memory:
   // collectives stop asking until the view changes.
   std::optional<uint32_t> directRefusedEpoch_ ECCL_GUARDED_BY(caller_);
-  std::map<transport::MemberId, bool> sharesHost_ ECCL_GUARDED_BY(caller_);  // Device::sharesHostWith, asked once
+  std::map<transport::MemberId, bool> sharesHost_ ECCL_GUARDED_BY(caller_);
+  std::pair<uint32_t, uint64_t> endedWell_ ECCL_GUARDED_BY(caller_){};  // (epoch, op)  // Device::sharesHostWith, asked once
   std::atomic<uint64_t> directCollectives_{0}, peerBytesRead_{0};  // for ecclCommGetStats from any thread
   const params::SmallAllreduce smallAllreduceAlgorithm_ = params::smallAllreduceAlgorithm();
   // Which latency algorithms open no connection beyond a view change's at
@@ -227,6 +228,9 @@ class Communicator {
   // it moved the data.
   bool readDirectly(bool allreduce, size_t messageBytes, FunctionRef<bool()> algorithm) ECCL_REQUIRES(caller_);
   bool everyRankOnThisHost() ECCL_REQUIRES(caller_);
+  // The last collective that returned success, not yet told to the device
+  // (Device::collectiveStarts takes it), or 0.
+  uint64_t takeEndedWell() ECCL_REQUIRES(caller_);
   const bool checkCalls_ = params::checkCalls();
   transport::MemberId self_ = 0;
   // A collective's small messages to peers on this host (core/fast_path.h).

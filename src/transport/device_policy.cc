@@ -177,8 +177,10 @@ void LaneDevice::refusedAfterSuccessLocked(uint64_t seq, const std::string& reas
   calls_.lateRefusal = calls_.lateRefusal ? fmt::format("{}; and {}", *calls_.lateRefusal, late) : late;
 }
 
-std::optional<std::string> LaneDevice::collectiveStarts(uint64_t seq, const CallSignature* signature) {
+std::optional<std::string> LaneDevice::collectiveStarts(uint64_t seq, const CallSignature* signature,
+                                                        uint64_t endedWell) {
   MutexLock lock(mu_);
+  if (endedWell) collectiveEndsLocked(endedWell, true);
   calls_.latest = std::max(calls_.latest, seq);
   calls_.running = true;
   // Refused by someone already: every rank fails this op, so the late news
@@ -202,6 +204,10 @@ std::optional<std::string> LaneDevice::collectiveStarts(uint64_t seq, const Call
 
 void LaneDevice::collectiveEnds(uint64_t seq, bool ok) {
   MutexLock lock(mu_);
+  collectiveEndsLocked(seq, ok);
+}
+
+void LaneDevice::collectiveEndsLocked(uint64_t seq, bool ok) {
   if (seq == calls_.latest) calls_.running = false;
   if (!ok) {
     calls_.failed.insert(seq);

@@ -325,8 +325,10 @@ class LaneDevice final : public Device {
     calls_.failed.insert(seq);
     refusedLocked(seq, reason, std::nullopt);
   }
-  std::optional<std::string> collectiveStarts(uint64_t seq, const CallSignature* signature) override;
+  std::optional<std::string> collectiveStarts(uint64_t seq, const CallSignature* signature,
+                                              uint64_t endedWell) override;
   void collectiveEnds(uint64_t seq, bool ok) override;
+  void collectiveEndsLocked(uint64_t seq, bool ok) ECCL_REQUIRES(mu_);
   void wait(const RequestPtr& request, Deadline deadline, const std::string& opName) override;
   bool test(const RequestPtr& request, const std::string& opName) override;
   void progress() override;

@@ -204,7 +204,10 @@ class Device {
   // nothing), so every rank hears of it by that call. With `signature`, a
   // call that starts also does beginCall's part, under the same lock (a
   // small op's cost is mostly per call).
-  virtual std::optional<std::string> collectiveStarts(uint64_t seq, const CallSignature* signature = nullptr) = 0;
+  // `endedWell`: the collective before it that returned success here and
+  // was not reported by collectiveEnds (0: none), one lock for both.
+  virtual std::optional<std::string> collectiveStarts(uint64_t seq, const CallSignature* signature = nullptr,
+                                                      uint64_t endedWell = 0) = 0;
   virtual void collectiveEnds(uint64_t seq, bool ok) = 0;
   // Blocks until the request completes. On failure or at the deadline throws
   // eccl::Error whose message starts with `opName` (unless it is empty) and
