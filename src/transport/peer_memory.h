@@ -26,6 +26,8 @@ class PeerMemory {
   // Copies `bytes` at `address` in the peer into `into`; on failure returns
   // false with the system's reason in `why`.
   bool read(uint64_t address, void* into, size_t bytes, std::string* why) const;
+  // Copies `bytes` from `from` to `address` in the peer (process_vm_writev).
+  bool write(uint64_t address, const void* from, size_t bytes, std::string* why) const;
 
  private:
   pid_t pid_;

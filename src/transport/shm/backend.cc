@@ -211,8 +211,7 @@ class ShmConduit final : public Conduit {
   void probeCrossMemory() {
     const uint64_t peerBase = page_->mappedAt[1 - side_].load(std::memory_order_acquire);
     const uint64_t nonce = (uint64_t{static_cast<uint32_t>(getpid())} << 32) | 0x9e3779b9u;
-    const uint64_t slot = peerBase + (reinterpret_cast<uintptr_t>(&page_->probe[side_]) -
-                                      reinterpret_cast<uintptr_t>(segment_->data()));
+    const uint64_t slot = inPeersMapping(peerBase, &page_->probe[side_]);
     mayWritePeer_ = peerPid_ > 0 && peerBase != 0 && writeIntoPeer(&nonce, sizeof(nonce), slot) &&
                     page_->probe[side_].load(std::memory_order_acquire) == nonce;
     (mayWritePeer_ ? counters_->singleCopyLanes : counters_->singleCopyRefused).fetch_add(1, std::memory_order_relaxed);
@@ -223,14 +222,18 @@ class ShmConduit final : public Conduit {
     writeFailure_.clear();
   }
 
+  // Where `field` of this segment lies in the peer, which mapped it at `peerBase`.
+  uint64_t inPeersMapping(uint64_t peerBase, const void* field) const {
+    return peerBase + (reinterpret_cast<uintptr_t>(field) - reinterpret_cast<uintptr_t>(segment_->data()));
+  }
+
   // Tried once, as the lane opens: the peer's own record of where it
   // mapped this segment, read from its mapping, against ours.
   void probePeerReads() {
     const uint64_t peerBase = page_->mappedAt[1 - side_].load(std::memory_order_acquire);
     if (peerPid_ <= 0 || peerBase == 0) return;
     auto memory = std::make_shared<PeerMemory>(peerPid_);
-    const uint64_t at = peerBase + (reinterpret_cast<uintptr_t>(&page_->mappedAt[1 - side_]) -
-                                    reinterpret_cast<uintptr_t>(segment_->data()));
+    const uint64_t at = inPeersMapping(peerBase, &page_->mappedAt[1 - side_]);
     uint64_t seen = 0;
     std::string why;
     if (memory->read(at, &seen, sizeof(seen), &why) && seen == peerBase) {
@@ -244,22 +247,11 @@ class ShmConduit final : public Conduit {
   }
 
   bool writeIntoPeer(const void* buffer, size_t bytes, uint64_t address) {
-    size_t done = 0;
-    while (done < bytes) {  // the kernel may stop at a page boundary
-      iovec local{static_cast<char*>(const_cast<void*>(buffer)) + done, bytes - done};
-      iovec remote{reinterpret_cast<void*>(address + done), bytes - done};
-      ssize_t n = process_vm_writev(peerPid_, &local, 1, &remote, 1, 0);
-      if (n <= 0) {
-        if (n < 0 && errno == EINTR) continue;
-        const int error = errno;
-        std::lock_guard<std::mutex> lock(failureMu_);
-        writeFailure_ = fmt::format("process_vm_writev of {} bytes into process {} at {:#x}: {}", bytes - done,
-                                    peerPid_, address + done, n < 0 ? strerror(error) : "nothing written");
-        return false;
-      }
-      done += static_cast<size_t>(n);
-    }
-    return true;
+    std::string why;
+    if (PeerMemory(peerPid_).write(address, buffer, bytes, &why)) return true;
+    std::lock_guard<std::mutex> lock(failureMu_);
+    writeFailure_ = std::move(why);
+    return false;
   }
 
   size_t bulkFillBytes() const { return std::min<size_t>(tx_->capacity(), 256 << 10) / 4; }
