@@ -232,8 +232,11 @@ struct HeldZeroCopyWrite {
     const int begun = slowReadsBegun();
     ended = slowReadsEnded();
     addSlowZeroCopyWrite(0, kLongSleepMs);
-    recv = p.b->irecv(0, 2, 0, got.data(), got.size());
+    // The send first: had the receive been announced before it, the post
+    // itself would write (on this thread, the lock released) and return
+    // only once the write ended; the write must run on the progress thread.
     send = p.a->isend(1, 2, 0, sent.data(), sent.size());  // lane 0
+    recv = p.b->irecv(0, 2, 0, got.data(), got.size());
     sender = std::thread([this] {
       error = watch(*p.a, send, "big send");
       writeEndedFirst = slowReadsEnded() > ended;
