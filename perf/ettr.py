@@ -93,6 +93,8 @@ import sys
 import threading
 import time
 
+import ettr_torchft
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 TRAIN = os.path.join(HERE, "ettr_train.py")
@@ -388,10 +390,9 @@ def analyse(job, t_ff=None):
     # replica groups trained on fewer samples.
     work = final
     if job["contender"] == "torchft":
-        share = {}
-        for e in steps:
-            share[e["step"]] = max(share.get(e["step"], 0), e["world"])
-        work = sum(w / job["ranks"] for w in share.values())
+        # A step committed twice (its first quorum all died before anyone
+        # healed from it) counts once, at the quorum that lasted.
+        work = sum(w / job["ranks"] for w in ettr_torchft.committed_worlds(evs).values())
     out["work_steps"] = work
     out["step_s"] = out["wall"] / max(1, work)
     if t_ff is None:

@@ -86,7 +86,7 @@ def replica_main(a) -> int:
         # Not while healing (its gradient is zeroed); written before the
         # commit: a group killed after its allreduce still took part.
         if manager.is_participating():
-            events("took_part", rank=a.replica, step=step)
+            events("took_part", rank=a.replica, step=step, quorum=quorum_id(manager))
         opt.step()  # commits only if every participant's allreduce succeeded
         if a.attempt and manager.num_participants() == 1 and os.path.exists(finished_mark(a.events)):
             # Restarted after the others finished: nobody to heal from or
@@ -104,9 +104,9 @@ def replica_main(a) -> int:
                 events("joined", above=late_start.joined())
             loss = out.item()
             events("step", rank=a.replica, world=manager.num_participants(), step=manager.current_step(), loss=loss,
-                   loss_sum=loss * xs.shape[0], rows=xs.shape[0])
+                   loss_sum=loss * xs.shape[0], rows=xs.shape[0], quorum=quorum_id(manager))
         else:
-            events("fail", rank=a.replica, step=step, why="step not committed")
+            events("fail", rank=a.replica, step=step, why="step not committed", quorum=quorum_id(manager))
         time.sleep(max(0.0, a.step_ms / 1000 - (time.monotonic() - started)))
     # The final parameters' loss on the last step's whole global batch: the
     # groups that finish may be fewer than four (the others killed late),
@@ -117,6 +117,12 @@ def replica_main(a) -> int:
            loss_sum=final * rows, rows=rows, digest=digest(model))
     manager.shutdown(wait=False)
     return 0
+
+
+def quorum_id(manager) -> int:
+    """The lighthouse's number of the manager's current quorum (it only
+    grows); torchft keeps it private, hence -1 where a version lacks it."""
+    return getattr(manager, "_quorum_id", -1)
 
 
 def final_loss(model, steps: int) -> tuple[float, int]:
@@ -139,21 +145,26 @@ def takers_by_step(events_dir: str) -> dict[int, tuple[list[int], int]]:
     committed with it in the world (its allreduce had sent its share). At
     step 0 torchft's first quorum makes every group but one heal from it:
     they count in the world with zeroed gradients. A group that gave up
-    (restarted after the others ended) left nothing in the final state."""
+    (restarted after the others ended) left nothing in the final state.
+
+    A step committed twice (the groups that first committed it all died
+    before anyone healed from them, and a new quorum began again from an
+    older step) counts as its last quorum committed it: the final state
+    descends from that one. Events of the other quorums at that step are
+    left out."""
+    chosen = lineage_quorums(read_event_files(events_dir))
     confirmed: dict[int, set[int]] = {}
     dangling: dict[int, dict[int, float]] = {}
     silent: dict[int, set[int]] = {}
     world: dict[int, set[int]] = {}
     failed: dict[int, list[float]] = {}
-    for name in sorted(os.listdir(events_dir)):
-        if not name.endswith(".jsonl"):
-            continue
-        with open(os.path.join(events_dir, name)) as f:
-            evs = [json.loads(line) for line in f]
+    for evs in read_event_files(events_dir):
         if any(e["ev"] == "gave_up" for e in evs):
             continue  # its steps trained alone, from scratch, and were dropped
         evs = [e for e in evs if e["ev"] in ("took_part", "step", "fail")]
         for i, e in enumerate(evs):
+            if not in_lineage(e, chosen):
+                continue
             last = i + 1 == len(evs)
             if e["ev"] == "step":
                 world.setdefault(e["step"] - 1, set()).add(e["world"])
@@ -177,6 +188,50 @@ def takers_by_step(events_dir: str) -> dict[int, tuple[list[int], int]]:
                              f"groups {sorted(groups)}")
         steps[step] = (sorted(groups), n)
     return steps
+
+
+def read_event_files(events_dir: str) -> list[list[dict]]:
+    """Each process's events, in its file's order."""
+    files = []
+    for name in sorted(os.listdir(events_dir)):
+        if name.endswith(".jsonl"):
+            with open(os.path.join(events_dir, name)) as f:
+                files.append([json.loads(line) for line in f])
+    return files
+
+
+def committed_step(e: dict) -> int:
+    """The step an event is about: a "step" event carries the next one."""
+    return e["step"] - 1 if e["ev"] == "step" else e["step"]
+
+
+def lineage_quorums(files: list[list[dict]]) -> dict[int, int]:
+    """Per committed step, the last quorum that committed it (events
+    written before quorums were recorded all count as one, -1)."""
+    chosen: dict[int, int] = {}
+    for evs in files:
+        for e in evs:
+            if e["ev"] == "step":
+                step = committed_step(e)
+                chosen[step] = max(chosen.get(step, -1), e.get("quorum", -1))
+    return chosen
+
+
+def in_lineage(e: dict, chosen: dict[int, int]) -> bool:
+    return e.get("quorum", -1) == chosen.get(committed_step(e), e.get("quorum", -1))
+
+
+def committed_worlds(evs: list[dict]) -> dict[int, int]:
+    """Per committed step, the number of participants of the quorum whose
+    commit the final state descends from (perf/ettr.py's work)."""
+    steps = [e for e in evs if e["ev"] == "step"]
+    chosen = lineage_quorums([steps])
+    worlds: dict[int, int] = {}
+    for e in steps:
+        if in_lineage(e, chosen):
+            step = committed_step(e)
+            worlds[step] = max(worlds.get(step, 0), e["world"])
+    return worlds
 
 
 def replay_main(a) -> int:

@@ -104,6 +104,38 @@ def test_more_gradients_than_the_world_is_an_error(tmp_path):
         ettr_torchft.takers_by_step(str(tmp_path))
 
 
+def test_a_step_committed_again_counts_as_its_last_quorum_did(tmp_path):
+    # What a smoke run did: group 2 started first and committed steps 0-2
+    # alone (quorum 1), then was killed before anyone healed from it;
+    # groups 0 and 1 began again from step 0 (quorum 2; group 1 healed);
+    # group 2's restart healed from them at step 3 (quorum 3).
+    write_events(tmp_path, {
+        1: [took(2, 0, quorum=1), stepped(2, 0, 1, quorum=1), took(2, 1, quorum=1), stepped(2, 1, 1, quorum=1),
+            took(2, 2, quorum=1), stepped(2, 2, 1, quorum=1), took(2, 3, quorum=1)],
+        2: [("fail", {"rank": 0, "step": 0, "quorum": 1}), took(0, 0, quorum=2), stepped(0, 0, 2, quorum=2),
+            took(0, 1, quorum=2), stepped(0, 1, 2, quorum=2), took(0, 2, quorum=2), stepped(0, 2, 2, quorum=2),
+            took(0, 3, quorum=3), stepped(0, 3, 2, quorum=3)],
+        3: [stepped(1, 0, 2, quorum=2), took(1, 1, quorum=2), stepped(1, 1, 2, quorum=2), took(1, 2, quorum=2),
+            stepped(1, 2, 2, quorum=2), took(1, 3, quorum=3), stepped(1, 3, 2, quorum=3)],
+        4: [stepped(2, 3, 2, quorum=3)],
+    })
+    assert ettr_torchft.takers_by_step(str(tmp_path)) == {0: ([0], 2), 1: ([0, 1], 2), 2: ([0, 1], 2),
+                                                         3: ([0, 1], 2)}
+    evs = [e for f in ettr_torchft.read_event_files(str(tmp_path)) for e in f]
+    assert ettr_torchft.committed_worlds(evs) == {0: 2, 1: 2, 2: 2, 3: 2}
+
+
+def test_without_the_last_quorum_a_re_committed_step_is_an_error(tmp_path):
+    # Events without quorums (older runs) cannot tell the branches apart.
+    write_events(tmp_path, {
+        1: [took(2, 0), stepped(2, 0, 1)],
+        2: [took(0, 0), stepped(0, 0, 2)],
+        3: [stepped(1, 0, 2)],
+    })
+    with pytest.raises(ValueError, match=r"step 0: committed at world \[1, 2\]"):
+        ettr_torchft.takers_by_step(str(tmp_path))
+
+
 def replay(directory, steps):
     r = subprocess.run([sys.executable, os.path.join(PERF, "ettr_torchft.py"), "--replay", str(directory), "--steps",
                         str(steps)], capture_output=True, text=True, timeout=120)
