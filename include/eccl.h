@@ -252,6 +252,9 @@ typedef struct {
   uint64_t directCollectives;
   uint64_t peerBytesRead;
   uint64_t peerReadLanes;
+  /* Lanes this member opened or accepted since it started, at any time (a view change's counts above
+     cover only its own): a collective that had to open lanes shows here. */
+  uint64_t connectionsOpenedEver;
 } ecclCommStats_t;
 ecclResult_t ecclCommGetStats(ecclComm_t comm, ecclCommStats_t* stats);
 

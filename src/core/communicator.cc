@@ -181,6 +181,9 @@ void Communicator::join(const ecclUniqueId& id, membership::Role role, int rank,
     MutexLock lock(reporterMu_);
     if (reporter_) reporter_->prepared(epoch);
   };
+  links.readsEveryPeer = [this](const std::vector<transport::MemberId>& members) {
+    return viewReadsEveryPeer(members);
+  };
   migration_ = std::make_unique<elastic::Migration>(std::move(links));
   client_->setCallbacks({
       [this](const membership::CoordMessage& f) {
@@ -362,6 +365,7 @@ void Communicator::fillStats(ecclCommStats_t* out) const {
   s.directCollectives = directCollectives_.load(std::memory_order_relaxed);
   s.peerBytesRead = peerBytesRead_.load(std::memory_order_relaxed);
   s.peerReadLanes = d.peerReadLanes;
+  s.connectionsOpenedEver = d.connectionsOpened;
   std::memcpy(out, &s, std::min(out->size, sizeof(s)));
 }
 
@@ -665,6 +669,16 @@ bool Communicator::everyRankOnThisHost() {
     if (!known->second) return false;
   }
   return true;
+}
+
+// The direct collectives' conditions a view's members decide alone (the
+// sizes aside): a preparation opens every lane they will need, and the
+// device remembers who shares this host (a look at /proc/net/unix, 20-250
+// us with a job's sockets in it, that the switchover then does not pay).
+bool Communicator::viewReadsEveryPeer(const std::vector<transport::MemberId>& members) {
+  if (directBytes_ == 0 || members.size() < 2 || members.size() > kDirectMaxRanks) return false;
+  return std::all_of(members.begin(), members.end(),
+                     [this](transport::MemberId m) { return m == self_ || device_->sharesHostWith(m); });
 }
 
 bool Communicator::readDirectly(bool allreduce, size_t messageBytes, FunctionRef<bool()> algorithm) {

@@ -228,6 +228,7 @@ class Communicator {
   // it moved the data.
   bool readDirectly(bool allreduce, size_t messageBytes, FunctionRef<bool()> algorithm) ECCL_REQUIRES(caller_);
   bool everyRankOnThisHost() ECCL_REQUIRES(caller_);
+  bool viewReadsEveryPeer(const std::vector<transport::MemberId>& members);
   // The last collective that returned success, not yet told to the device
   // (Device::collectiveStarts takes it), or 0.
   uint64_t takeEndedWell() ECCL_REQUIRES(caller_);

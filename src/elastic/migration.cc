@@ -1,6 +1,7 @@
 #include "elastic/migration.h"
 
 #include <algorithm>
+#include <iterator>
 
 #include "coll/algorithms.h"
 #include "common/error.h"
@@ -104,7 +105,8 @@ void Migration::addPreparedPeersLocked() {
 }
 
 // Opens what this member needs of the next view that it does not have: its
-// ring neighbours there and, for the leaver and the joiner, each other.
+// ring neighbours there (every member where the view's collectives read
+// each peer in place) and, for the leaver and the joiner, each other.
 void Migration::prepareDelta(uint32_t nextEpoch) {
   std::vector<membership::ViewEntry> next;
   transport::MemberId joiner;
@@ -120,8 +122,16 @@ void Migration::prepareDelta(uint32_t nextEpoch) {
   }
   std::vector<transport::MemberId> needed;
   int me = rankIn(next, self_);
-  if (me >= 0)
-    for (int peer : coll::latencyPeers(me, static_cast<int>(next.size()))) needed.push_back(next[peer].member);
+  if (me >= 0) {
+    std::vector<transport::MemberId> members;
+    for (const auto& e : next) members.push_back(e.member);
+    if (links_.readsEveryPeer && links_.readsEveryPeer(members)) {
+      std::copy_if(members.begin(), members.end(), std::back_inserter(needed),
+                   [this](transport::MemberId m) { return m != self_; });
+    } else {
+      for (int peer : coll::latencyPeers(me, static_cast<int>(next.size()))) needed.push_back(next[peer].member);
+    }
+  }
   bool isLeaver = std::count(leavers.begin(), leavers.end(), self_) > 0;
   if (isLeaver) needed.push_back(joiner);
   if (self_ == joiner) needed.insert(needed.end(), leavers.begin(), leavers.end());

@@ -34,6 +34,11 @@ struct MigrationLinks {
   // once it left the view).
   std::function<void(transport::MemberId, const std::string&)> report;
   std::function<void(uint32_t epoch)> prepared;
+  // Whether the collectives of a view of these members read every peer's
+  // memory in place: they then need a lane to every member, which the
+  // preparation opens instead of the first collective after the
+  // switchover. Called on the worker; null: never.
+  std::function<bool(const std::vector<transport::MemberId>&)> readsEveryPeer;
 };
 
 class Migration {

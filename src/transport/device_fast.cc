@@ -28,12 +28,16 @@ bool LaneDevice::sharesHostWith(MemberId member) {
     MutexLock lock(mu_);
     auto it = peers_.find(member);
     if (it == peers_.end()) return false;
+    if (it->second.sharesHost) return *it->second.sharesHost;
     address = it->second.address;
   }
+  bool here = false;
   for (const auto& [name, part] : address)
     for (const auto& backend : backends_)
-      if (name == backend->name() && backend->listensHere(part)) return true;
-  return false;
+      here = here || (name == backend->name() && backend->listensHere(part));
+  MutexLock lock(mu_);
+  if (auto it = peers_.find(member); it != peers_.end() && it->second.address == address) it->second.sharesHost = here;
+  return here;
 }
 
 std::vector<std::pair<MemberId, std::shared_ptr<FastChannel>>> LaneDevice::fastChannels() {

@@ -233,6 +233,7 @@ struct Peer {
   enum class State { kIdle, kConnecting, kUp, kFailed, kLeft };
   MemberId id = 0;
   std::vector<std::pair<std::string, std::string>> address;  // each back end's part
+  std::optional<bool> sharesHost;                             // sharesHostWith's answer, once asked
   std::string label;
   Device::PeerRole role = Device::PeerRole::kViewMember;
   State state = State::kIdle;

@@ -280,7 +280,7 @@ class Device {
   // everything else.
   // Whether `member` listens on this host for a back end that shares
   // memory (Backend::listensHere), found without opening a lane; the same
-  // answer at both ends.
+  // answer at both ends. Asked once per peer (kept until it is removed).
   virtual bool sharesHostWith(MemberId member) = 0;
   // The slots of `member`'s first lane, once its lanes are open (started
   // and waited for like a post's; throws at the deadline naming it); null

@@ -158,5 +158,61 @@ TEST(DirectReplace, AJoinerIsReadInPlaceAfterItReplacesAKilledRank) {
   }
 }
 
+// True on every rank once every rank of the view saw the preparation READY
+// (at most 20 s scaled).
+void awaitEveryoneReady(ecclComm_t comm) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20) * timeScale();
+  for (;;) {
+    ecclPrepareState_t state;
+    RANK_OK(ecclCommPrepareStatus(comm, &state, nullptr), comm);
+    RANK_CHECK(state != ecclPrepareFailed, std::string("preparation failed: ") + ecclGetLastError(comm));
+    int32_t ready = state == ecclPrepareReady;
+    RANK_OK(ecclAllReduce(&ready, &ready, 1, ecclInt32, ecclMin, comm, nullptr), comm);
+    if (ready == 1) return;
+    RANK_CHECK(std::chrono::steady_clock::now() < until, "the preparation was not READY on every rank within 20 s");
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+// The first collective after a switchover opens no lane although it reads
+// every peer in place: the preparation opened the joiner's lane to every
+// member (at 6 ranks the ring and tree alone would use only some of them).
+void firstCollectiveOpensNothing(ecclComm_t comm, int rank, int n, bool shm, const std::string& who) {
+  const ecclCommStats_t before = statsOf(comm);
+  checkSums(comm, rank, n, 1000003, false, shm);
+  const ecclCommStats_t after = statsOf(comm);
+  RANK_CHECK(after.connectionsOpenedEver == before.connectionsOpenedEver,
+             who + "'s first collective after the switchover opened " +
+                 std::to_string(after.connectionsOpenedEver - before.connectionsOpenedEver) + " lanes");
+  RANK_CHECK(after.directCollectives == before.directCollectives + (shm ? 1 : 0),
+             who + " read in place " + std::to_string(after.directCollectives - before.directCollectives) + " times");
+}
+
+TEST(DirectMigrate, ThePreparationOpensEveryLaneTheJoinerReadsOver) {
+  setenv("ECCL_SOCKET_IFNAME", "lo", 1);
+  constexpr int n = 6, leaver = 2;
+  const bool shm = overSharedMemory();
+  ProcessGroup group(n + 1, [&](int index, int, const ecclUniqueId& id) {
+    ecclComm_t comm;
+    if (index == n) {  // the joiner
+      RANK_OK(ecclCommInitStandby(&comm, id, nullptr), nullptr);
+      RANK_OK(ecclCommSwitchover(comm), comm);
+      firstCollectiveOpensNothing(comm, leaver, n, shm, "the joiner");
+      RANK_OK(ecclCommDestroy(comm), comm);
+      return;
+    }
+    RANK_OK(ecclCommInitRank(&comm, n, id, index), nullptr);
+    checkSums(comm, index, n, 1000003, false, shm);  // every pair's lanes among the members
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the standby registered
+    if (index == 0) RANK_OK(ecclCommPrepare(comm, leaver), comm);
+    awaitEveryoneReady(comm);
+    RANK_OK(ecclCommSwitchover(comm), comm);
+    if (index != leaver) firstCollectiveOpensNothing(comm, index, n, shm, "rank " + std::to_string(index));
+    RANK_OK(ecclCommDestroy(comm), comm);
+  });
+  auto outcomes = group.wait(std::chrono::seconds(120));
+  for (const auto& o : outcomes) EXPECT_TRUE(o.exited && o.exitCode == 0) << describe(outcomes);
+}
+
 }  // namespace
 }  // namespace eccl::test
