@@ -400,6 +400,17 @@ int main(int argc, char** argv) {
   auto idlePids = [&] { return coordinator ? coordinator->idleStandbyPids() : replicated->idleStandbyPids(); };
   auto viewPids = [&] { return coordinator ? coordinator->viewPids() : replicated->viewPids(); };
   auto fencedPids = [&] { return coordinator ? coordinator->fencedPids() : replicated->fencedPids(); };
+  auto tellRankExited = [&](int rank, const std::string& how) {
+    try {
+      const auto id = eccl::membership::decodeUniqueId(eccl::membership::uniqueIdFromText(idText));
+      eccl::membership::reportRankExited(id, rank, how, eccl::deadlineAfterMs(5000));
+      fprintf(stderr, "eccl-run: rank %d ended before the job formed (%s); the next idle standby takes its rank\n", rank,
+              how.c_str());
+    } catch (const eccl::Error& e) {
+      fprintf(stderr, "eccl-run: rank %d ended before the job formed; telling the coordinator failed: %s\n", rank,
+              e.what());
+    }
+  };
   int coordChaosKills = 0;
   auto nextCoordChaos = eccl::Clock::now() + std::chrono::milliseconds(coordChaosMs);
 
@@ -721,6 +732,12 @@ int main(int argc, char** argv) {
         else
           fprintf(stderr, "eccl-run: %s %s (pid %d) exited with status %d%s\n", what, c.label.c_str(), pid,
                   WEXITSTATUS(status), said.c_str());
+        // Gone before the job formed: the others would wait in formation
+        // until their deadline; the coordinator hands its rank to a standby.
+        if (!c.standby && failedItself && inView.empty() && !jobEnding && !timedOut)
+          tellRankExited(c.rank, WIFSIGNALED(status) ? fmt::format("pid {} killed by signal {}", pid, WTERMSIG(status))
+                                                     : fmt::format("pid {} exited with status {}", pid,
+                                                                   WEXITSTATUS(status)));
       }
     }
   }

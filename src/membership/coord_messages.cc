@@ -31,6 +31,7 @@ const char* coordKindName(CoordKind kind) {
     case CoordKind::kReconfigure: return "reconfigure";
     case CoordKind::kGroup: return "group";
     case CoordKind::kGroupFailed: return "group failed";
+    case CoordKind::kRankExited: return "rank exited before registering";
   }
   return "unknown";
 }
@@ -157,7 +158,7 @@ std::optional<CoordMessage> decodeCoordMessage(const uint8_t* p, size_t n, std::
     *why = "coordinator message header is truncated or a field is too long";
     return std::nullopt;
   }
-  if (kind < 1 || kind > static_cast<uint32_t>(CoordKind::kGroupFailed)) {
+  if (kind < 1 || kind > static_cast<uint32_t>(CoordKind::kRankExited)) {
     *why = fmt::format("unknown coordinator message kind {}", kind);
     return std::nullopt;
   }

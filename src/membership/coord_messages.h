@@ -52,6 +52,9 @@ enum class CoordKind : uint32_t {
   // each hears when another member of it fails.
   kGroup = 23,         // member -> coord: uuid, policy (0: joins that group, 1: leaves it in order)
   kGroupFailed = 24,   // coord -> member: uuid, members (the failed), text
+  // A launcher: the process meant to be `rank` ended before it registered
+  // (text: how). Before the job forms an idle standby takes the rank.
+  kRankExited = 25,    // tool -> coord: rank, text
 };
 
 enum class Role : uint32_t { kRank = 1, kStandby = 2, kTool = 3 };

@@ -234,7 +234,7 @@ class Driver {
       if (!got.empty()) {
         const CoordMessage& first = got.front();
         if (first.kind != CoordKind::kJoin && first.kind != CoordKind::kStatusQuery &&
-            first.kind != CoordKind::kMigrate)
+            first.kind != CoordKind::kMigrate && first.kind != CoordKind::kRankExited)
           why = fmt::format("first message is {}, expected join", coordKindName(first.kind));
       }
       if (!why.empty()) {
@@ -439,6 +439,14 @@ std::string queryCoordinatorStatus(const UniqueIdData& id, Deadline deadline) {
   CoordMessage q;
   q.kind = CoordKind::kStatusQuery;
   return toolRequest(id, q, deadline, "status query to " + coordinatorLabel(id));
+}
+
+std::string reportRankExited(const UniqueIdData& id, int rank, const std::string& how, Deadline deadline) {
+  CoordMessage q;
+  q.kind = CoordKind::kRankExited;
+  q.rank = rank;
+  q.text = how;
+  return toolRequest(id, q, deadline, fmt::format("telling {} that rank {} exited", coordinatorLabel(id), rank));
 }
 
 std::string requestMigration(const UniqueIdData& id, int rank, Deadline deadline) {

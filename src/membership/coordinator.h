@@ -108,5 +108,10 @@ StatusPids parseStatusPids(const std::string& status);
 // ecclcoord migrate: asks for an expected migration of `rank` to a standby;
 // returns the coordinator's status once it is announced, throws its refusal.
 std::string requestMigration(const UniqueIdData& id, int rank, Deadline deadline);
+// A launcher: the process started as `rank` ended (`how`) before it
+// registered. Before the job forms, an idle standby (or the next one to
+// register) takes the rank; returns the coordinator's status, throws its
+// refusal.
+std::string reportRankExited(const UniqueIdData& id, int rank, const std::string& how, Deadline deadline);
 
 }  // namespace eccl::membership

@@ -205,6 +205,46 @@ TEST(CoordinatorAdmission, ToolIsAnsweredWithTheStatusAndClosed) {
   EXPECT_TRUE(h.closedBy(9));
 }
 
+// A launcher says rank 1's process ended before it registered: the next
+// idle standby takes the rank and the job forms without waiting for it.
+TEST(CoordinatorAdmission, ARankThatEndedBeforeRegisteringGoesToAStandby) {
+  Harness h;
+  h.joinRank(1, 0, 3);
+  h.joinRank(3, 2, 3);
+  auto exited = [&](uint64_t conn, int64_t rank) {
+    CoordMessage m;
+    m.kind = CoordKind::kRankExited;
+    m.rank = rank;
+    m.text = "pid 77 exited with status 3";
+    h.first(conn, m);
+    EXPECT_TRUE(h.closedBy(conn));
+  };
+  exited(9, 1);
+  auto status = h.to(9, CoordKind::kStatus);
+  ASSERT_EQ(status.size(), 1u);
+  EXPECT_NE(status[0].text.find("waiting for a standby: 1 (pid 77 exited with status 3)"), std::string::npos)
+      << status[0].text;
+  EXPECT_EQ(h.sentOfKind(CoordKind::kView), 0u);
+  exited(10, 5);
+  auto refused = h.to(10, CoordKind::kError);
+  ASSERT_EQ(refused.size(), 1u);
+  EXPECT_NE(refused[0].text.find("rank 5 is outside [0, 3)"), std::string::npos) << refused[0].text;
+  exited(11, 0);  // it registered: its own connection's close will say if it ended
+  EXPECT_EQ(h.to(11, CoordKind::kStatus).size(), 1u);
+  h.joinStandby(4);
+  for (uint64_t m : {1, 3, 4}) {
+    auto views = h.to(m, CoordKind::kView);
+    ASSERT_FALSE(views.empty()) << "member " << m;
+    EXPECT_EQ(views.back().epoch, 1u);
+    EXPECT_EQ(membersOf(views.back()), (std::vector<uint64_t>{1, 4, 3}));
+  }
+  EXPECT_EQ(h.to(4, CoordKind::kView).back().rank, 1);
+  // A process registering as rank 1 late finds it taken.
+  h.clear();
+  h.joinRank(5, 1, 3);
+  EXPECT_EQ(h.to(5, CoordKind::kError).size(), 1u);
+}
+
 TEST(CoordinatorLiveness, SilentMemberIsDeclaredFencedAndTheOthersTold) {
   Harness h;
   formThree(h);
@@ -747,6 +787,25 @@ TEST(CoordinatorTakeover, AMemberThatDoesNotComeBackIsDeclaredAndTheFencedStayFe
   EXPECT_EQ(failed[0].members, (std::vector<uint64_t>{4, 3}));
   EXPECT_NE(failed[0].text.find("did not reconnect"), std::string::npos) << failed[0].text;
   EXPECT_TRUE(b.to(2, CoordKind::kEvicted).empty());
+}
+
+TEST(CoordinatorTakeover, ARankVacantBeforeFormingStaysVacant) {
+  Harness a;
+  a.joinRank(1, 0, 3);
+  CoordMessage m;
+  m.kind = CoordKind::kRankExited;
+  m.rank = 2;
+  m.text = "pid 77 killed by signal 9";
+  a.first(9, m);
+  Harness b;
+  b.core.importState(a.core.exportState(), b.now);
+  CoordMessage q;
+  q.kind = CoordKind::kStatusQuery;
+  b.first(9, q);
+  auto status = b.to(9, CoordKind::kStatus);
+  ASSERT_EQ(status.size(), 1u);
+  EXPECT_NE(status[0].text.find("waiting for a standby: 2 (pid 77 killed by signal 9)"), std::string::npos)
+      << status[0].text;
 }
 
 TEST(CoordinatorTakeover, EpochNumbersAreNeverReusedAcrossALeaderChange) {

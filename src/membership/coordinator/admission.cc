@@ -16,6 +16,11 @@ void CoordinatorCore::answerTool(uint64_t conn, const std::string& peer, const C
     if (!refused.empty()) s.kind = CoordKind::kError, s.text = refused;
     else s.text = fmt::format("migration of rank {} prepared\n{}", msg.rank, statusText());
   }
+  if (msg.kind == CoordKind::kRankExited) {
+    std::string refused = vacateRank(msg.rank, msg.text, fmt::format("a tool at {}", peer));
+    if (!refused.empty()) s.kind = CoordKind::kError, s.text = refused;
+    else s.text = statusText();
+  }
   sendTo(conn, s, CoordAction::Kind::kSendAndClose);
 }
 
@@ -68,9 +73,42 @@ void CoordinatorCore::join(uint64_t conn, const std::string& peer, const CoordMe
     sendView(mid, "registered as a standby");
     if (members.at(mid).eager) sendStandbys();
     if (replaceHeldUntil) tryRecover();  // a held REPLACE may be complete now
+    fillVacantRanks();
   } else if (rankOf.size() == nranks) {
     form();
   }
+}
+
+// A rank whose process ended before it registered would hold the others
+// in formation until their deadline: an idle standby takes it instead, as
+// a replacement does after the job formed. After formation a registered
+// rank's death is the usual failure; this is only news before it.
+std::string CoordinatorCore::vacateRank(int64_t rank, const std::string& how, const std::string& asker) {
+  if (!view.empty()) return "";  // it registered, and its failure is handled as every member's
+  if (rank < 0 || (nranks != 0 && rank >= static_cast<int64_t>(nranks)))
+    return fmt::format("rank {} is outside [0, {})", rank, nranks);
+  for (auto& [mid, r] : rankOf)
+    if (r == rank) return "";  // it registered before it ended: its connection's close says so
+  log::warn("coordinator: rank {} ended before it registered ({}; told by {}){}", rank, how, asker,
+            idleStandbys().empty() ? "; the next standby to register takes it" : "");
+  vacantRanks[rank] = how;
+  fillVacantRanks();
+  return "";
+}
+
+void CoordinatorCore::fillVacantRanks() {
+  if (!view.empty()) return;
+  std::vector<uint64_t> standbys = idleStandbys();
+  auto standby = standbys.begin();
+  for (auto it = vacantRanks.begin(); it != vacantRanks.end() && standby != standbys.end(); ++standby) {
+    Member& m = members.at(*standby);
+    m.role = Role::kRank;
+    rankOf[*standby] = it->first;
+    log::info("coordinator: standby member {:016x} (pid {}) takes rank {}, whose process ended before it "
+              "registered ({})", *standby, m.pid, it->first, it->second);
+    it = vacantRanks.erase(it);
+  }
+  if (nranks != 0 && rankOf.size() == nranks) form();
 }
 
 // A member of the job the previous coordinator knew came back: it keeps

@@ -194,6 +194,8 @@ class CoordinatorCore {
   void join(uint64_t conn, const std::string& peer, const CoordMessage& msg);
   void resume(uint64_t conn, uint64_t member, uint32_t itsEpoch);
   void answerTool(uint64_t conn, const std::string& peer, const CoordMessage& msg);
+  std::string vacateRank(int64_t rank, const std::string& how, const std::string& asker);
+  void fillVacantRanks();
   void form();
   void sendStandbys();
   void announceViewToStandbys();
@@ -266,6 +268,9 @@ class CoordinatorCore {
   uint32_t epoch = 0;
   uint32_t issued = 0;             // highest epoch ever announced: an aborted vote's number is never reused
   std::map<uint64_t, int64_t> rankOf;  // requested ranks before formation
+  // Before formation: ranks whose process ended before it registered, with
+  // how (a launcher's kRankExited); the next idle standby takes each.
+  std::map<int64_t, std::string> vacantRanks;
   std::vector<uint64_t> view;      // rank -> member; empty until formed
   std::vector<uint64_t> failed;    // members of `view` failed in this epoch
   // Those of `failed` that left in order, reported by a member whose

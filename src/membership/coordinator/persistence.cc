@@ -59,6 +59,9 @@ CoordinatorState CoordinatorCore::exportState() const {
   s["failedNeededFrom"] = pairs(failedNeededFrom);
   s["fenced"] = fenced;
   s["gone"] = gone;
+  json vacant = json::array();
+  for (auto& [rank, how] : vacantRanks) vacant.push_back(json::array({rank, how}));
+  s["vacantRanks"] = vacant;
   s["eagerListSent"] = eagerListSent;
   s["lastFailure"] = lastFailure;
   s["lastAbort"] = lastAbort;
@@ -130,6 +133,8 @@ void CoordinatorCore::importState(const CoordinatorState& state, Time at) {
     for (auto& p : s.at("failedNeededFrom")) failedNeededFrom[p.at(0)] = p.at(1);
     fenced = s.at("fenced").get<std::set<uint64_t>>();
     gone = s.at("gone").get<std::set<uint64_t>>();
+    if (s.contains("vacantRanks"))  // absent from a state written before launchers reported ranks that ended
+      for (auto& p : s.at("vacantRanks")) vacantRanks[p.at(0)] = p.at(1);
     eagerListSent = s.at("eagerListSent");
     lastFailure = s.at("lastFailure");
     lastAbort = s.at("lastAbort");

@@ -16,7 +16,10 @@ std::string CoordinatorCore::statusText() const {
       for (auto& [mid, rr] : rankOf) here = here || rr == r;
       if (!here) missing += fmt::format("{}{}", missing.empty() ? "" : ",", r);
     }
-    s = fmt::format("forming: {} of {} ranks registered (missing: {})\n", rankOf.size(), nranks, missing);
+    std::string vacant;
+    for (auto& [rank, how] : vacantRanks) vacant += fmt::format("{}{} ({})", vacant.empty() ? "" : ", ", rank, how);
+    s = fmt::format("forming: {} of {} ranks registered (missing: {}{})\n", rankOf.size(), nranks, missing,
+                    vacant.empty() ? "" : "; ended before registering, waiting for a standby: " + vacant);
   } else {
     s = fmt::format("epoch {}, {} ranks\n", epoch, view.size());
   }
