@@ -292,7 +292,7 @@ void LaneDevice::closeLaneLocked(Lane& lane) {
   lane.zeroCopyWrites.clear();
   lane.zeroCopyStarted = 0;
   lane.zeroCopyHeldBack = false;
-  lane.bulkCreditedSent = lane.bulkReadByPeer = lane.bulkCreditedRead = lane.bulkReadReported = 0;
+  lane.bulkCredit.reset();
   lane.rxBegin = lane.rxEnd = 0;
   stats_.connectionsClosed++;
 }

@@ -186,7 +186,7 @@ bool LaneDevice::writeQueuedLocked(Lane& lane) {
       lane.sendQueue.pop_front();
       continue;
     }
-    if (item.header[7] & FrameHeader::kBulkCredit) lane.bulkCreditedSent += item.length;
+    if (item.header[7] & FrameHeader::kBulkCredit) lane.bulkCredit.sent(item.length);
     RequestPtr r = std::move(item.request);
     lane.sendQueue.pop_front();
     finishChunkLocked(r);
@@ -195,37 +195,35 @@ bool LaneDevice::writeQueuedLocked(Lane& lane) {
 }
 
 // A quiet lane (no foreground send for bulkQuietAfterMs) may fill: a ring
-// up to its size, a socket up to kBulkQuietUnreadBytes, not its kernel
+// up to its size, a socket up to BulkCredit::kQuietUnreadBytes, not its kernel
 // buffers' megabytes, which the next burst's first message would wait behind.
 bool LaneDevice::bulkRoomLocked(const Lane& lane, bool quiet) const {
   if (lane.conduit->seesPeerReads()) return quiet || lane.conduit->roomForBulk();
-  return lane.bulkCreditedSent - lane.bulkReadByPeer < (quiet ? kBulkQuietUnreadBytes : kBulkUnreadBytes);
+  return lane.bulkCredit.room(quiet);
 }
 
 // A bulk frame the sender counts was read (its payload kept or dropped):
-// count it, and report the count every kBulkReportBytes.
+// count it, and report the count every BulkCredit::kReportBytes.
 void LaneDevice::bulkFrameReadLocked(Lane& lane) {
-  lane.bulkCreditedRead += lane.frame.length;
-  if (lane.bulkCreditedRead - lane.bulkReadReported < kBulkReportBytes) return;
-  lane.bulkReadReported = lane.bulkCreditedRead;
+  const std::optional<uint64_t> total = lane.bulkCredit.read(lane.frame.length);
+  if (!total) return;
   std::vector<uint8_t> payload(8);
-  std::memcpy(payload.data(), &lane.bulkCreditedRead, 8);
+  std::memcpy(payload.data(), &*total, 8);
   queueControlLocked(lane, FrameType::kBulkRead, std::move(payload));
 }
 
 void LaneDevice::onBulkReadLocked(Lane& lane) {
   uint64_t read;
   std::memcpy(&read, lane.control.data(), 8);  // the frame decoder checked the 8 bytes are there
-  if (read > lane.bulkCreditedSent) {
+  if (!lane.bulkCredit.peerRead(read)) {
     stats_.framesRejected++;
     failPeerLocked(lane.key.remote, ecclRemoteError,
                    fmt::format("peer {} said it read {} bytes of bulk frames on lane {}, of {} sent; connection "
                                "dropped",
-                               labelLocked(lane.key.remote), read, lane.key.lane, lane.bulkCreditedSent),
+                               labelLocked(lane.key.remote), read, lane.key.lane, lane.bulkCredit.sentTotal()),
                    true);
     return;
   }
-  lane.bulkReadByPeer = std::max(lane.bulkReadByPeer, read);
   if (!lane.bulkQueue.empty()) flushLocked(lane);
 }
 

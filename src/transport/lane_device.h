@@ -36,6 +36,7 @@
 #include "common/netif.h"
 #include "common/socket.h"
 #include "transport/backend.h"
+#include "transport/bulk_credit.h"
 #include "transport/frame.h"
 
 namespace eccl::transport::lanes {
@@ -72,12 +73,6 @@ constexpr uint64_t kLanesToken = 1;  // in the progress thread's epoll only
 constexpr int64_t kLeaseMs = 2;
 // Bulk frames (Device::isendBulk) one flush of a lane may start: 512 KiB.
 constexpr size_t kBulkFramesPerFlush = 8;
-// Over a back end that cannot see its peer's reads (Conduit::seesPeerReads),
-// bulk payload the peer has not reported reading (kBulkRead) stays under
-// this, and the peer reports each time it has read this much more.
-constexpr uint64_t kBulkUnreadBytes = 128 << 10;
-constexpr uint64_t kBulkQuietUnreadBytes = 1 << 20;  // on a quiet lane (DeviceOptions::bulkQuietAfterMs)
-constexpr uint64_t kBulkReportBytes = 64 << 10;
 
 struct SendItem {
   uint8_t header[FrameHeader::kSize + FrameHeader::kSignatureBytes];
@@ -175,11 +170,8 @@ struct Lane {
   // keeps it shallow.
   Clock::time_point foregroundPostedAt{};
   // Bulk admission by count (kBulkCredit frames, kBulkRead reports) where
-  // the conduit cannot see its peer's reads: payload bytes of such frames
-  // written whole, and the most the peer said it read; receiving, payload
-  // bytes of such frames read, and the count last reported.
-  uint64_t bulkCreditedSent = 0, bulkReadByPeer = 0;
-  uint64_t bulkCreditedRead = 0, bulkReadReported = 0;
+  // the conduit cannot see its peer's reads.
+  BulkCredit bulkCredit;
   // Receive state machine, touched only by the progress thread.
   enum class Rx { kHeader, kSignature, kPayload } rx = Rx::kHeader;
   uint8_t header[FrameHeader::kSize];
