@@ -6,13 +6,8 @@
 set -euo pipefail
 run=${1:?usage: $0 ECCL_RUN ELASTIC_TRAIN}
 train=${2:?usage: $0 ECCL_RUN ELASTIC_TRAIN}
-out=$(mktemp)
-trap 'rm -f "$out"' EXIT
-fail() {
-  echo "early_exit: $1; the job's output:" >&2
-  cat "$out" >&2
-  exit 1
-}
+# shellcheck source=job_output.sh
+source "$(dirname "$0")/job_output.sh"
 export ECCL_SOCKET_IFNAME=lo
 dies='if [ "$ECCL_ROLE" = rank ] && [ "$ECCL_RANK" = 1 ]; then exit 3; fi; exec "$0" "$@"'
 

@@ -7,13 +7,8 @@
 set -euo pipefail
 run=${1:?usage: $0 ECCL_RUN ELASTIC_TRAIN}
 train=${2:?usage: $0 ECCL_RUN ELASTIC_TRAIN}
-out=$(mktemp)
-trap 'rm -f "$out"' EXIT
-fail() {
-  echo "fenced_repair: $1; the job's output:" >&2
-  cat "$out" >&2
-  exit 1
-}
+# shellcheck source=job_output.sh
+source "$(dirname "$0")/job_output.sh"
 seconds_of() { sed -nE "s/.*$1.* at ([0-9.]+) s$/\1/p" "$out" | head -1; }
 export ECCL_SOCKET_IFNAME=lo ECCL_HEARTBEAT_TIMEOUT_MS=1000
 

@@ -7,13 +7,8 @@
 set -euo pipefail
 run=${1:?usage: $0 ECCL_RUN ELASTIC_TRAIN}
 train=${2:?usage: $0 ECCL_RUN ELASTIC_TRAIN}
-out=$(mktemp)
-trap 'rm -f "$out"' EXIT
-fail() {
-  echo "pool_first: $1; the job's output:" >&2
-  cat "$out" >&2
-  exit 1
-}
+# shellcheck source=job_output.sh
+source "$(dirname "$0")/job_output.sh"
 export ECCL_SOCKET_IFNAME=lo
 
 # The standby takes 2 s to start; rank 1 dies 0.1 s after the ranks start.

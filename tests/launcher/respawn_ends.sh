@@ -8,8 +8,8 @@
 set -euo pipefail
 run=${1:?usage: $0 ECCL_RUN ELASTIC_TRAIN}
 train=${2:?usage: $0 ECCL_RUN ELASTIC_TRAIN}
-out=$(mktemp)
-trap 'rm -f "$out"' EXIT
+# shellcheck source=job_output.sh
+source "$(dirname "$0")/job_output.sh"
 for pool in "--respawn 0" "--standby 1 --refill"; do
   start=$(date +%s)
   # shellcheck disable=SC2086

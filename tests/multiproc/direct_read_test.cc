@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "tests/support/collectives.h"
+#include "tests/support/elastic.h"
 #include "tests/support/multiproc.h"
 
 namespace eccl::test {
@@ -155,22 +156,6 @@ TEST(DirectReplace, AJoinerIsReadInPlaceAfterItReplacesAKilledRank) {
   for (const auto& o : outcomes) {
     if (o.rank == victim) continue;
     EXPECT_TRUE(o.exited && o.exitCode == 0) << describe(outcomes);
-  }
-}
-
-// True on every rank once every rank of the view saw the preparation READY
-// (at most 20 s scaled).
-void awaitEveryoneReady(ecclComm_t comm) {
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20) * timeScale();
-  for (;;) {
-    ecclPrepareState_t state;
-    RANK_OK(ecclCommPrepareStatus(comm, &state, nullptr), comm);
-    RANK_CHECK(state != ecclPrepareFailed, std::string("preparation failed: ") + ecclGetLastError(comm));
-    int32_t ready = state == ecclPrepareReady;
-    RANK_OK(ecclAllReduce(&ready, &ready, 1, ecclInt32, ecclMin, comm, nullptr), comm);
-    if (ready == 1) return;
-    RANK_CHECK(std::chrono::steady_clock::now() < until, "the preparation was not READY on every rank within 20 s");
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
 }
 

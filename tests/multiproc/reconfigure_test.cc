@@ -22,28 +22,6 @@ namespace {
 constexpr int kLanes = kElasticLanes;
 using Reconfigure = ElasticTest;
 
-// True on every rank once every rank of the view saw the preparation READY.
-bool everyoneReady(ecclComm_t comm) {
-  ecclPrepareState_t state;
-  RANK_OK(ecclCommPrepareStatus(comm, &state, nullptr), comm);
-  RANK_CHECK(state != ecclPrepareFailed, std::string("preparation failed: ") + ecclGetLastError(comm));
-  int32_t ready = state == ecclPrepareReady;
-  RANK_OK(ecclAllReduce(&ready, &ready, 1, ecclInt32, ecclMin, comm, nullptr), comm);
-  return ready == 1;
-}
-
-// Polls everyoneReady (running `eachStep` between polls) until it is true,
-// for at most 20 s scaled: bounded by time, not by a count of polls, since
-// a loaded host makes each poll quick and the preparation slow.
-void awaitEveryoneReady(ecclComm_t comm, const std::function<void(int)>& eachStep = {}) {
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20) * timeScale();
-  for (int step = 0; !everyoneReady(comm); ++step) {
-    RANK_CHECK(std::chrono::steady_clock::now() < until, "the preparation was not READY on every rank within 20 s");
-    if (eachStep) eachStep(step);
-    else std::this_thread::sleep_for(std::chrono::microseconds(500));
-  }
-}
-
 // A rank of the current view: joins, checks an allreduce, waits for the
 // standbys to register, has rank 0 prepare the migration of `leaver` and
 // runs until every rank sees it READY (all at the same boundary).

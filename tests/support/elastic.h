@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <functional>
 #include <set>
 #include <string>
 #include <thread>
@@ -62,6 +63,28 @@ inline void checkQueuePairsFollowLanes(const ecclCommStats_t& s) {
   RANK_CHECK(s.queuePairsPrepared == s.connectionsPrepared * perLane,
              line("prepared", s.queuePairsPrepared, s.connectionsPrepared));
   RANK_CHECK(s.queuePairsOpen == s.openConnections * perLane, line("open", s.queuePairsOpen, s.openConnections));
+}
+
+// True on every rank once every rank of the view saw the preparation READY.
+inline bool everyoneReady(ecclComm_t comm) {
+  ecclPrepareState_t state;
+  RANK_OK(ecclCommPrepareStatus(comm, &state, nullptr), comm);
+  RANK_CHECK(state != ecclPrepareFailed, std::string("preparation failed: ") + ecclGetLastError(comm));
+  int32_t ready = state == ecclPrepareReady;
+  RANK_OK(ecclAllReduce(&ready, &ready, 1, ecclInt32, ecclMin, comm, nullptr), comm);
+  return ready == 1;
+}
+
+// Polls everyoneReady (running `eachStep` between polls) until it is true,
+// for at most 20 s scaled: bounded by time, not by a count of polls, since
+// a loaded host makes each poll quick and the preparation slow.
+inline void awaitEveryoneReady(ecclComm_t comm, const std::function<void(int)>& eachStep = {}) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20) * timeScale();
+  for (int step = 0; !everyoneReady(comm); ++step) {
+    RANK_CHECK(std::chrono::steady_clock::now() < until, "the preparation was not READY on every rank within 20 s");
+    if (eachStep) eachStep(step);
+    else std::this_thread::sleep_for(std::chrono::microseconds(500));
+  }
 }
 
 // Every rank contributes rank+1 (+ salt); checks the exact sum.
