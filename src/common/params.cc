@@ -76,14 +76,14 @@ const std::vector<Param>& all() {
       {"ECCL_SHM_RING_BYTES", "int", "1048576",
        "Shared-memory ring per lane and direction, a power of two from 4096 to 1 GiB: a pair of members "
        "holds 2 x this x ECCL_NSOCKS_PERPEER (2 MiB by default; 8 ranks on a host: 56 MiB in all)."},
-      {"ECCL_SHM_FAST_PATH_BYTES", "int", "4096",
-       "Shared memory: a collective's messages of at most this many bytes (4096 at most) go through slots "
+      {"ECCL_SHM_FAST_PATH_BYTES", "int", "16384",
+       "Shared memory: a collective's messages of at most this many bytes (16384 at most) go through slots "
        "beside the lane, polled by the receiver, instead of as frames through the ring and the device: the "
        "latency of small collectives. 0: every message takes the ring."},
       {"ECCL_SHM_DIRECT_BYTES", "int", "32768",
-       "Shared memory: an allreduce of at least this many bytes (at 2 ranks 4 times as many; a broadcast, "
-       "all-gather or reduce-scatter, every rank's part counted, at 2 ranks from half as many, at more from twice "
-       "as many), where every rank may read every peer's memory (process_vm_readv: same user, no seccomp or Yama "
+       "Shared memory: an allreduce of at least twice this many bytes (at 2 ranks 4 times as many), a broadcast "
+       "of at least 4 times as many (at 2 ranks this many), an all-gather or reduce-scatter, every rank's part "
+       "counted, of at least 4 times as many (at 2 ranks twice), where every rank may read every peer's memory (process_vm_readv: same user, no seccomp or Yama "
        "rule against it; tried once per lane), reads the peers' buffers where they lie: reductions read their "
        "block of each peer's input through a cache-sized buffer, the rest is read from its owner; one copy of "
        "each byte. 0: never."},

@@ -644,13 +644,17 @@ params::SmallAllreduce Communicator::smallAllreduceFor(size_t bytes) {
   return bytes <= kDoublingMaxBytes ? SmallAllreduce::kDoubling : SmallAllreduce::kHalving;
 }
 
-// Where reading in place overtook the lanes (busbw, medians of 5
-// alternating runs, same build): allreduce at 128 KiB at 2 ranks (1.18x;
-// 0.82-0.96x from 8 to 64 KiB: one exchange of the whole vector against
-// three rounds of messages) and 32 KiB at 4 (1.47x; 0.87x at 16 KiB);
-// broadcast, all-gather and reduce-scatter (every rank's part counted) at
-// 16 KiB at 2 ranks (1.76-2.54x; 0.68-0.75x at 4 KiB) and 64 KiB at 4
-// (1.96-2.61x; 0.51-0.94x at 16 KiB).
+// Where reading in place overtook the lanes (busbw, medians of 5-11
+// alternating runs, same build). While the slots held 4 KiB: allreduce at
+// 128 KiB at 2 ranks (1.18x; 0.82-0.96x from 8 to 64 KiB: one exchange of
+// the whole vector against three rounds of messages) and at 32 KiB at 4
+// (1.47x); broadcast, all-gather and reduce-scatter (every rank's part
+// counted) at 16 KiB at 2 ranks and 64 KiB at 4. With 16 KiB slots the
+// lanes win wherever their messages fit a slot: at 4 ranks allreduce at
+// 32 KiB (1.18x and 2.00x; 0.61x at 64 KiB), the other three at 64 KiB
+// (1.14-1.38x in two sets; 0.43-0.92x at 128 KiB); at 2 ranks all-gather
+// and reduce-scatter at 32 KiB (1.29x, 1.92x; ties at 64 KiB) and
+// broadcast at 16 KiB (1.05x; 0.54x at 32 KiB).
 // Reading in place opens a lane to every peer (the rounds of messages and
 // the probe): 7 per rank at 8 ranks, as NCCL's node-local peers; beyond
 // that the lanes' memory and the connections a reconfiguration would
@@ -681,9 +685,17 @@ bool Communicator::viewReadsEveryPeer(const std::vector<transport::MemberId>& me
                      [this](transport::MemberId m) { return m == self_ || device_->sharesHostWith(m); });
 }
 
-bool Communicator::readDirectly(bool allreduce, size_t messageBytes, FunctionRef<bool()> algorithm) {
-  const size_t from = allreduce ? (size() == 2 ? 4 * directBytes_ : directBytes_)
-                                : (size() == 2 ? directBytes_ / 2 : 2 * directBytes_);
+size_t Communicator::readsDirectlyFrom(DirectShape shape) const {
+  const bool two = size() == 2;
+  switch (shape) {
+    case DirectShape::kAllReduce: return (two ? 4 : 2) * directBytes_;
+    case DirectShape::kBroadcast: return (two ? 1 : 4) * directBytes_;
+    default: return (two ? 2 : 4) * directBytes_;
+  }
+}
+
+bool Communicator::readDirectly(DirectShape shape, size_t messageBytes, FunctionRef<bool()> algorithm) {
+  const size_t from = readsDirectlyFrom(shape);
   if (directBytes_ == 0 || messageBytes < from || size() < 2 || size() > kDirectMaxRanks ||
       directRefusedEpoch_ == view_.epoch || !everyRankOnThisHost())
     return false;
@@ -713,7 +725,7 @@ void Communicator::allReduce(const void* in, void* out, size_t count, ecclDataTy
   if (sandboxed()) return sandboxCall(signature, out, bytes, [&]() ECCL_REQUIRES(caller_) { sandboxCopy(in, out, bytes); });
   runCollective("allreduce", signature, [&](OpLinks& links) ECCL_REQUIRES(caller_) {
     reduceWide(in, count, out, count, type, op, size(), true, [&](const void* i, void* o, ecclDataType_t t) ECCL_REQUIRES(caller_) {
-      if (readDirectly(true, bytes, [&] { return coll::allreduceDirect(links, i, o, count, t, op); })) return;
+      if (readDirectly(DirectShape::kAllReduce, bytes, [&] { return coll::allreduceDirect(links, i, o, count, t, op); })) return;
       if (bytes > smallAllreduceBytes_) return coll::allreduceRing(links, i, o, count, t, op);
       switch (smallAllreduceFor(bytes)) {
         case params::SmallAllreduce::kDoubling: return coll::allreduceRecursiveDoubling(links, i, o, count, t, op);
@@ -736,7 +748,7 @@ void Communicator::broadcast(const void* in, void* out, size_t count, ecclDataTy
   if (sandboxed())
     return sandboxCall(signature, out, bytes, [&]() ECCL_REQUIRES(caller_) { rank_ == root ? sandboxCopy(in, out, bytes) : sandboxZero(out, bytes); });
   runCollective("broadcast", signature, [&](OpLinks& links) ECCL_REQUIRES(caller_) {
-    if (readDirectly(false, bytes, [&] { return coll::broadcastDirect(links, in, out, bytes, root); })) return;
+    if (readDirectly(DirectShape::kBroadcast, bytes, [&] { return coll::broadcastDirect(links, in, out, bytes, root); })) return;
     if (latencyTree(bytes))
       coll::broadcastBinomial(links, in, out, bytes, root);
     else
@@ -783,7 +795,7 @@ void Communicator::allGather(const void* in, void* out, size_t sendCount, ecclDa
       sandboxCopy(in, static_cast<uint8_t*>(out) + bytes * rank_, bytes);
     });
   runCollective("allgather", signature, [&](OpLinks& links) ECCL_REQUIRES(caller_) {
-    if (readDirectly(false, bytes * size(), [&] { return coll::allGatherDirect(links, in, out, bytes); })) return;
+    if (readDirectly(DirectShape::kParts, bytes * size(), [&] { return coll::allGatherDirect(links, in, out, bytes); })) return;
     const bool powerOfTwo = (size() & (size() - 1)) == 0;
     if (powerOfTwo && latencyTree(bytes * size_t(size() / 2)))
       coll::allGatherDoubling(links, in, out, bytes);
@@ -809,7 +821,7 @@ void Communicator::reduceScatter(const void* in, void* out, size_t recvCount, ec
   runCollective("reducescatter", signature, [&](OpLinks& links) ECCL_REQUIRES(caller_) {
     reduceWide(in, recvCount * size(), out, recvCount, type, op, size(), true,
                [&](const void* i, void* o, ecclDataType_t t) ECCL_REQUIRES(caller_) {
-                 if (readDirectly(false, scatterBytes * size(),
+                 if (readDirectly(DirectShape::kParts, scatterBytes * size(),
                                   [&] { return coll::reduceScatterDirect(links, i, o, recvCount, t, op); }))
                    return;
                  coll::reduceScatterRing(links, i, o, recvCount, t, op);

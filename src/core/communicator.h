@@ -226,7 +226,9 @@ class Communicator {
   // Runs `algorithm` (a same-host one that reads the peers' buffers, false
   // when some rank may not) where the view and the size allow: true when
   // it moved the data.
-  bool readDirectly(bool allreduce, size_t messageBytes, FunctionRef<bool()> algorithm) ECCL_REQUIRES(caller_);
+  enum class DirectShape { kAllReduce, kBroadcast, kParts };  // kParts: all-gather, reduce-scatter
+  size_t readsDirectlyFrom(DirectShape shape) const;  // the smallest message read in place
+  bool readDirectly(DirectShape shape, size_t messageBytes, FunctionRef<bool()> algorithm) ECCL_REQUIRES(caller_);
   bool everyRankOnThisHost() ECCL_REQUIRES(caller_);
   bool viewReadsEveryPeer(const std::vector<transport::MemberId>& members);
   // The last collective that returned success, not yet told to the device

@@ -176,11 +176,12 @@ void FastPath::deliver(Op& op, const FastChannel::Header& h, const uint8_t* data
     return;
   }
   if (h.bytes != op.bytes) {
+    const std::string sent = h.bytes > FastChannel::kPayloadBytes
+                                 ? fmt::format("a malformed message of more than {}", FastChannel::kPayloadBytes)
+                                 : std::to_string(h.bytes);
     finish(op, ecclInvalidUsage,
            fmt::format("peer rank {} sent {} bytes where {} were expected (mismatched counts or types)", op.rank,
-                       h.bytes > FastChannel::kPayloadBytes ? std::string("a malformed message of more than 4096")
-                                                            : std::to_string(h.bytes),
-                       op.bytes));
+                       sent, op.bytes));
     return;
   }
   if (op.bytes) std::memcpy(op.into, data, op.bytes);

@@ -34,7 +34,8 @@ void smallAndLarge(int rank, int n, const ecclUniqueId& id) {
   RANK_OK(ecclCommInitRank(&comm, n, id, rank), nullptr);
   const bool fast = overSharedMemory();
   // A slot's worth of floats goes the fast way, with the right sums.
-  std::vector<float> v(1024);
+  constexpr size_t kSlotFloats = 16384 / sizeof(float);
+  std::vector<float> v(kSlotFloats);
   for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(rank + 1) * static_cast<float>(i % 7);
   const uint64_t allreduceFast = fastSentBy(comm, [&] {
     RANK_OK(ecclAllReduce(v.data(), v.data(), v.size(), ecclFloat32, ecclSum, comm, nullptr), comm);
@@ -43,19 +44,19 @@ void smallAndLarge(int rank, int n, const ecclUniqueId& id) {
     RANK_CHECK(v[i] == static_cast<float>(n * (n + 1) / 2) * static_cast<float>(i % 7),
                "allreduce element " + std::to_string(i) + " is " + std::to_string(v[i]));
   RANK_CHECK(fast ? allreduceFast > 0 : allreduceFast == 0,
-             "a 4 KiB allreduce sent " + std::to_string(allreduceFast) + " messages through the slots");
+             "a 16 KiB allreduce sent " + std::to_string(allreduceFast) + " messages through the slots");
   // A broadcast sends its whole message: one float past a slot keeps the ring.
-  std::vector<float> b(1025, rank == 0 ? 2.5f : 0.0f);
+  std::vector<float> b(kSlotFloats + 1, rank == 0 ? 2.5f : 0.0f);
   const uint64_t largeFast = fastSentBy(comm, [&] {
     RANK_OK(ecclBroadcast(b.data(), b.data(), b.size(), ecclFloat32, 0, comm, nullptr), comm);
   });
   for (float x : b) RANK_CHECK(x == 2.5f, "a broadcast element is " + std::to_string(x));
-  RANK_CHECK(largeFast == 0, "a 4100-byte broadcast sent " + std::to_string(largeFast) + " messages through the slots");
+  RANK_CHECK(largeFast == 0, "a 16388-byte broadcast sent " + std::to_string(largeFast) + " messages through the slots");
   const uint64_t smallFast = fastSentBy(comm, [&] {
-    RANK_OK(ecclBroadcast(b.data(), b.data(), 1024, ecclFloat32, 0, comm, nullptr), comm);
+    RANK_OK(ecclBroadcast(b.data(), b.data(), kSlotFloats, ecclFloat32, 0, comm, nullptr), comm);
   });
   RANK_CHECK(fast ? rank != 0 || smallFast > 0 : smallFast == 0,
-             "a 4096-byte broadcast sent " + std::to_string(smallFast) + " messages through the slots");
+             "a 16384-byte broadcast sent " + std::to_string(smallFast) + " messages through the slots");
   // Every collective, small counts, both placements, every type and op.
   for (size_t count : {size_t(0), size_t(1), size_t(7), size_t(100)})
     for (bool inPlace : {false, true}) checkEveryCollective(comm, count, inPlace);

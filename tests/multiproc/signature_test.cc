@@ -63,11 +63,11 @@ const std::vector<Case>& cases() {
        allreduce(4096 * 8 - 5, ecclFloat32, ecclSum, "allreduce(count 32763, float, sum)"), true},
       {"CountZero", allreduce(16, ecclFloat32, ecclSum, "allreduce(count 16, float, sum)"),
        allreduce(0, ecclFloat32, ecclSum, "allreduce(count 0, float, sum)"), false},
-      // Over shared memory the others' 4096-byte messages take the slots and
-      // the odd rank's 4100-byte receive the ring: it finds out at the
+      // Over shared memory the others' 16384-byte messages take the slots and
+      // the odd rank's 16388-byte receive the ring: it finds out at the
       // deadline, when its ping's answer carries the sender's call.
-      {"CountAcrossTheSlotLimit", broadcast(1024, 0, "broadcast(count 1024, float, root 0)"),
-       broadcast(1025, 0, "broadcast(count 1025, float, root 0)"), false, "1500"},
+      {"CountAcrossTheSlotLimit", broadcast(4096, 0, "broadcast(count 4096, float, root 0)"),
+       broadcast(4097, 0, "broadcast(count 4097, float, root 0)"), false, "1500"},
       {"Root", broadcast(64, 0, "broadcast(count 64, float, root 0)"),
        broadcast(64, 1, "broadcast(count 64, float, root 1)"), false},
       {"ReduceRoot",

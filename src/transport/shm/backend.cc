@@ -22,7 +22,7 @@
 namespace eccl::transport::shm {
 namespace {
 
-constexpr uint64_t kSegmentMagic = 0x4d48534c43434349ull;  // "ECCLSHM" + version 5 (fast slots never cleared)
+constexpr uint64_t kSegmentMagic = 0x4d48534c4343434aull;  // "ECCLSHM" + version 6 (16 KiB fast slots)
 
 struct SegmentAnnouncement {
   uint64_t magic;
