@@ -227,7 +227,7 @@ class Communicator {
   // when some rank may not) where the view and the size allow: true when
   // it moved the data.
   enum class DirectShape { kAllReduce, kBroadcast, kParts };  // kParts: all-gather, reduce-scatter
-  size_t readsDirectlyFrom(DirectShape shape) const;  // the smallest message read in place
+  size_t readsDirectlyFrom(DirectShape shape) const ECCL_REQUIRES(caller_);  // the smallest message read in place
   bool readDirectly(DirectShape shape, size_t messageBytes, FunctionRef<bool()> algorithm) ECCL_REQUIRES(caller_);
   bool everyRankOnThisHost() ECCL_REQUIRES(caller_);
   bool viewReadsEveryPeer(const std::vector<transport::MemberId>& members);
