@@ -375,8 +375,8 @@ RequestPtr LaneDevice::postRecv(MemberId member, uint64_t seq, uint32_t tag, voi
         inbox_.erase(it);
         return r;
       }
-      if (box.total) std::memcpy(buf, box.staged.get(), box.total);
-      recycleStagingLocked(box);
+      if (box.total) std::memcpy(buf, box.staged.bytes.get(), box.total);
+      staging_.give(box.staged);
       completeLocked(r, ecclSuccess, {});
       inbox_.erase(it);
     }
@@ -898,7 +898,7 @@ bool LaneDevice::placeDataFrameLocked(Lane& lane, const CallSignature* signature
     box.total = h->total;
     box.arrival = ++arrivals_;
     try {
-      takeStagingLocked(box, h->total);
+      box.staged = staging_.take(h->total);
     } catch (const std::bad_alloc&) {
       inbox_.erase(key);
       failPeerLocked(remote, ecclSystemError,
@@ -944,31 +944,6 @@ bool LaneDevice::placeDataFrameLocked(Lane& lane, const CallSignature* signature
   return true;
 }
 
-// Staging buffers are reused: a fresh one per early message would cost a
-// page fault per 4 KiB on every large op whose peer started first.
-void LaneDevice::takeStagingLocked(Inbox& box, size_t bytes) {
-  auto best = stagingPool_.end();
-  for (auto it = stagingPool_.begin(); it != stagingPool_.end(); ++it)
-    if (it->second >= bytes && (best == stagingPool_.end() || it->second < best->second)) best = it;
-  if (best != stagingPool_.end()) {
-    box.staged = std::move(best->first);
-    box.stagedCapacity = best->second;
-    stagingPoolBytes_ -= best->second;
-    stagingPool_.erase(best);
-    return;
-  }
-  box.staged.reset(new uint8_t[std::max<size_t>(bytes, 1)]);
-  box.stagedCapacity = bytes;
-}
-
-void LaneDevice::recycleStagingLocked(Inbox& box) {
-  constexpr size_t kPoolLimitBytes = size_t(256) << 20;
-  if (!box.staged || stagingPoolBytes_ + box.stagedCapacity > kPoolLimitBytes) return;
-  stagingPoolBytes_ += box.stagedCapacity;
-  stagingPool_.emplace_back(std::move(box.staged), box.stagedCapacity);
-  box.stagedCapacity = 0;
-}
-
 // A message whose sender attached a CRC32C is verified once whole; a
 // mismatch fails that receive only (the connection and the view stay).
 bool LaneDevice::checksumHoldsLocked(Inbox& box, const std::string& peerLabel) {
@@ -999,8 +974,8 @@ void LaneDevice::messageArrivedLocked(std::map<InboxKey, Inbox>::iterator it, co
     inbox_.erase(it);
     return;
   }
-  if (box.unexpected && box.total) std::memcpy(box.userBuffer, box.staged.get(), box.total);
-  recycleStagingLocked(box);
+  if (box.unexpected && box.total) std::memcpy(box.userBuffer, box.staged.bytes.get(), box.total);
+  staging_.give(box.staged);
   completeLocked(box.request, ecclSuccess, {});
   inbox_.erase(it);
 }

@@ -226,7 +226,7 @@ void LaneDevice::dropRefusedMessagesLocked(uint64_t seq) {
       continue;
     }
     stats_.refusedBytesDropped += box.received;
-    recycleStagingLocked(box);
+    staging_.give(box.staged);
     box.cancelled = true;
     // A lane in the middle of its frame drops the rest: the whole frame is
     // counted now (the header came; later frames count as they arrive).

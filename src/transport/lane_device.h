@@ -38,6 +38,7 @@
 #include "transport/backend.h"
 #include "transport/bulk_credit.h"
 #include "transport/frame.h"
+#include "transport/staging_pool.h"
 
 namespace eccl::transport::lanes {
 
@@ -113,8 +114,7 @@ struct Inbox {
   uint8_t* userBuffer = nullptr;
   // Data that arrived before the receive was posted (uninitialised, from
   // the device's pool of staging buffers).
-  std::unique_ptr<uint8_t[]> staged;
-  size_t stagedCapacity = 0;
+  StagingBuffer staged;
   bool unexpected = false;
   size_t total = 0;
   size_t received = 0;
@@ -130,7 +130,7 @@ struct Inbox {
   // The lane whose connection announced the whole receive to the peer
   // (kReceiveReady), while that window is open; -1: none.
   int readyLane = -1;
-  uint8_t* base() { return unexpected ? staged.get() : userBuffer; }
+  uint8_t* base() { return unexpected ? staged.bytes.get() : userBuffer; }
 };
 
 struct InboxKey {
@@ -373,7 +373,7 @@ class LaneDevice final : public Device {
     MutexLock lock(mu_);
     DeviceStats s = stats_;
     for (const auto& [key, box] : inbox_)
-      if (!box.request && !box.cancelled) s.unexpectedBytesHeld += box.stagedCapacity;
+      if (!box.request && !box.cancelled) s.unexpectedBytesHeld += box.staged.capacity;
     for (auto& [token, lane] : lanesByToken_) {
       if (!lane) continue;
       s.openConnections++;
@@ -554,8 +554,6 @@ class LaneDevice final : public Device {
   bool placeDataFrameLocked(Lane& lane, const CallSignature* signature) ECCL_REQUIRES(mu_);
   void onPayloadDoneLocked(Lane& lane) ECCL_REQUIRES(mu_);
   bool checksumHoldsLocked(Inbox& box, const std::string& peerLabel) ECCL_REQUIRES(mu_);
-  void takeStagingLocked(Inbox& box, size_t bytes) ECCL_REQUIRES(mu_);
-  void recycleStagingLocked(Inbox& box) ECCL_REQUIRES(mu_);
   void onControlLocked(Lane& lane) ECCL_REQUIRES(mu_);
   // Zero-copy rendezvous (device_zero_copy.cc).
   void clearToSendLocked(Lane& lane) ECCL_REQUIRES(mu_);
@@ -673,7 +671,7 @@ class LaneDevice final : public Device {
     RequestPtr request;
     ecclResult_t code;
     std::string reason;
-    std::unique_ptr<uint8_t[]> staged;
+    StagingBuffer staged;
     int exposed;
   };
   std::map<InboxKey, Draining> draining_ ECCL_GUARDED_BY(mu_);
@@ -691,8 +689,7 @@ class LaneDevice final : public Device {
   int drivers_ ECCL_GUARDED_BY(mu_) = 0;
   std::atomic<int> driving_{0};  // drivers_, for the progress thread to look at without the lock
   Clock::time_point leaseUntil_ ECCL_GUARDED_BY(mu_){};
-  std::vector<std::pair<std::unique_ptr<uint8_t[]>, size_t>> stagingPool_ ECCL_GUARDED_BY(mu_);
-  size_t stagingPoolBytes_ ECCL_GUARDED_BY(mu_) = 0;
+  StagingPool staging_ ECCL_GUARDED_BY(mu_);
   DeviceStats stats_ ECCL_GUARDED_BY(mu_);
 };
 
