@@ -75,7 +75,8 @@ const std::vector<Param>& all() {
        "NCCL retries), or drops the oldest records (evict)."},
       {"ECCL_SHM_RING_BYTES", "int", "1048576",
        "Shared-memory ring per lane and direction, a power of two from 4096 to 1 GiB: a pair of members "
-       "holds 2 x this x ECCL_NSOCKS_PERPEER (2 MiB by default; 8 ranks on a host: 56 MiB in all)."},
+       "holds at most 2 x this x ECCL_NSOCKS_PERPEER (2 MiB by default; 8 ranks on a host: 56 MiB in all), "
+       "allocated as it is first written."},
       {"ECCL_SHM_FAST_PATH_BYTES", "int", "16384",
        "Shared memory: a collective's messages of at most this many bytes (16384 at most) go through slots "
        "beside the lane, polled by the receiver, instead of as frames through the ring and the device: the "

@@ -3,6 +3,7 @@
 #include "transport/shm/ring.h"
 
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -123,6 +124,29 @@ TEST(ShmRing, AFullRingTakesNothingAndAttachChecksTheLayout) {
   EXPECT_EQ(ring->read(block.data(), 100), 100u);
   EXPECT_EQ(ring->writable(), 100u);
   EXPECT_THROW(Ring::create(seg.data(), 3000), Error);
+}
+
+// A segment's pages are allocated on first touch, and prefault allocates
+// exactly the range it is given (mincore: resident in the memory file).
+TEST(ShmSegment, PagesComeOnFirstTouchOrWherePrefaulted) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  Segment seg = Segment::create("eccl-test-segment", 64 * page);
+  auto resident = [&] {
+    std::vector<unsigned char> v(64);
+    EXPECT_EQ(mincore(seg.data(), seg.size(), v.data()), 0) << strerror(errno);
+    std::vector<int> pages;
+    for (size_t i = 0; i < v.size(); ++i)
+      if (v[i] & 1) pages.push_back(static_cast<int>(i));
+    return pages;
+  };
+  EXPECT_TRUE(resident().empty()) << "nothing is allocated when the segment is made";
+  static_cast<volatile char*>(seg.data())[5 * page] = 1;
+  EXPECT_EQ(resident(), std::vector<int>({5}));
+  if (!seg.prefault(40 * page + 1, 3 * page)) GTEST_SKIP() << "this kernel has no MADV_POPULATE_WRITE";
+  EXPECT_EQ(resident(), std::vector<int>({5, 40, 41, 42, 43})) << "from the page holding the offset to the end";
+  EXPECT_EQ(static_cast<volatile char*>(seg.data())[5 * page], 1) << "what was written stays";
+  EXPECT_TRUE(seg.prefault(62 * page, 10 * page)) << "clipped at the segment's end";
+  EXPECT_EQ(resident().back(), 63);
 }
 
 }  // namespace

@@ -370,6 +370,9 @@ Fd ShmBackend::accept(std::string* from) {
 std::unique_ptr<Conduit> ShmBackend::openDialed(Fd stream, Deadline deadline, const std::string& what) {
   const size_t ring = Ring::footprint(opt_.ringBytes);
   Segment segment = Segment::create(fmt::format("eccl-shm-{:x}", opt_.self), segmentBytes(opt_.ringBytes));
+  // The rings' pages come on first touch; the slots, which every small
+  // message's first lap would fault in, and the probe page are allocated now.
+  segment.prefault(2 * ring, segment.size() - 2 * ring);
   auto* base = static_cast<unsigned char*>(segment.data());
   Ring* tx = Ring::create(base, opt_.ringBytes);
   Ring* rx = Ring::create(base + ring, opt_.ringBytes);
@@ -393,6 +396,7 @@ std::unique_ptr<Conduit> ShmBackend::openAccepted(Fd stream, Deadline deadline, 
          hello.ringBytes);
   const size_t ring = Ring::footprint(hello.ringBytes);
   Segment segment = Segment::map(std::move(fd), segmentBytes(hello.ringBytes));
+  segment.prefault(2 * ring, segment.size() - 2 * ring);  // mapped now, as the creator's (openDialed)
   auto* base = static_cast<unsigned char*>(segment.data());
   Ring* rx = Ring::attach(base, hello.ringBytes);
   Ring* tx = Ring::attach(base + ring, hello.ringBytes);

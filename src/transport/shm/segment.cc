@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <utility>
@@ -20,7 +21,7 @@ Segment Segment::create(const std::string& name, size_t bytes) {
   if (!s.fd_) fail(ecclSystemError, "memfd_create({}): {}", name, strerror(errno));
   if (ftruncate(s.fd_.get(), static_cast<off_t>(bytes)) != 0)
     fail(ecclSystemError, "sizing shared segment {} to {} bytes: {}", name, bytes, strerror(errno));
-  s.data_ = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, s.fd_.get(), 0);
+  s.data_ = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, s.fd_.get(), 0);
   if (s.data_ == MAP_FAILED) {
     s.data_ = nullptr;
     fail(ecclSystemError, "mapping shared segment {} ({} bytes): {}", name, bytes, strerror(errno));
@@ -36,13 +37,21 @@ Segment Segment::map(Fd fd, size_t expectedBytes) {
     fail(ecclRemoteError, "shared segment holds {} bytes, {} were announced", st.st_size, expectedBytes);
   Segment s;
   s.fd_ = std::move(fd);
-  s.data_ = mmap(nullptr, expectedBytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, s.fd_.get(), 0);
+  s.data_ = mmap(nullptr, expectedBytes, PROT_READ | PROT_WRITE, MAP_SHARED, s.fd_.get(), 0);
   if (s.data_ == MAP_FAILED) {
     s.data_ = nullptr;
     fail(ecclSystemError, "mapping a peer's shared segment ({} bytes): {}", expectedBytes, strerror(errno));
   }
   s.bytes_ = expectedBytes;
   return s;
+}
+
+bool Segment::prefault(size_t offset, size_t bytes) const {
+  if (offset >= bytes_) return true;
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t from = offset / page * page;
+  const size_t to = std::min(bytes_, offset + bytes);
+  return madvise(static_cast<char*>(data_) + from, to - from, MADV_POPULATE_WRITE) == 0;
 }
 
 Segment::Segment(Segment&& o) noexcept
