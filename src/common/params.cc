@@ -84,8 +84,8 @@ const std::vector<Param>& all() {
       {"ECCL_SHM_DIRECT_BYTES", "int", "32768",
        "Shared memory: an allreduce of at least twice this many bytes (at 2 ranks 4 times as many), a broadcast "
        "of at least 4 times as many (at 2 ranks this many), an all-gather or reduce-scatter, every rank's part "
-       "counted, of at least 4 times as many (at 2 ranks twice), where every rank may read every peer's memory (process_vm_readv: same user, no seccomp or Yama "
-       "rule against it; tried once per lane), reads the peers' buffers where they lie: reductions read their "
+       "counted, of at least 4 times as many (at 2 ranks twice), where every rank may read every peer's memory "
+       "(process_vm_readv: same user, no seccomp or Yama rule against it; tried once per lane), reads the peers' buffers where they lie: reductions read their "
        "block of each peer's input through a cache-sized buffer, the rest is read from its owner; one copy of "
        "each byte. 0: never."},
       {"ECCL_SHM_PEER_READS", "int", "1",

@@ -51,6 +51,13 @@ unsigned char* fastSlots(const Segment& segment, uint64_t ringBytes, int side) {
   return static_cast<unsigned char*>(segment.data()) + 2 * Ring::footprint(ringBytes) +
          static_cast<size_t>(side) * FastChannel::footprint();
 }
+// The rings' pages come on first touch (shm/segment.h); what follows them,
+// the slots every small message's first lap would fault in and the
+// cross-memory page, is mapped as the lane opens, on both sides.
+void prefaultPastTheRings(const Segment& segment, uint64_t ringBytes) {
+  const size_t rings = 2 * Ring::footprint(ringBytes);
+  segment.prefault(rings, segment.size() - rings);
+}
 CrossMemoryPage* crossMemoryPage(const Segment& segment) {
   return reinterpret_cast<CrossMemoryPage*>(static_cast<unsigned char*>(segment.data()) + segment.size() -
                                             kCrossMemoryPageBytes);
@@ -370,9 +377,7 @@ Fd ShmBackend::accept(std::string* from) {
 std::unique_ptr<Conduit> ShmBackend::openDialed(Fd stream, Deadline deadline, const std::string& what) {
   const size_t ring = Ring::footprint(opt_.ringBytes);
   Segment segment = Segment::create(fmt::format("eccl-shm-{:x}", opt_.self), segmentBytes(opt_.ringBytes));
-  // The rings' pages come on first touch; the slots, which every small
-  // message's first lap would fault in, and the probe page are allocated now.
-  segment.prefault(2 * ring, segment.size() - 2 * ring);
+  prefaultPastTheRings(segment, opt_.ringBytes);
   auto* base = static_cast<unsigned char*>(segment.data());
   Ring* tx = Ring::create(base, opt_.ringBytes);
   Ring* rx = Ring::create(base + ring, opt_.ringBytes);
@@ -396,7 +401,7 @@ std::unique_ptr<Conduit> ShmBackend::openAccepted(Fd stream, Deadline deadline, 
          hello.ringBytes);
   const size_t ring = Ring::footprint(hello.ringBytes);
   Segment segment = Segment::map(std::move(fd), segmentBytes(hello.ringBytes));
-  segment.prefault(2 * ring, segment.size() - 2 * ring);  // mapped now, as the creator's (openDialed)
+  prefaultPastTheRings(segment, hello.ringBytes);
   auto* base = static_cast<unsigned char*>(segment.data());
   Ring* rx = Ring::attach(base, hello.ringBytes);
   Ring* tx = Ring::attach(base + ring, hello.ringBytes);
