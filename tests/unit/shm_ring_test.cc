@@ -142,7 +142,12 @@ TEST(ShmSegment, PagesComeOnFirstTouchOrWherePrefaulted) {
   EXPECT_TRUE(resident().empty()) << "nothing is allocated when the segment is made";
   static_cast<volatile char*>(seg.data())[5 * page] = 1;
   EXPECT_EQ(resident(), std::vector<int>({5}));
-  if (!seg.prefault(40 * page + 1, 3 * page)) GTEST_SKIP() << "this kernel has no MADV_POPULATE_WRITE";
+  if (!seg.prefault(40 * page + 1, 3 * page)) {
+    // Before Linux 5.14 (no MADV_POPULATE_WRITE) nothing is prefaulted and
+    // the pages keep coming on first touch, which is what the lanes rely on.
+    EXPECT_EQ(resident(), std::vector<int>({5})) << "a refused prefault allocated nothing";
+    return;
+  }
   EXPECT_EQ(resident(), std::vector<int>({5, 40, 41, 42, 43})) << "from the page holding the offset to the end";
   EXPECT_EQ(static_cast<volatile char*>(seg.data())[5 * page], 1) << "what was written stays";
   EXPECT_TRUE(seg.prefault(62 * page, 10 * page)) << "clipped at the segment's end";
