@@ -23,6 +23,8 @@ export ECCL_SOCKET_IFNAME=${ECCL_SOCKET_IFNAME:-lo}
 jobs=$(nproc)
 start=$(date +%s)
 stage() { echo "=== $1 ($(( $(date +%s) - start )) s in)"; }
+# The test logs the end of this script digests: none left from a run before.
+rm -f build/release-tests.log build-asan/asan-tests.log build-tsan/tsan-tests.log
 
 # clang_tree DIR [TARGET...] -- CMAKE-ARG...: configures and builds a
 # sanitized tree with clang, which compiles this code under the sanitizers
@@ -89,7 +91,7 @@ asan_build=$!
 (cd build && ctest -j2 -L torch --output-on-failure --timeout 600) >build/torch-tests.log 2>&1 &
 torch_tests=$!
 background+=($torch_tests)
-release_tests() { (cd build && ctest -j"$jobs" -LE torch --output-on-failure --timeout 600); }
+release_tests() { (cd build && ctest -j"$jobs" -LE torch --output-on-failure --timeout 600) | tee build/release-tests.log; }
 check "Release tests" release_tests
 stage "ASan+UBSan: the rest of the build"
 asan_built=true
@@ -117,7 +119,8 @@ tsan_build=$!
 if $asan_built; then
   asan_tests() {
     (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-      ctest -j"$jobs" --output-on-failure --timeout 900 -LE mpi -E '@tcp$|EveryCollectiveEveryCount/[45]@|^suites_over_soft_roce$')
+      ctest -j"$jobs" --output-on-failure --timeout 900 -LE mpi -E '@tcp$|EveryCollectiveEveryCount/[45]@|^suites_over_soft_roce$') |
+      tee build-asan/asan-tests.log
   }
   check "ASan+UBSan tests" asan_tests
 fi
@@ -132,7 +135,10 @@ fi
 
 stage "TSan + thread-safety analysis: the rest of the clang build"
 if await $tsan_build build-tsan.log "The TSan build (or the thread-safety analysis in it)"; then
-  tsan_ctest() { (cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure --timeout 900 "$@"); }
+  tsan_ctest() {
+    (cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure --timeout 900 "$@") |
+      tee -a build-tsan/tsan-tests.log
+  }
   stage "TSan: threaded core"
   check "TSan: threaded core" tsan_ctest -j"$jobs" -L 'threads|unit'
   stage "TSan: the NCCL net plugin (its engine under the device's threads; the two newest versions; under a job; the shim's table)"
@@ -154,6 +160,12 @@ fi
 
 stage "done"
 if [ ${#failed[@]} -gt 0 ]; then
+  # Last, where a reader of the output's end (CI keeps the end) sees it:
+  # what each failed test printed, its first and last lines.
+  echo "=== what each failed test printed"
+  for log in build/release-tests.log build-asan/asan-tests.log build-tsan/tsan-tests.log build/torch-tests.log; do
+    [ -f "$log" ] && scripts/failed-tests.sh "$log"
+  done
   printf '=== failed: %s\n' "${failed[@]}"
   exit 1
 fi

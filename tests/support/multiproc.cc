@@ -12,6 +12,8 @@
 #include <mutex>
 #include <thread>
 
+#include "tests/support/crash_report.h"
+
 namespace eccl::test {
 
 namespace {
@@ -66,6 +68,7 @@ ProcessGroup::ProcessGroup(int nranks, Body body) {
     if (pid == 0) {
       prctl(PR_SET_PDEATHSIG, SIGKILL);
       close(fds[0]);
+      reportCrashes(r);
       std::string message;
       int code = 0;
       try {
