@@ -13,7 +13,9 @@ that.
     python ettr_torchft.py --replicas 4 --steps 300 --step-ms 150 --events DIR
 
 runs the lighthouse and the replica groups and exits once every replica
-group finished (0) or one failed in a way that was not an injected kill.
+group finished or gave up (0), or one failed in a way that was not an
+injected kill. Quorums need a majority of the groups (torchft's guard
+against split brain).
 Events go to DIR like ettr_train's ("step" carries the number of
 participants in `world`: perf/ettr.py counts samples, not steps; a group
 writes "took_part" once its gradient is in a step's allreduce).
@@ -67,10 +69,13 @@ def replica_main(a) -> int:
 
     timeout = timedelta(seconds=a.timeout)
     store = torch.distributed.TCPStore("localhost", 0, is_master=True, wait_for_workers=False)
+    # Waiting for a majority is torchft's state when it has none (two
+    # groups down at once until their restarts rejoin): longer than a step.
     manager = Manager(pg=ProcessGroupGloo(timeout=timeout), load_state_dict=load_state_dict, state_dict=state_dict,
-                      min_replica_size=1, replica_id=f"replica{a.replica}", store_addr="localhost",
-                      store_port=store.port, rank=0, world_size=1, lighthouse_addr=a.lighthouse, timeout=timeout,
-                      quorum_timeout=timeout * 3, connect_timeout=timeout)
+                      min_replica_size=majority(a.replicas), replica_id=f"replica{a.replica}",
+                      store_addr="localhost", store_port=store.port, rank=0, world_size=1,
+                      lighthouse_addr=a.lighthouse, timeout=timeout, quorum_timeout=timeout * 12,
+                      connect_timeout=timeout)
     ddp = DistributedDataParallel(manager, model)
     opt = OptimizerWrapper(manager, optimizer)
     events("ready", rank=a.replica, world=a.replicas, step=manager.current_step())
@@ -87,18 +92,13 @@ def replica_main(a) -> int:
         # commit: a group killed after its allreduce still took part.
         if manager.is_participating():
             events("took_part", rank=a.replica, step=step, quorum=quorum_id(manager))
-        opt.step()  # commits only if every participant's allreduce succeeded
-        if a.attempt and manager.num_participants() == 1 and os.path.exists(finished_mark(a.events)):
-            # Restarted after the others finished: nobody to heal from or
-            # train with (the injector never kills every replica group).
-            # One participant alone says nothing: a replica that healed in
-            # this step does not count, so with every other group dead but
-            # one it sees one (at MTBF 100 three restarted groups gave up
-            # and one group trained on a quarter of the batch to the end).
-            events("gave_up", rank=a.replica, step=manager.current_step())
-            manager.shutdown(wait=False)
-            return 0
-        if manager.current_step() > step:
+        # OptimizerWrapper.step(), saying whether it committed: a group that
+        # healed in this step has a later step than it started with even
+        # when the step failed (it is at the quorum's step, not past it).
+        committed = manager.should_commit()  # only if every participant's allreduce succeeded
+        if committed:
+            optimizer.step()
+        if committed:
             if not trained:
                 trained = True
                 events("joined", above=late_start.joined())
@@ -106,7 +106,8 @@ def replica_main(a) -> int:
             events("step", rank=a.replica, world=manager.num_participants(), step=manager.current_step(), loss=loss,
                    loss_sum=loss * xs.shape[0], rows=xs.shape[0], quorum=quorum_id(manager))
         else:
-            events("fail", rank=a.replica, step=step, why="step not committed", quorum=quorum_id(manager))
+            events("fail", rank=a.replica, step=manager.current_step(), why="step not committed",
+                   quorum=quorum_id(manager))
         time.sleep(max(0.0, a.step_ms / 1000 - (time.monotonic() - started)))
     # The final parameters' loss on the last step's whole global batch: the
     # groups that finish may be fewer than four (the others killed late),
@@ -117,6 +118,15 @@ def replica_main(a) -> int:
            loss_sum=final * rows, rows=rows, digest=digest(model))
     manager.shutdown(wait=False)
     return 0
+
+
+def majority(replicas: int) -> int:
+    """The fewest replica groups a quorum may have: a majority, as torchft
+    advises against split brain. With 1, a loaded run's lighthouse formed
+    a quorum of one group and, beside it, one of the other two at the same
+    step; both committed it and the groups ended with different
+    parameters (CI of stop 62, and a fresh clone in session 58)."""
+    return replicas // 2 + 1
 
 
 def quorum_id(manager) -> int:
@@ -264,12 +274,6 @@ def replay_main(a) -> int:
     return 0
 
 
-def finished_mark(events_dir: str) -> str:
-    """The driver makes it once a replica group finished (not a .jsonl:
-    perf/ettr.py reads only those)."""
-    return os.path.join(events_dir, "a-replica-finished")
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -280,7 +284,7 @@ def driver_main(a) -> int:
     port = free_port()
     lighthouse = subprocess.Popen(
         [os.path.join(os.path.dirname(sys.executable), "torchft_lighthouse"), "--bind", f"[::]:{port}",
-         "--min_replicas", "1", "--join_timeout_ms", "500", "--quorum_tick_ms", "20", "--heartbeat_timeout_ms",
+         "--min_replicas", str(majority(a.replicas)), "--join_timeout_ms", "500", "--quorum_tick_ms", "20", "--heartbeat_timeout_ms",
          str(a.heartbeat_timeout_ms)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
 
     def spawn(i: int, attempt: int) -> subprocess.Popen:
@@ -295,14 +299,30 @@ def driver_main(a) -> int:
     attempts = {i: 0 for i in procs}
     done: set[int] = set()
     rc = 0
+    finished_at = None
+    # A group restarted after the others ended waits for a quorum that can
+    # no longer form (a majority is gone): it gives up, with nothing of its
+    # own in the final state. One still training ends within a step of them.
+    grace_s = max(10.0, 20 * a.step_ms / 1000)
     try:
         while len(done) < a.replicas:
             for i, p in procs.items():
-                if i in done or p.poll() is None:
+                if i in done:
+                    continue
+                if p.poll() is None:
+                    if attempts[i] and finished_at is not None and time.monotonic() - finished_at > grace_s:
+                        os.killpg(p.pid, signal.SIGKILL)
+                        p.wait()
+                        with open(os.path.join(a.events, f"{p.pid}.jsonl"), "a") as f:
+                            f.write(json.dumps({"t": time.time(), "pid": p.pid, "ev": "gave_up", "rank": i,
+                                                "step": -1}) + "\n")
+                        print(f"ettr_torchft: replica {i} (restart {attempts[i]}) found no quorum after the others "
+                              f"finished; it gave up", flush=True)
+                        done.add(i)
                     continue
                 if p.returncode == 0:
                     done.add(i)
-                    open(finished_mark(a.events), "w").close()
+                    finished_at = finished_at or time.monotonic()
                 elif p.returncode == -signal.SIGKILL:  # the injector's (or a watchdog's): restart it
                     attempts[i] += 1
                     print(f"ettr_torchft: replica {i} was killed; restart {attempts[i]}", flush=True)
