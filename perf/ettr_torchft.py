@@ -98,7 +98,6 @@ def replica_main(a) -> int:
         committed = manager.should_commit()  # only if every participant's allreduce succeeded
         if committed:
             optimizer.step()
-        if committed:
             if not trained:
                 trained = True
                 events("joined", above=late_start.joined())
