@@ -71,7 +71,7 @@ LaneDevice::~LaneDevice() {
   MutexLock lock(mu_);
   for (auto& [id, peer] : peers_)
     for (auto& lane : peer.lanes) closeLaneLocked(*lane);
-  for (auto& [key, box] : inbox_)
+  for (auto& [key, box] : messages_)
     if (box.request) completeLocked(box.request, ecclInvalidUsage, "communicator destroyed");
 }
 
@@ -270,29 +270,15 @@ void LaneDevice::closeLaneLocked(Lane& lane) {
   lane.token = 0;
   stats_.queuePairsClosed += lane.conduit->queuePairs();
   // Nothing lands in an exposed chunk once the connection is gone.
-  std::deque<Lane::Exposure> exposures = std::move(lane.exposures);
-  lane.exposures.clear();
-  std::deque<Lane::Exposure> windows = std::move(lane.receiveWindows);
-  lane.receiveWindows.clear();
-  for (const Lane::Exposure& window : windows) lane.conduit->release(window.handle);
-  std::vector<ChunkRef> prewrites;  // ours, whose completions will not come
-  for (const SendItem& item : lane.zeroCopyWrites)
-    if (item.intoAnnounced) prewrites.push_back(item.chunk);
-  for (const Lane::Exposure& e : exposures) lane.conduit->release(e.handle);
-  for (auto* queue : {&lane.awaitingClearance, &lane.zeroCopyWrites})
-    for (const SendItem& item : *queue) lane.conduit->release(item.pinned);
+  LaneRendezvous::Closed closed = lane.rendezvous.close(*lane.conduit);
   lane.conduit.reset();
   const std::string peerLabel = labelLocked(lane.key.remote);
-  for (const Lane::Exposure& e : exposures) chunkLandedLocked(e.key, e.chunk.length, /*arrived=*/false, peerLabel);
-  for (const Lane::Exposure& window : windows) receiveWindowGoneLocked(window.key);
-  for (const ChunkRef& chunk : prewrites) prewriteFinishedLocked(lane, chunk);
+  for (const Exposure& e : closed.exposures)
+    chunkLandedLocked(e.key, e.chunk.length, /*arrived=*/false, peerLabel);
+  for (const Exposure& window : closed.windows) receiveWindowGoneLocked(window.key);
+  for (const ChunkRef& chunk : closed.prewrites) prewriteFinishedLocked(lane, chunk);
   lane.sendQueue.clear();
-  lane.bulkQueue.clear();
-  lane.awaitingClearance.clear();
-  lane.zeroCopyWrites.clear();
-  lane.zeroCopyStarted = 0;
-  lane.zeroCopyHeldBack = false;
-  lane.bulkCredit.reset();
+  lane.bulk.reset();
   lane.rxBegin = lane.rxEnd = 0;
   stats_.connectionsClosed++;
 }
@@ -344,14 +330,14 @@ bool LaneDevice::removePeerLocked(MemberId member, uint64_t incarnation) {
     // A goodbye first, so the leaver sees an orderly close and tells
     // nobody we failed.
     std::erase_if(lane->sendQueue, [](const SendItem& item) { return item.done == 0; });
-    lane->bulkQueue.clear();
+    lane->bulk.waiting().clear();
     if (lane->conduit && lane->sendQueue.empty()) queueControlLocked(*lane, FrameType::kGoodbye, {});
     closeLaneLocked(*lane);
   }
-  for (auto box = inbox_.begin(); box != inbox_.end();) {
+  for (auto box = messages_.begin(); box != messages_.end();) {
     bool mine = box->first.peer == member;
     if (mine && box->second.request) completeLocked(box->second.request, ecclRemoteError, reason);
-    box = mine ? inbox_.erase(box) : std::next(box);
+    box = mine ? messages_.erase(box) : std::next(box);
   }
   discardOrphanedPayloadsLocked();
   peers_.erase(it);
@@ -368,7 +354,7 @@ void LaneDevice::beginEpoch(uint32_t epoch) {
   revokedFromSeq_ = 0;
   lastCheckedSeq_ = 0;
   signatures_.beginEpoch(epoch);
-  for (auto box = inbox_.begin(); box != inbox_.end();) {
+  for (auto box = messages_.begin(); box != messages_.end();) {
     bool stale = box->first.epoch < epoch && !FrameHeader::isOutOfView(box->first.seq);
     box = stale ? dropBoxLocked(box, ecclRemoteError, "superseded by a new view") : std::next(box);
   }
@@ -412,12 +398,7 @@ void LaneDevice::abort(const std::string& reason) {
       closeLaneLocked(*lane);
     }
   }
-  for (auto& [key, box] : inbox_)
-    if (box.request) completeLocked(box.request, ecclRemoteError, reason);
-  inbox_.clear();
-  for (auto& [key, d] : draining_)
-    if (d.request) completeLocked(d.request, ecclRemoteError, reason);
-  draining_.clear();
+  for (const RequestPtr& r : messages_.clear()) completeLocked(r, ecclRemoteError, reason);
   cv_.notifyAll();
 }
 
@@ -438,7 +419,7 @@ void LaneDevice::close(Deadline deadline) {
       bool partlyConnected = std::any_of(p.lanes.begin(), p.lanes.end(), [](auto& l) { return l->opened; });
       for (auto& lane : p.lanes)
         pending = pending ||
-                  (lane->conduit && (lane->hasSends() || !lane->awaitingClearance.empty() || !lane->saidGoodbye)) ||
+                  (lane->conduit && (lane->hasSends() || !lane->rendezvous.awaitingClearance.empty() || !lane->saidGoodbye)) ||
                   (!lane->opened && partlyConnected);
     }
     if (!pending || !cv_.waitUntil(mu_, std::min(deadline, Clock::now() + std::chrono::milliseconds(10))))

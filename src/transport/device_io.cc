@@ -42,17 +42,17 @@ bool LaneDevice::armLanesLocked() {
     // which that thread reads next, but nothing rings for it meanwhile.
     if (lane->reading) return false;
     if (!lane->conduit->armWakeup(lane->wantsRoom())) return false;
-    if (lane->bulkHeldBack && !lane->conduit->armBulkWakeup()) return false;
+    if (lane->bulk.heldBack() && !lane->conduit->armBulkWakeup()) return false;
     // armWakeup looks at the completions once more after arming: a
     // zero-copy write it saw finish raises no event of its own.
-    if (zeroCopyWriteFinishedLocked(*lane) || lane->zeroCopyHeldBack) return false;
+    if (zeroCopyWriteFinishedLocked(*lane) || lane->rendezvous.heldBack) return false;
   }
   return true;
 }
 
 bool LaneDevice::rdmaInFlightLocked() const {
   for (const Lane* lane : memoryLanes_)
-    if (!lane->awaitingClearance.empty() || !lane->zeroCopyWrites.empty() || !lane->exposures.empty()) return true;
+    if (!lane->rendezvous.awaitingClearance.empty() || !lane->rendezvous.writes.empty() || !lane->rendezvous.exposures.empty()) return true;
   return false;
 }
 
@@ -80,7 +80,7 @@ void LaneDevice::completeLocked(const RequestPtr& r, ecclResult_t code, std::str
 void LaneDevice::flushLocked(Lane& lane) { flushLocked(lane, !lane.reading); }
 
 void LaneDevice::flushLocked(Lane& lane, bool startWrite) {
-  if (!lane.zeroCopyWrites.empty()) reapZeroCopyWritesLocked(lane);
+  if (!lane.rendezvous.writes.empty()) reapZeroCopyWritesLocked(lane);
   if (!writeQueuedLocked(lane)) return;
   if (startWrite && lane.conduit && startZeroCopyWriteLocked(lane) && !writeQueuedLocked(lane)) return;
   setWantOutLocked(lane, lane.streamWantsRoom());
@@ -94,18 +94,15 @@ bool LaneDevice::writeQueuedLocked(Lane& lane) {
   // posts of other threads) for its whole length, and the lane is not
   // woken once per frame either.
   size_t bulkFrames = 0;
-  lane.bulkHeldBack = false;
+  lane.bulk.beginPass();
   while (lane.conduit) {
     if (lane.sendQueue.empty()) {
-      if (lane.bulkQueue.empty() || bulkFrames == kBulkFramesPerFlush) break;
-      if (!bulkRoomLocked(lane, Clock::now() - lane.foregroundPostedAt >=
-                                    std::chrono::milliseconds(opt_.bulkQuietAfterMs))) {
-        lane.bulkHeldBack = true;
-        break;
-      }
+      if (lane.bulk.empty() || bulkFrames == kBulkFramesPerFlush) break;
+      std::optional<SendItem> next =
+          lane.bulk.admit(*lane.conduit, Clock::now(), std::chrono::milliseconds(opt_.bulkQuietAfterMs));
+      if (!next) break;
       bulkFrames++;
-      lane.sendQueue.push_back(std::move(lane.bulkQueue.front()));
-      lane.bulkQueue.pop_front();
+      lane.sendQueue.push_back(std::move(*next));
       // Counted unless it goes to a process outside the view: a standby's
       // sandbox sends nothing, not even a report of what it read.
       SendItem& admitted = lane.sendQueue.back();
@@ -118,9 +115,9 @@ bool LaneDevice::writeQueuedLocked(Lane& lane) {
       if (least > 0 && item.length >= least && takeReceiveReadyLocked(lane, item)) {
         // The receiver announced where: written like a cleared chunk, its
         // header after it (startZeroCopyWriteLocked).
-        lane.zeroCopyWrites.push_back(std::move(item));
+        lane.rendezvous.writes.push_back(std::move(item));
         lane.sendQueue.pop_front();
-        lane.zeroCopyHeldBack = true;
+        lane.rendezvous.heldBack = true;
         continue;
       }
       if (least > 0 && item.length >= least && (item.pinned = lane.conduit->pin(item.data, item.length))) {
@@ -182,11 +179,11 @@ bool LaneDevice::writeQueuedLocked(Lane& lane) {
     stats_.bytesSent += static_cast<size_t>(rc);
     if (item.done < wireBytes) break;
     if (item.rendezvous) {
-      lane.awaitingClearance.push_back(std::move(item));
+      lane.rendezvous.awaitingClearance.push_back(std::move(item));
       lane.sendQueue.pop_front();
       continue;
     }
-    if (item.header[7] & FrameHeader::kBulkCredit) lane.bulkCredit.sent(item.length);
+    if (item.header[7] & FrameHeader::kBulkCredit) lane.bulk.credit().sent(item.length);
     RequestPtr r = std::move(item.request);
     lane.sendQueue.pop_front();
     finishChunkLocked(r);
@@ -194,18 +191,10 @@ bool LaneDevice::writeQueuedLocked(Lane& lane) {
   return true;
 }
 
-// A quiet lane (no foreground send for bulkQuietAfterMs) may fill: a ring
-// up to its size, a socket up to BulkCredit::kQuietUnreadBytes, not its kernel
-// buffers' megabytes, which the next burst's first message would wait behind.
-bool LaneDevice::bulkRoomLocked(const Lane& lane, bool quiet) const {
-  if (lane.conduit->seesPeerReads()) return quiet || lane.conduit->roomForBulk();
-  return lane.bulkCredit.room(quiet);
-}
-
 // A bulk frame the sender counts was read (its payload kept or dropped):
 // count it, and report the count every BulkCredit::kReportBytes.
 void LaneDevice::bulkFrameReadLocked(Lane& lane) {
-  const std::optional<uint64_t> total = lane.bulkCredit.read(lane.frame.length);
+  const std::optional<uint64_t> total = lane.bulk.credit().read(lane.frame.length);
   if (!total) return;
   std::vector<uint8_t> payload(8);
   std::memcpy(payload.data(), &*total, 8);
@@ -215,16 +204,16 @@ void LaneDevice::bulkFrameReadLocked(Lane& lane) {
 void LaneDevice::onBulkReadLocked(Lane& lane) {
   uint64_t read;
   std::memcpy(&read, lane.control.data(), 8);  // the frame decoder checked the 8 bytes are there
-  if (!lane.bulkCredit.peerRead(read)) {
+  if (!lane.bulk.credit().peerRead(read)) {
     stats_.framesRejected++;
     failPeerLocked(lane.key.remote, ecclRemoteError,
                    fmt::format("peer {} said it read {} bytes of bulk frames on lane {}, of {} sent; connection "
                                "dropped",
-                               labelLocked(lane.key.remote), read, lane.key.lane, lane.bulkCredit.sentTotal()),
+                               labelLocked(lane.key.remote), read, lane.key.lane, lane.bulk.credit().sentTotal()),
                    true);
     return;
   }
-  if (!lane.bulkQueue.empty()) flushLocked(lane);
+  if (!lane.bulk.empty()) flushLocked(lane);
 }
 
 RequestPtr LaneDevice::newRequest(MemberId member, uint64_t seq, bool isSend) {
@@ -304,8 +293,12 @@ RequestPtr LaneDevice::postSend(MemberId member, uint64_t seq, uint32_t tag, con
     item.messageBytes = len;
     item.request = r;
     r->pendingChunks++;
-    (bulk ? lane.bulkQueue : lane.sendQueue).push_back(std::move(item));
-    if (!bulk) lane.foregroundPostedAt = postedAt;
+    if (bulk) {
+      lane.bulk.queue(std::move(item));
+    } else {
+      lane.sendQueue.push_back(std::move(item));
+      lane.bulk.foregroundPosted(postedAt);
+    }
     touched |= uint64_t{1} << index;
     offset += n;
   } while (offset < len);
@@ -315,8 +308,8 @@ RequestPtr LaneDevice::postSend(MemberId member, uint64_t seq, uint32_t tag, con
     if (touched & (uint64_t{1} << i)) {
       Lane& lane = *p.lanes[i];
       flushLocked(lane);
-      waitsForRoom |= lane.conduit && (lane.wantsRoom() || lane.bulkHeldBack);
-      if (lane.conduit && lane.zeroCopyHeldBack && lane.conduit->writesZeroCopyBesideCalls())
+      waitsForRoom |= lane.conduit && (lane.wantsRoom() || lane.bulk.heldBack());
+      if (lane.conduit && lane.rendezvous.heldBack && lane.conduit->writesZeroCopyBesideCalls())
         heldWrites.push_back(lane.token);
     }
   // What did not fit goes when the lane has room. A poster that will not
@@ -347,8 +340,8 @@ RequestPtr LaneDevice::postRecv(MemberId member, uint64_t seq, uint32_t tag, voi
   }
   const bool p2pChecked = signature && !FrameHeader::isCollective(seq) && !r->survivesRevocation;
   InboxKey key{FrameHeader::isOutOfView(seq) ? 0 : epoch_, member, seq, tag};
-  auto it = inbox_.find(key);
-  if (p2pChecked && it != inbox_.end() && it->second.sent && !signaturesAgree(*signature, *it->second.sent))
+  auto it = messages_.find(key);
+  if (p2pChecked && it != messages_.end() && it->second.sent && !signaturesAgree(*signature, *it->second.sent))
     callMismatchLocked(member, seq, *signature, *it->second.sent);
   if (revokesLocked(seq)) {
     completeLocked(r, revokedCode_, revokedReason_);
@@ -358,13 +351,13 @@ RequestPtr LaneDevice::postRecv(MemberId member, uint64_t seq, uint32_t tag, voi
     completeLocked(r, ecclInvalidUsage, *refused);
     return r;
   }
-  if (it != inbox_.end()) {
+  if (it != messages_.end()) {
     Inbox& box = it->second;
     if (upTo ? box.total > len : box.total != len) {
       completeLocked(r, ecclInvalidUsage,
                      fmt::format("peer {} sent {} bytes where {}{} were expected (mismatched counts or types)",
                                  p.label, box.total, upTo ? "at most " : "", len));
-      if (box.received == box.total) inbox_.erase(it);
+      if (box.received == box.total) messages_.erase(it);
       return r;
     }
     box.request = r;
@@ -372,23 +365,17 @@ RequestPtr LaneDevice::postRecv(MemberId member, uint64_t seq, uint32_t tag, voi
     r->bytes = box.total;
     if (box.received == box.total) {
       if (!checksumHoldsLocked(box, p.label)) {
-        inbox_.erase(it);
+        messages_.erase(it);
         return r;
       }
-      if (box.total) std::memcpy(buf, box.staged.bytes.get(), box.total);
-      staging_.give(box.staged);
+      messages_.deliverStaged(box);
       completeLocked(r, ecclSuccess, {});
-      inbox_.erase(it);
+      messages_.erase(it);
     }
     return r;
   }
   if (failIfPeerGoneLocked(r, p)) return r;
-  Inbox& box = inbox_[key];
-  box.request = r;
-  box.userBuffer = static_cast<uint8_t*>(buf);
-  box.total = len;
-  box.upTo = upTo;
-  box.capacity = len;
+  Inbox& box = messages_.openPosted(key, r, static_cast<uint8_t*>(buf), len, upTo);
   r->bytes = len;
   if (p2pChecked) box.expected = *signature;
   announceReceiveLocked(p, key, box);
@@ -397,8 +384,8 @@ RequestPtr LaneDevice::postRecv(MemberId member, uint64_t seq, uint32_t tag, voi
 
 bool LaneDevice::arrived(MemberId peer, uint64_t seq, uint32_t tag, size_t* bytes, uint64_t* order) {
   MutexLock lock(mu_);
-  auto it = inbox_.find({FrameHeader::isOutOfView(seq) ? 0 : epoch_, peer, seq, tag});
-  if (it == inbox_.end() || it->second.request || it->second.cancelled || !it->second.unexpected) return false;
+  auto it = messages_.find({FrameHeader::isOutOfView(seq) ? 0 : epoch_, peer, seq, tag});
+  if (it == messages_.end() || it->second.request || it->second.cancelled || !it->second.unexpected) return false;
   *bytes = it->second.total;
   *order = it->second.arrival;
   return true;
@@ -420,18 +407,18 @@ void LaneDevice::cancelLocked(const RequestPtr& r, const std::string& reason) {
   if (r->isSend && peer != peers_.end()) {
     for (auto& lane : peer->second.lanes) {
       std::erase_if(lane->sendQueue, [&](const SendItem& item) { return item.request == r && item.done == 0; });
-      std::erase_if(lane->bulkQueue, [&](const SendItem& item) { return item.request == r; });
+      std::erase_if(lane->bulk.waiting(), [&](const SendItem& item) { return item.request == r; });
       // Started: the frame must still be whole on the wire, and a chunk
       // whose header went out still written (from a copy).
-      for (auto* queue : {&lane->sendQueue, &lane->awaitingClearance})
+      for (auto* queue : {&lane->sendQueue, &lane->rendezvous.awaitingClearance})
         for (SendItem& item : *queue)
           if (item.request == r) item.detach();
-      for (SendItem& item : lane->zeroCopyWrites)
+      for (SendItem& item : lane->rendezvous.writes)
         if (item.request == r) item.request.reset();  // written from the pinned pages
     }
   }
   if (!r->isSend) {
-    for (auto& [key, box] : inbox_) {
+    for (auto& [key, box] : messages_) {
       if (box.request != r) continue;
       if (box.exposed > 0) {
         // The peer may be writing into the buffer now: only closing the
@@ -454,7 +441,7 @@ void LaneDevice::cancelLocked(const RequestPtr& r, const std::string& reason) {
         lane->discarding = true;
         box.received += lane->frame.length;
       }
-      if (box.received >= box.total && box.received > 0) inbox_.erase(key);
+      if (box.received >= box.total && box.received > 0) messages_.erase(key);
       break;
     }
   }
@@ -649,7 +636,7 @@ bool LaneDevice::readLocked(Lane& lane, bool mayUnlock) {
   // Writes cleared by what was read start now, after every frame that came
   // with them was answered; so do sends other threads queued while the
   // lock was released (they start no zero-copy write on a lane being read).
-  if (lane.conduit && (lane.zeroCopyHeldBack || (mayUnlock && lane.hasSends()))) flushLocked(lane, /*startWrite=*/true);
+  if (lane.conduit && (lane.rendezvous.heldBack || (mayUnlock && lane.hasSends()))) flushLocked(lane, /*startWrite=*/true);
   lane.reading = false;
   return lane.token == token;  // no lock let go since readFramesLocked: `lane` exists
 }
@@ -724,8 +711,8 @@ bool LaneDevice::readFramesLocked(Lane& lane, bool mayUnlock) {
 // entry, which may be erased or recycled at any time.
 RequestPtr LaneDevice::unlockedReadTargetLocked(const Lane& lane) {
   if (!lane.conduit->readsBesideCalls() || lane.frame.type != FrameType::kData || lane.discarding) return nullptr;
-  auto it = inbox_.find(lane.inboxKey);
-  if (it == inbox_.end() || it->second.unexpected || !it->second.request) return nullptr;
+  auto it = messages_.find(lane.inboxKey);
+  if (it == messages_.end() || it->second.unexpected || !it->second.request) return nullptr;
   return it->second.request;
 }
 
@@ -882,32 +869,22 @@ bool LaneDevice::placeDataFrameLocked(Lane& lane, const CallSignature* signature
     }
   }
   InboxKey key{outOfView ? 0 : h->epoch, remote, h->seq, h->tag};
-  auto it = inbox_.find(key);
-  if (it == inbox_.end() && !outOfView && h->epoch == epoch_ && FrameHeader::isCollective(h->seq) &&
+  auto it = messages_.find(key);
+  if (it == messages_.end() && !outOfView && h->epoch == epoch_ && FrameHeader::isCollective(h->seq) &&
       refusalOfLocked(h->seq)) {
     // Nobody here will ever ask for a refused op's message: read and dropped.
-    Inbox& box = inbox_[key];
-    box.unexpected = true;
-    box.cancelled = true;
-    box.total = h->total;
-    it = inbox_.find(key);
+    it = messages_.openDiscarded(key, h->total);
   }
-  if (it == inbox_.end()) {
-    Inbox& box = inbox_[key];
-    box.unexpected = true;
-    box.total = h->total;
-    box.arrival = ++arrivals_;
+  if (it == messages_.end()) {
     try {
-      box.staged = staging_.take(h->total);
+      it = messages_.openUnexpected(key, h->total);
     } catch (const std::bad_alloc&) {
-      inbox_.erase(key);
       failPeerLocked(remote, ecclSystemError,
                      fmt::format("peer {} sent an unexpected message of {} bytes that cannot be staged",
                                  labelLocked(remote), h->total),
                      true);
       return false;
     }
-    it = inbox_.find(key);
   }
   Inbox& box = it->second;
   if (box.cancelled) {  // nobody wants it any more: read and drop
@@ -915,7 +892,7 @@ bool LaneDevice::placeDataFrameLocked(Lane& lane, const CallSignature* signature
     box.received += h->length;
     if (FrameHeader::isCollective(h->seq) && refusalOfLocked(h->seq)) stats_.refusedBytesDropped += h->length;
     lane.discarding = true;
-    if (box.received >= box.total) inbox_.erase(it);
+    if (box.received >= box.total) messages_.erase(it);
     return true;
   }
   if (signature && !FrameHeader::isCollective(h->seq) && !FrameHeader::survivesRevocation(h->seq)) {
@@ -959,25 +936,24 @@ bool LaneDevice::checksumHoldsLocked(Inbox& box, const std::string& peerLabel) {
 
 void LaneDevice::onPayloadDoneLocked(Lane& lane) {
   if (lane.discarding) return;
-  auto it = inbox_.find(lane.inboxKey);
-  if (it == inbox_.end()) return;
+  auto it = messages_.find(lane.inboxKey);
+  if (it == messages_.end()) return;
   it->second.received += lane.frame.length;
   messageArrivedLocked(it, labelLocked(lane.key.remote));
 }
 
 // Completes the receive once every byte of its message is in.
-void LaneDevice::messageArrivedLocked(std::map<InboxKey, Inbox>::iterator it, const std::string& peerLabel) {
+void LaneDevice::messageArrivedLocked(MessageTable::iterator it, const std::string& peerLabel) {
   Inbox& box = it->second;
   if (box.received >= box.total) closeReceiveWindowLocked(it->first, box, /*withdrawn=*/false);
   if (box.received < box.total || !box.request || box.exposed > 0) return;
   if (!checksumHoldsLocked(box, peerLabel)) {
-    inbox_.erase(it);
+    messages_.erase(it);
     return;
   }
-  if (box.unexpected && box.total) std::memcpy(box.userBuffer, box.staged.bytes.get(), box.total);
-  staging_.give(box.staged);
+  messages_.deliverStaged(box);
   completeLocked(box.request, ecclSuccess, {});
-  inbox_.erase(it);
+  messages_.erase(it);
 }
 
 }  // namespace eccl::transport::lanes

@@ -100,23 +100,23 @@ void LaneDevice::failOpsLocked(const std::function<bool(uint64_t seq)>& dies, ec
         }
       }
       lane->sendQueue = std::move(keep);
-      for (auto item = lane->bulkQueue.begin(); item != lane->bulkQueue.end();) {  // none started
+      for (auto item = lane->bulk.waiting().begin(); item != lane->bulk.waiting().end();) {  // none started
         if (!item->request || !dies(item->request->seq)) {
           ++item;
           continue;
         }
         completeLocked(item->request, code, reason);
-        item = lane->bulkQueue.erase(item);
+        item = lane->bulk.waiting().erase(item);
       }
-      for (SendItem& item : lane->awaitingClearance)
+      for (SendItem& item : lane->rendezvous.awaitingClearance)
         if (item.request && dies(item.request->seq)) completeLocked(item.request, code, reason), item.detach();
-      for (SendItem& item : lane->zeroCopyWrites)  // written from the pinned pages
+      for (SendItem& item : lane->rendezvous.writes)  // written from the pinned pages
         if (item.request && dies(item.request->seq))
           completeLocked(item.request, code, reason), item.request.reset();
     }
   }
   // Buffers of failed receives must never be written again.
-  for (auto box = inbox_.begin(); box != inbox_.end();) {
+  for (auto box = messages_.begin(); box != messages_.end();) {
     bool dropped = box->second.request && dies(box->second.request->seq);
     box = dropped ? dropBoxLocked(box, code, reason) : std::next(box);
   }
@@ -219,14 +219,14 @@ void LaneDevice::collectiveEndsLocked(uint64_t seq, bool ok) {
 // What peers already sent for a refused op is never asked for: whole
 // messages go now, partial ones are read to their end and dropped.
 void LaneDevice::dropRefusedMessagesLocked(uint64_t seq) {
-  for (auto it = inbox_.begin(); it != inbox_.end();) {
+  for (auto it = messages_.begin(); it != messages_.end();) {
     Inbox& box = it->second;
     if (it->first.seq != seq || it->first.epoch != epoch_ || box.request || box.cancelled || box.exposed > 0) {
       ++it;
       continue;
     }
     stats_.refusedBytesDropped += box.received;
-    staging_.give(box.staged);
+    messages_.releaseStaging(box);
     box.cancelled = true;
     // A lane in the middle of its frame drops the rest: the whole frame is
     // counted now (the header came; later frames count as they arrive).
@@ -236,7 +236,7 @@ void LaneDevice::dropRefusedMessagesLocked(uint64_t seq) {
       box.received += lane->frame.length;
       stats_.refusedBytesDropped += lane->frame.length;
     }
-    it = box.received >= box.total ? inbox_.erase(it) : std::next(it);
+    it = box.received >= box.total ? messages_.erase(it) : std::next(it);
   }
 }
 
@@ -275,7 +275,7 @@ void LaneDevice::callMismatchLocked(MemberId peer, uint64_t seq, const CallSigna
 
 void LaneDevice::discardOrphanedPayloadsLocked() {
   for (auto& [token, lane] : lanesByToken_)
-    if (lane->rx == Lane::Rx::kPayload && lane->frame.type == FrameType::kData && !inbox_.count(lane->inboxKey))
+    if (lane->rx == Lane::Rx::kPayload && lane->frame.type == FrameType::kData && !messages_.contains(lane->inboxKey))
       lane->discarding = true;
 }
 
@@ -306,7 +306,7 @@ void LaneDevice::failPeerLocked(MemberId member, ecclResult_t code, const std::s
     closeLaneLocked(*lane);
   }
   p.receiveReady.clear();
-  for (auto box = inbox_.begin(); box != inbox_.end();) {
+  for (auto box = messages_.begin(); box != messages_.end();) {
     // A whole message that came before the failure, not yet asked for, is
     // kept: the op it belongs to may be one the failure does not revoke.
     bool arrived = !box->second.request && box->second.received == box->second.total;
@@ -315,7 +315,7 @@ void LaneDevice::failPeerLocked(MemberId member, ecclResult_t code, const std::s
       continue;
     }
     if (box->second.request) completeLocked(box->second.request, code, reason);
-    box = inbox_.erase(box);
+    box = messages_.erase(box);
   }
   // Nothing is anyone's failure once we are closing ourselves. A peer that
   // left in order is nobody's failure either, until someone says otherwise:
@@ -361,14 +361,14 @@ void LaneDevice::markLeftLocked(Peer& p) {
   // Its goodbye followed its last data on every lane, so whole messages it
   // sent before leaving stay receivable; only what can never arrive fails.
   std::optional<uint64_t> neededFrom;
-  for (auto box = inbox_.begin(); box != inbox_.end();) {
+  for (auto box = messages_.begin(); box != messages_.end();) {
     bool lost = box->first.peer == p.id && box->second.received < box->second.total;
     if (lost && box->second.request) {
       completeLocked(box->second.request, ecclRemoteError, reason);
       uint64_t seq = FrameHeader::isCollective(box->first.seq) ? box->first.seq : 0;
       if (!FrameHeader::isBackground(box->first.seq)) neededFrom = std::min(neededFrom.value_or(seq), seq);
     }
-    box = lost ? inbox_.erase(box) : std::next(box);
+    box = lost ? messages_.erase(box) : std::next(box);
   }
   if (neededFrom) leftPeerNeededLocked(p, *neededFrom, p.failReason, /*flood=*/true);
 }

@@ -36,7 +36,7 @@ void LaneDevice::announceReceiveLocked(Peer& p, const InboxKey& key, Inbox& box)
     if (!window) return;  // the chunks are offered one by one instead
     ChunkRef whole{key.epoch, key.tag,          key.seq, 0, window->address, window->key, static_cast<uint32_t>(box.total),
                    ChunkRef::kWriteHere};
-    lane.receiveWindows.push_back({key, whole, window->handle});
+    lane.rendezvous.windows.push_back({key, whole, window->handle});
     box.readyLane = static_cast<int>(i);
     box.exposed++;
     stats_.receivesAnnounced++;
@@ -57,14 +57,14 @@ void LaneDevice::closeReceiveWindowLocked(const InboxKey& key, Inbox& box, bool 
   auto peer = peers_.find(key.peer);
   if (peer == peers_.end() || index >= peer->second.lanes.size()) return;
   Lane& lane = *peer->second.lanes[index];
-  auto window = lane.receiveWindow(key);
-  if (window == lane.receiveWindows.end() || !lane.conduit) return;  // its lane closed and released it
+  auto window = lane.rendezvous.window(key);
+  if (window == lane.rendezvous.windows.end() || !lane.conduit) return;  // its lane closed and released it
   ChunkRef done = window->chunk;
   done.answer = withdrawn ? ChunkRef::kWriteHere : ChunkRef::kDropped;
   queueControlLocked(lane, FrameType::kReceiveDone, encodeChunkRef(done));
   if (withdrawn) return;
   lane.conduit->release(window->handle);
-  lane.receiveWindows.erase(window);
+  lane.rendezvous.windows.erase(window);
   box.exposed--;
 }
 
@@ -74,8 +74,8 @@ bool LaneDevice::onPrewrittenLocked(Lane& lane, const CallSignature* signature) 
   const FrameHeader h = lane.frame;
   const MemberId remote = lane.key.remote;
   const InboxKey key{h.epoch, remote, h.seq, h.tag};
-  auto it = inbox_.find(key);
-  if (it == inbox_.end() || it->second.readyLane < 0) {
+  auto it = messages_.find(key);
+  if (it == messages_.end() || it->second.readyLane < 0) {
     // Its receive was dropped and the window released: the write went into
     // memory kept for it, and the chunk is forgotten.
     stats_.staleFramesDropped++;
@@ -87,8 +87,8 @@ bool LaneDevice::onPrewrittenLocked(Lane& lane, const CallSignature* signature) 
   if (!placeDataFrameLocked(lane, signature) || lane.token != token) return false;
   if (lane.discarding) return true;  // stale, or the receive failed on it
   lane.discarding = true;            // nothing follows on the lane
-  it = inbox_.find(key);
-  if (it == inbox_.end()) return true;
+  it = messages_.find(key);
+  if (it == messages_.end()) return true;
   it->second.received += h.length;
   stats_.bytesReceived += h.length;
   stats_.zeroCopyChunksReceived++;
@@ -199,7 +199,7 @@ void LaneDevice::onReceiveReleasedLocked(Lane& lane) {
   const ChunkRef released = decodeChunkRef(lane.control.data());
   const MemberId remote = lane.key.remote;
   const InboxKey key{released.epoch, remote, released.seq, released.tag};
-  if (auto box = inbox_.find(key); box != inbox_.end() && box->second.readyLane >= 0) {
+  if (auto box = messages_.find(key); box != messages_.end() && box->second.readyLane >= 0) {
     stats_.framesRejected++;
     failPeerLocked(remote, ecclRemoteError,
                    fmt::format("peer {} released a receive on lane {} that was not withdrawn (op {:#x} tag {}); "
@@ -209,10 +209,10 @@ void LaneDevice::onReceiveReleasedLocked(Lane& lane) {
     return;
   }
   for (auto& other : peers_[remote].lanes) {
-    auto window = other->receiveWindow(key);
-    if (window == other->receiveWindows.end()) continue;
+    auto window = other->rendezvous.window(key);
+    if (window == other->rendezvous.windows.end()) continue;
     if (other->conduit) other->conduit->release(window->handle);
-    other->receiveWindows.erase(window);
+    other->rendezvous.windows.erase(window);
     log::trace("rendezvous: {} released op {:#x} tag {}", labelLocked(remote), key.seq, key.tag);
     receiveWindowGoneLocked(key);
     return;
@@ -222,13 +222,12 @@ void LaneDevice::onReceiveReleasedLocked(Lane& lane) {
 // A withdrawn receive (draining) is looked for first: the rest of a
 // refused message may have opened a new unexpected one under its key.
 void LaneDevice::receiveWindowGoneLocked(const InboxKey& key) {
-  if (auto d = draining_.find(key); d != draining_.end()) {
-    if (--d->second.exposed > 0) return;
-    if (d->second.request) completeLocked(d->second.request, d->second.code, d->second.reason);
-    draining_.erase(d);
+  std::optional<Draining> drained;
+  if (messages_.finishDrainingOne(key, &drained)) {
+    if (drained && drained->request) completeLocked(drained->request, drained->code, drained->reason);
     return;
   }
-  if (auto box = inbox_.find(key); box != inbox_.end() && box->second.exposed > 0) {
+  if (auto box = messages_.find(key); box != messages_.end() && box->second.exposed > 0) {
     box->second.exposed--;
     box->second.readyLane = -1;
   }

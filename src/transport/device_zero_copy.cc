@@ -35,25 +35,25 @@ void LaneDevice::clearToSendLocked(Lane& lane) {
                    true);
     return;
   }
-  auto it = lane.discarding ? inbox_.end() : inbox_.find(lane.inboxKey);
+  auto it = lane.discarding ? messages_.end() : messages_.find(lane.inboxKey);
   // A receive announced on this lane is registered already: the chunk is
   // cleared into that window (the sender, which heard of it first on this
   // lane, counts the write against it before it lets a withdrawn one go).
   auto announced =
-      it == inbox_.end() || it->second.unexpected ? lane.receiveWindows.end() : lane.receiveWindow(lane.inboxKey);
-  if (announced != lane.receiveWindows.end()) {
+      it == messages_.end() || it->second.unexpected ? lane.rendezvous.windows.end() : lane.rendezvous.window(lane.inboxKey);
+  if (announced != lane.rendezvous.windows.end()) {
     chunk.address = announced->chunk.address + h.offset;
     chunk.key = announced->chunk.key;
     chunk.answer = ChunkRef::kWriteHere;
-    lane.exposures.push_back({lane.inboxKey, chunk, /*handle: the window's*/ 0});
+    lane.rendezvous.exposures.push_back({lane.inboxKey, chunk, /*handle: the window's*/ 0});
     it->second.exposed++;
     stats_.zeroCopyChunksReceived++;
-  } else if (it != inbox_.end()) {
+  } else if (it != messages_.end()) {
     if (auto window = lane.conduit->expose(lane.target, h.length)) {
       chunk.address = window->address;
       chunk.key = window->key;
       chunk.answer = ChunkRef::kWriteHere;
-      lane.exposures.push_back({lane.inboxKey, chunk, window->handle});
+      lane.rendezvous.exposures.push_back({lane.inboxKey, chunk, window->handle});
       it->second.exposed++;
       stats_.zeroCopyChunksReceived++;
     } else {
@@ -70,7 +70,7 @@ void LaneDevice::clearToSendLocked(Lane& lane) {
 // it on the lane).
 void LaneDevice::onClearToSendLocked(Lane& lane) {
   ChunkRef cleared = decodeChunkRef(lane.control.data());
-  if (lane.awaitingClearance.empty() || !lane.awaitingClearance.front().chunk.sameChunk(cleared) ||
+  if (lane.rendezvous.awaitingClearance.empty() || !lane.rendezvous.awaitingClearance.front().chunk.sameChunk(cleared) ||
       cleared.answer > ChunkRef::kSendOnLane) {
     stats_.framesRejected++;
     failPeerLocked(lane.key.remote, ecclRemoteError,
@@ -83,8 +83,8 @@ void LaneDevice::onClearToSendLocked(Lane& lane) {
   }
   log::trace("rendezvous: {} answered op {:#x} tag {} offset {} on lane {}: {}", labelLocked(lane.key.remote),
              cleared.seq, cleared.tag, cleared.offset, lane.key.lane, answerName(cleared.answer));
-  SendItem item = std::move(lane.awaitingClearance.front());
-  lane.awaitingClearance.pop_front();
+  SendItem item = std::move(lane.rendezvous.awaitingClearance.front());
+  lane.rendezvous.awaitingClearance.pop_front();
   if (cleared.answer != ChunkRef::kWriteHere) {
     lane.conduit->release(item.pinned);
     item.pinned = 0;
@@ -105,10 +105,10 @@ void LaneDevice::onClearToSendLocked(Lane& lane) {
   }
   item.chunk = cleared;
   countClearedWriteLocked(lane, item);
-  lane.zeroCopyWrites.push_back(std::move(item));
+  lane.rendezvous.writes.push_back(std::move(item));
   // Started once the frames read with this one are dealt with (readLocked
   // flushes the lane after the read): see startZeroCopyWriteLocked.
-  lane.zeroCopyHeldBack = true;
+  lane.rendezvous.heldBack = true;
 }
 
 // Starts the oldest cleared write not yet started, one per call: a software
@@ -119,15 +119,15 @@ void LaneDevice::onClearToSendLocked(Lane& lane) {
 // running together. On an HCA a post is a doorbell, and the next pass posts
 // the next write microseconds later. True when one started.
 bool LaneDevice::startZeroCopyWriteLocked(Lane& lane) {
-  if (lane.zeroCopyWriting) return false;  // another thread's write runs; it looks again after
-  lane.zeroCopyHeldBack = false;
-  auto next = std::find_if(lane.zeroCopyWrites.begin(), lane.zeroCopyWrites.end(),
+  if (lane.rendezvous.writing) return false;  // another thread's write runs; it looks again after
+  lane.rendezvous.heldBack = false;
+  auto next = std::find_if(lane.rendezvous.writes.begin(), lane.rendezvous.writes.end(),
                            [](const SendItem& item) { return item.ticket == 0; });
-  if (next == lane.zeroCopyWrites.end()) return false;
+  if (next == lane.rendezvous.writes.end()) return false;
   if (lane.conduit->writesZeroCopyBesideCalls()) {
     // Copied with the lock released, by the post or the next pass over the
     // lanes (serviceLanesLocked), not inside a flush any post may start.
-    lane.zeroCopyHeldBack = true;
+    lane.rendezvous.heldBack = true;
     return false;
   }
   SendItem& item = *next;
@@ -139,12 +139,12 @@ bool LaneDevice::startZeroCopyWriteLocked(Lane& lane) {
     log::trace("rendezvous: wrote op {:#x} tag {} offset {} ({} B) to {} on lane {} (the post took {} us)",
                item.chunk.seq, item.chunk.tag, item.chunk.offset, item.length, labelLocked(lane.key.remote),
                lane.key.lane, std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - posting).count());
-  zeroCopyWriteStartedLocked(lane, item, std::next(next) != lane.zeroCopyWrites.end());
+  zeroCopyWriteStartedLocked(lane, item, std::next(next) != lane.rendezvous.writes.end());
   return true;
 }
 
 void LaneDevice::zeroCopyWriteStartedLocked(Lane& lane, SendItem& item, bool more) {
-  item.ticket = ++lane.zeroCopyStarted;
+  item.ticket = ++lane.rendezvous.started;
   stats_.bytesSent += item.length;
   stats_.zeroCopyChunksSent++;
   if (item.prewritten) {  // its header follows the write on the lane: there is nobody to ask
@@ -156,19 +156,19 @@ void LaneDevice::zeroCopyWriteStartedLocked(Lane& lane, SendItem& item, bool mor
   } else {
     queueControlLocked(lane, FrameType::kLanded, encodeChunkRef(item.chunk), /*flush=*/false);
   }
-  lane.zeroCopyHeldBack = more;
+  lane.rendezvous.heldBack = more;
 }
 
 // The write is marked under way (ticket kWritingTicket) while the lock is
 // released: nothing reaps it, and no other write on the lane starts
-// (Lane::zeroCopyWriting), so it is the same item when the lock is back.
+// (LaneRendezvous::writing), so it is the same item when the lock is back.
 // The send is pinned, so its buffer outlives a cancel or a failure meanwhile.
 bool LaneDevice::writeHeldZeroCopyLocked(Lane& lane) {
   constexpr uint64_t kWritingTicket = ~uint64_t{0};
-  lane.zeroCopyHeldBack = false;
-  auto next = std::find_if(lane.zeroCopyWrites.begin(), lane.zeroCopyWrites.end(),
+  lane.rendezvous.heldBack = false;
+  auto next = std::find_if(lane.rendezvous.writes.begin(), lane.rendezvous.writes.end(),
                            [](const SendItem& item) { return item.ticket == 0; });
-  if (next == lane.zeroCopyWrites.end()) return true;
+  if (next == lane.rendezvous.writes.end()) return true;
   const uint64_t token = lane.token;
   std::shared_ptr<Conduit> conduit = lane.conduit;
   RequestPtr pinned = next->request;
@@ -178,40 +178,40 @@ bool LaneDevice::writeHeldZeroCopyLocked(Lane& lane) {
   const size_t length = item.length;
   const uint32_t key = item.chunk.key;
   next->ticket = kWritingTicket;
-  lane.zeroCopyWriting = true;
+  lane.rendezvous.writing = true;
   const bool started =
       copyWithLockReleased(pinned, [&] { return conduit->writeZeroCopy(handle, from, length, address, key); });
   if (!laneAliveLocked(&lane, token)) return false;
-  lane.zeroCopyWriting = false;
-  auto it = std::find_if(lane.zeroCopyWrites.begin(), lane.zeroCopyWrites.end(),
+  lane.rendezvous.writing = false;
+  auto it = std::find_if(lane.rendezvous.writes.begin(), lane.rendezvous.writes.end(),
                          [](const SendItem& i) { return i.ticket == kWritingTicket; });
-  if (it == lane.zeroCopyWrites.end()) return true;  // not expected: the lane kept it
+  if (it == lane.rendezvous.writes.end()) return true;  // not expected: the lane kept it
   if (!started) {
     it->ticket = 0;  // no room: a completion brings the lane back
     return true;
   }
   stats_.zeroCopyBytesUnlocked += length;
-  const bool more = std::any_of(std::next(it), lane.zeroCopyWrites.end(), [](const SendItem& i) { return i.ticket == 0; });
+  const bool more = std::any_of(std::next(it), lane.rendezvous.writes.end(), [](const SendItem& i) { return i.ticket == 0; });
   zeroCopyWriteStartedLocked(lane, *it, more);
   flushLocked(lane);  // its kLanded, or its header
   return lane.token == token;
 }
 
 bool LaneDevice::zeroCopyWriteFinishedLocked(const Lane& lane) const {
-  return !lane.zeroCopyWrites.empty() && lane.zeroCopyWrites.front().ticket != 0 &&
-         lane.zeroCopyWrites.front().ticket <= lane.conduit->zeroCopyWritesDone();
+  return !lane.rendezvous.writes.empty() && lane.rendezvous.writes.front().ticket != 0 &&
+         lane.rendezvous.writes.front().ticket <= lane.conduit->zeroCopyWritesDone();
 }
 
 void LaneDevice::reapZeroCopyWritesLocked(Lane& lane) {
   while (zeroCopyWriteFinishedLocked(lane)) {
-    SendItem& item = lane.zeroCopyWrites.front();
+    SendItem& item = lane.rendezvous.writes.front();
     log::trace("rendezvous: the write of op {:#x} tag {} offset {} to {} completed", item.chunk.seq, item.chunk.tag,
                item.chunk.offset, labelLocked(lane.key.remote));
     lane.conduit->release(item.pinned);
     RequestPtr r = std::move(item.request);
     const ChunkRef chunk = item.chunk;
     const bool intoAnnounced = item.intoAnnounced;
-    lane.zeroCopyWrites.pop_front();
+    lane.rendezvous.writes.pop_front();
     if (intoAnnounced) prewriteFinishedLocked(lane, chunk);
     finishChunkLocked(r);
   }
@@ -220,7 +220,7 @@ void LaneDevice::reapZeroCopyWritesLocked(Lane& lane) {
 // Receiver: the sender's write of the oldest exposed chunk is in.
 void LaneDevice::onLandedLocked(Lane& lane) {
   ChunkRef landed = decodeChunkRef(lane.control.data());
-  if (lane.exposures.empty() || !lane.exposures.front().chunk.sameChunk(landed)) {
+  if (lane.rendezvous.exposures.empty() || !lane.rendezvous.exposures.front().chunk.sameChunk(landed)) {
     stats_.framesRejected++;
     failPeerLocked(lane.key.remote, ecclRemoteError,
                    fmt::format("peer {} said a chunk landed on lane {} that it was not cleared to write (op {:#x} "
@@ -231,8 +231,8 @@ void LaneDevice::onLandedLocked(Lane& lane) {
   }
   log::trace("rendezvous: op {:#x} tag {} offset {} ({} B) from {} landed", landed.seq, landed.tag, landed.offset,
              landed.length, labelLocked(lane.key.remote));
-  Lane::Exposure exposure = lane.exposures.front();
-  lane.exposures.pop_front();
+  Exposure exposure = lane.rendezvous.exposures.front();
+  lane.rendezvous.exposures.pop_front();
   lane.conduit->release(exposure.handle);
   stats_.bytesReceived += exposure.chunk.length;
   chunkLandedLocked(exposure.key, exposure.chunk.length, /*arrived=*/true, labelLocked(lane.key.remote));
@@ -241,38 +241,36 @@ void LaneDevice::onLandedLocked(Lane& lane) {
 // An exposed chunk is done with: it arrived, or its lane closed (nothing
 // more can land; the message then fails with its peer).
 void LaneDevice::chunkLandedLocked(const InboxKey& key, size_t bytes, bool arrived, const std::string& peerLabel) {
-  if (auto it = inbox_.find(key); it != inbox_.end()) {
+  if (auto it = messages_.find(key); it != messages_.end()) {
     Inbox& box = it->second;
     box.exposed--;
     if (!arrived) return;
     box.received += bytes;
     if (box.cancelled) {
-      if (box.received >= box.total && box.exposed == 0) inbox_.erase(it);
+      if (box.received >= box.total && box.exposed == 0) messages_.erase(it);
       return;
     }
     messageArrivedLocked(it, peerLabel);
     return;
   }
-  auto d = draining_.find(key);
-  if (d == draining_.end() || --d->second.exposed > 0) return;
-  if (d->second.request) completeLocked(d->second.request, d->second.code, d->second.reason);
-  draining_.erase(d);
+  std::optional<Draining> drained;
+  if (messages_.finishDrainingOne(key, &drained) && drained && drained->request)
+    completeLocked(drained->request, drained->code, drained->reason);
 }
 
-std::map<InboxKey, Inbox>::iterator LaneDevice::dropBoxLocked(std::map<InboxKey, Inbox>::iterator it,
+MessageTable::iterator LaneDevice::dropBoxLocked(MessageTable::iterator it,
                                                               ecclResult_t code, const std::string& reason) {
   Inbox& box = it->second;
   closeReceiveWindowLocked(it->first, box, /*withdrawn=*/true);
   if (box.exposed == 0) {
     if (box.request) completeLocked(box.request, code, reason);
-    return inbox_.erase(it);
+    return messages_.erase(it);
   }
-  draining_[it->first] = Draining{std::move(box.request), code, reason, std::move(box.staged), box.exposed};
-  return inbox_.erase(it);
+  return messages_.eraseDraining(it, code, reason);
 }
 
 void LaneDevice::failLaneSendsLocked(Lane& lane, ecclResult_t code, const std::string& reason) {
-  for (auto* queue : {&lane.sendQueue, &lane.bulkQueue, &lane.awaitingClearance, &lane.zeroCopyWrites})
+  for (auto* queue : {&lane.sendQueue, &lane.bulk.waiting(), &lane.rendezvous.awaitingClearance, &lane.rendezvous.writes})
     for (SendItem& item : *queue)
       if (item.request) completeLocked(item.request, code, reason);
 }

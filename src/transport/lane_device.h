@@ -1,8 +1,12 @@
-// The device's internals, shared by its three files: device.cc (the
-// connection table: peers, dialing, accepting, lanes, view changes),
-// device_io.cc (moving frames: posting, driving, reading and parsing) and
-// device_policy.cc (what failures, departures, disagreements and liveness
-// probes do). Nothing outside src/transport includes this; see device.h.
+// The device's internals, shared by its files: device.cc (the connection
+// table: peers, dialing, accepting, lanes, view changes), device_io.cc
+// (moving frames: posting, driving, reading and parsing), device_policy.cc
+// (what failures, departures, disagreements and liveness probes do), and
+// the rendezvous's device_zero_copy.cc and device_receive_ready.cc. The
+// parts it owns are classes of their own: matching (message_table.h), and
+// per lane bulk admission (bulk_admission.h) and the rendezvous
+// (lane_rendezvous.h). Nothing outside src/transport includes this; see
+// device.h.
 #pragma once
 
 #include "transport/device.h"
@@ -36,9 +40,10 @@
 #include "common/netif.h"
 #include "common/socket.h"
 #include "transport/backend.h"
-#include "transport/bulk_credit.h"
+#include "transport/bulk_admission.h"
 #include "transport/frame.h"
-#include "transport/staging_pool.h"
+#include "transport/lane_rendezvous.h"
+#include "transport/message_table.h"
 
 namespace eccl::transport::lanes {
 
@@ -75,72 +80,6 @@ constexpr int64_t kLeaseMs = 2;
 // Bulk frames (Device::isendBulk) one flush of a lane may start: 512 KiB.
 constexpr size_t kBulkFramesPerFlush = 8;
 
-struct SendItem {
-  uint8_t header[FrameHeader::kSize + FrameHeader::kSignatureBytes];
-  size_t headerBytes = FrameHeader::kSize;  // with the call signature, when there is one
-  const uint8_t* data = nullptr;
-  size_t length = 0;
-  size_t done = 0;  // bytes written, header included
-  RequestPtr request;  // null for control frames
-  std::vector<uint8_t> owned;  // control payloads
-  // Zero-copy: the header went out alone and the chunk follows by
-  // Conduit::writeZeroCopy from the pinned pages once the receiver clears
-  // it (or on the lane, if the receiver asks for that).
-  bool rendezvous = false;
-  uint64_t pinned = 0;                  // Conduit::pin's handle
-  const uint8_t* pinnedFrom = nullptr;  // the chunk's first byte in the pinned buffer
-  ChunkRef chunk;      // which chunk it is; where to write it, once cleared
-  // Written into the window the receiver announced (kReceiveReady): no
-  // clearance is asked; the header follows the write as kPrewritten.
-  bool prewritten = false;
-  // Written into an announced receive's window, unasked or cleared into it:
-  // the sender releases a withdrawn window only once such writes are done.
-  bool intoAnnounced = false;
-  uint64_t messageBytes = 0;  // the whole message's length (an announced receive must match it)
-  uint64_t ticket = 0; // its write's number on the lane (0: not started)
-  // Keeps the bytes after the request failed or was cancelled (the frame
-  // must still be whole on the wire, or its chunk still sent; a pinned
-  // buffer's pages stay readable through the pin).
-  void detach() {
-    owned.assign(data, data + length);
-    data = owned.data();
-    request.reset();
-  }
-};
-
-// One message being received, posted or not.
-struct Inbox {
-  RequestPtr request;          // null while nobody has posted the receive
-  uint8_t* userBuffer = nullptr;
-  // Data that arrived before the receive was posted (uninitialised, from
-  // the device's pool of staging buffers).
-  StagingBuffer staged;
-  bool unexpected = false;
-  size_t total = 0;
-  size_t received = 0;
-  bool checksummed = false;  // the sender sent the message's CRC32C
-  uint32_t crc = 0;
-  // Point-to-point call signatures: the receiver's and the sender's.
-  std::optional<CallSignature> expected, sent;
-  bool upTo = false;    // irecvUpTo: any message of at most `capacity` bytes
-  bool cancelled = false;  // its receive was withdrawn: the message is read and dropped
-  uint64_t arrival = 0;    // unexpected: LaneDevice::arrivals_ when its first frame came
-  size_t capacity = 0;
-  int exposed = 0;  // zero-copy chunks cleared to the peer and not landed yet, and its window
-  // The lane whose connection announced the whole receive to the peer
-  // (kReceiveReady), while that window is open; -1: none.
-  int readyLane = -1;
-  uint8_t* base() { return unexpected ? staged.bytes.get() : userBuffer; }
-};
-
-struct InboxKey {
-  uint32_t epoch;  // a message belongs to one view; older ones die with it
-  MemberId peer;
-  uint64_t seq;
-  uint32_t tag;
-  auto operator<=>(const InboxKey&) const = default;
-};
-
 struct Lane {
   ConnKey key;
   uint64_t token = 0;  // epoll cookie; 0 while unconnected
@@ -160,18 +99,8 @@ struct Lane {
   uint64_t readTicket = 0;  // which readLocked call set `reading` (LaneDevice::readTickets_)
   std::deque<SendItem> sendQueue;
   // Device::isendBulk's frames, none started: one moves to sendQueue when
-  // that is empty and the conduit has room for bulk (roomForBulk).
-  std::deque<SendItem> bulkQueue;
-  // The last flush stopped because the conduit held too much unread for a
-  // bulk frame: the device then sleeps on armBulkWakeup, not on room.
-  bool bulkHeldBack = false;
-  // When a foreground send was last posted here: a lane quiet for
-  // DeviceOptions::bulkQuietAfterMs lets bulk fill its conduit, a busy one
-  // keeps it shallow.
-  Clock::time_point foregroundPostedAt{};
-  // Bulk admission by count (kBulkCredit frames, kBulkRead reports) where
-  // the conduit cannot see its peer's reads.
-  BulkCredit bulkCredit;
+  // that is empty and the lane has room for bulk.
+  BulkAdmission bulk;
   // Receive state machine, touched only by the progress thread.
   enum class Rx { kHeader, kSignature, kPayload } rx = Rx::kHeader;
   uint8_t header[FrameHeader::kSize];
@@ -186,39 +115,15 @@ struct Lane {
   bool discarding = false;  // read the payload and drop it (stale or rejected)
   size_t payloadGot = 0;
   std::vector<uint8_t> control;
-  // Zero-copy chunks (Conduit::zeroCopyMinBytes), each queue in the order
-  // the other side answers: ours whose header went out, until cleared;
-  // cleared ones, until their writes finish (ticket 0: not started, held
-  // back one pass or waiting for a send slot); and, receiving, chunks
-  // exposed to the peer until it says they landed.
-  std::deque<SendItem> awaitingClearance;
-  std::deque<SendItem> zeroCopyWrites;
-  uint64_t zeroCopyStarted = 0;
-  // Cleared writes left unstarted by the one-write-per-pass rule
-  // (startZeroCopyWriteLocked): the device must come back to them, not sleep.
-  bool zeroCopyHeldBack = false;
-  // A zero-copy write runs with the device lock released (writeHeldZeroCopyLocked).
-  bool zeroCopyWriting = false;
-  struct Exposure {
-    InboxKey key;
-    ChunkRef chunk;
-    uint64_t handle;
-  };
-  std::deque<Exposure> exposures;
-  // Whole posted receives announced to the peer on this lane (kReceiveReady),
-  // until their message arrived or the peer released a withdrawn one.
-  std::deque<Exposure> receiveWindows;
-  std::deque<Exposure>::iterator receiveWindow(const InboxKey& key) {
-    return std::find_if(receiveWindows.begin(), receiveWindows.end(), [&](const Exposure& e) { return e.key == key; });
-  }
-  bool hasSends() const { return !sendQueue.empty() || !bulkQueue.empty() || !zeroCopyWrites.empty(); }
+  LaneRendezvous rendezvous;  // zero-copy chunks and announced receives
+  bool hasSends() const { return !sendQueue.empty() || !bulk.empty() || !rendezvous.writes.empty(); }
   // Whether a send waits for room on the conduit (ring space or a send
   // slot); a zero-copy write under way waits for its completion instead,
   // which the armed conduit announces, so it must not keep anyone spinning.
   bool wantsRoom() const {
-    return streamWantsRoom() || (!zeroCopyWrites.empty() && zeroCopyWrites.back().ticket == 0);
+    return streamWantsRoom() || rendezvous.wantsSlot();
   }
-  bool streamWantsRoom() const { return !sendQueue.empty() || (!bulkQueue.empty() && !bulkHeldBack); }
+  bool streamWantsRoom() const { return !sendQueue.empty() || bulk.wantsRoom(); }
 };
 
 struct Peer {
@@ -372,8 +277,7 @@ class LaneDevice final : public Device {
   DeviceStats stats() const override {
     MutexLock lock(mu_);
     DeviceStats s = stats_;
-    for (const auto& [key, box] : inbox_)
-      if (!box.request && !box.cancelled) s.unexpectedBytesHeld += box.staged.capacity;
+    s.unexpectedBytesHeld += messages_.unexpectedBytesHeld();
     for (auto& [token, lane] : lanesByToken_) {
       if (!lane) continue;
       s.openConnections++;
@@ -413,9 +317,8 @@ class LaneDevice final : public Device {
   void flushLocked(Lane& lane) ECCL_REQUIRES(mu_);
   void flushLocked(Lane& lane, bool startWrite) ECCL_REQUIRES(mu_);
   bool writeQueuedLocked(Lane& lane) ECCL_REQUIRES(mu_);
-  // Bulk admission (Conduit::roomForBulk, or the peer's kBulkRead count);
-  // the receiving side's count and report; the sender's answer to one.
-  bool bulkRoomLocked(const Lane& lane, bool quiet) const ECCL_REQUIRES(mu_);
+  // Bulk admission's count (Lane::bulk): the receiving side's count and
+  // report; the sender's answer to one.
   void bulkFrameReadLocked(Lane& lane) ECCL_REQUIRES(mu_);
   void onBulkReadLocked(Lane& lane) ECCL_REQUIRES(mu_);
   void setWantOutLocked(Lane& lane, bool on) ECCL_REQUIRES(mu_);
@@ -513,7 +416,7 @@ class LaneDevice final : public Device {
   bool writeHeldZeroCopyLocked(Lane& lane) ECCL_REQUIRES(mu_);
   // The same where one is held back; false as above.
   bool writeHeldIfDueLocked(Lane& lane) ECCL_REQUIRES(mu_) {
-    if (!lane.zeroCopyHeldBack || lane.zeroCopyWriting || !lane.conduit || !lane.conduit->writesZeroCopyBesideCalls())
+    if (!lane.rendezvous.heldBack || lane.rendezvous.writing || !lane.conduit || !lane.conduit->writesZeroCopyBesideCalls())
       return true;
     return writeHeldZeroCopyLocked(lane);
   }
@@ -575,11 +478,11 @@ class LaneDevice final : public Device {
   bool zeroCopyWriteFinishedLocked(const Lane& lane) const ECCL_REQUIRES(mu_);
   void chunkLandedLocked(const InboxKey& key, size_t bytes, bool arrived, const std::string& peerLabel)
       ECCL_REQUIRES(mu_);
-  void messageArrivedLocked(std::map<InboxKey, Inbox>::iterator it, const std::string& peerLabel) ECCL_REQUIRES(mu_);
+  void messageArrivedLocked(MessageTable::iterator it, const std::string& peerLabel) ECCL_REQUIRES(mu_);
   // Fails a receive's message and forgets it; one the peer is still
   // writing into (zero-copy) fails once those writes landed or their lane
   // closed, so its memory is never written after its request failed.
-  std::map<InboxKey, Inbox>::iterator dropBoxLocked(std::map<InboxKey, Inbox>::iterator it, ecclResult_t code,
+  MessageTable::iterator dropBoxLocked(MessageTable::iterator it, ecclResult_t code,
                                                     const std::string& reason) ECCL_REQUIRES(mu_);
   // Completes every send request queued on the lane with a failure.
   void failLaneSendsLocked(Lane& lane, ecclResult_t code, const std::string& reason) ECCL_REQUIRES(mu_);
@@ -665,16 +568,7 @@ class LaneDevice final : public Device {
   std::map<uint64_t, Lane*> lanesByToken_ ECCL_GUARDED_BY(mu_);
   std::vector<Lane*> memoryLanes_ ECCL_GUARDED_BY(mu_);  // lanes that pollsMemory()
   uint64_t nextToken_ ECCL_GUARDED_BY(mu_) = 1;
-  std::map<InboxKey, Inbox> inbox_ ECCL_GUARDED_BY(mu_);
-  uint64_t arrivals_ ECCL_GUARDED_BY(mu_) = 0;  // unexpected messages so far (Inbox::arrival)
-  struct Draining {  // dropBoxLocked's, until the peer's writes into it are done
-    RequestPtr request;
-    ecclResult_t code;
-    std::string reason;
-    StagingBuffer staged;
-    int exposed;
-  };
-  std::map<InboxKey, Draining> draining_ ECCL_GUARDED_BY(mu_);
+  MessageTable messages_ ECCL_GUARDED_BY(mu_);  // matching (transport/message_table.h)
   uint64_t readTickets_ ECCL_GUARDED_BY(mu_) = 0;
   int unlockedCopies_ ECCL_GUARDED_BY(mu_) = 0;  // copies running with mu_ released now
   int copyWaiters_ ECCL_GUARDED_BY(mu_) = 0;     // cancel calls waiting for one of them to end
@@ -689,7 +583,6 @@ class LaneDevice final : public Device {
   int drivers_ ECCL_GUARDED_BY(mu_) = 0;
   std::atomic<int> driving_{0};  // drivers_, for the progress thread to look at without the lock
   Clock::time_point leaseUntil_ ECCL_GUARDED_BY(mu_){};
-  StagingPool staging_ ECCL_GUARDED_BY(mu_);
   DeviceStats stats_ ECCL_GUARDED_BY(mu_);
 };
 
