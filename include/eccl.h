@@ -255,6 +255,9 @@ typedef struct {
   /* Lanes this member opened or accepted since it started, at any time (a view change's counts above
      cover only its own): a collective that had to open lanes shows here. */
   uint64_t connectionsOpenedEver;
+  /* Messages that came whole before their receive was posted, copied out of the transport's staging
+     into the receive with its lock released (from 8 KiB). */
+  uint64_t stagedBytesCopiedUnlocked;
 } ecclCommStats_t;
 ecclResult_t ecclCommGetStats(ecclComm_t comm, ecclCommStats_t* stats);
 

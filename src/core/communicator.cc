@@ -366,6 +366,7 @@ void Communicator::fillStats(ecclCommStats_t* out) const {
   s.peerBytesRead = peerBytesRead_.load(std::memory_order_relaxed);
   s.peerReadLanes = d.peerReadLanes;
   s.connectionsOpenedEver = d.connectionsOpened;
+  s.stagedBytesCopiedUnlocked = d.stagedBytesCopiedUnlocked;
   std::memcpy(out, &s, std::min(out->size, sizeof(s)));
 }
 

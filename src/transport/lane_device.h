@@ -457,6 +457,9 @@ class LaneDevice final : public Device {
   bool placeDataFrameLocked(Lane& lane, const CallSignature* signature) ECCL_REQUIRES(mu_);
   void onPayloadDoneLocked(Lane& lane) ECCL_REQUIRES(mu_);
   bool checksumHoldsLocked(Inbox& box, const std::string& peerLabel) ECCL_REQUIRES(mu_);
+  static std::string checksumFailure(size_t bytes, const std::string& peerLabel, uint32_t expected, uint32_t got);
+  void deliverWholeStagedLocked(MessageTable::iterator it, const RequestPtr& r, std::string peerLabel)
+      ECCL_REQUIRES(mu_);
   void onControlLocked(Lane& lane) ECCL_REQUIRES(mu_);
   // Zero-copy rendezvous (device_zero_copy.cc).
   void clearToSendLocked(Lane& lane) ECCL_REQUIRES(mu_);

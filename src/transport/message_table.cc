@@ -40,6 +40,12 @@ void MessageTable::deliverStaged(Inbox& box) {
   staging_.give(box.staged);
 }
 
+StagingBuffer MessageTable::takeStaged(iterator it) {
+  StagingBuffer staged = std::move(it->second.staged);
+  boxes_.erase(it);
+  return staged;
+}
+
 MessageTable::iterator MessageTable::erase(iterator it) {
   if (it->second.exposed == 0) staging_.give(it->second.staged);
   return boxes_.erase(it);

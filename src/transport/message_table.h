@@ -43,7 +43,6 @@ struct Inbox {
   // (kReceiveReady), while that window is open; -1: none.
   int readyLane = -1;
   uint8_t* base() { return unexpected ? staged.bytes.get() : userBuffer; }
-  bool whole() const { return received >= total; }
 };
 
 struct InboxKey {
@@ -88,6 +87,10 @@ class MessageTable {
   // A posted receive matched a whole staged message: its bytes go into the
   // receive's buffer and the staging buffer back to the pool.
   void deliverStaged(Inbox& box);
+  // A whole staged message leaves the table with its buffer, for the
+  // caller to copy out without the device lock; giveBack returns it.
+  StagingBuffer takeStaged(iterator it);
+  void giveBack(StagingBuffer& buffer) { staging_.give(buffer); }
   // The staged bytes will never be asked for; the entry stays until the
   // rest of its message is read and dropped.
   void releaseStaging(Inbox& box) { staging_.give(box.staged); }

@@ -89,8 +89,11 @@ struct DeviceStats {
   // Of those, payload read straight into a posted receive with the device
   // lock released (Conduit::readsBesideCalls).
   uint64_t bytesReadUnlocked = 0;
-  uint64_t bytesCopiedByHelper = 0;
-  uint64_t zeroCopyBytesUnlocked = 0;  // zero-copy chunks written with the device lock released  // of those, by the progress thread a caller woke (copyHelpBytes)
+  uint64_t bytesCopiedByHelper = 0;  // of those, by the progress thread a caller woke (copyHelpBytes)
+  uint64_t zeroCopyBytesUnlocked = 0;  // zero-copy chunks written with the device lock released
+  // Messages that came whole before their receive, copied out of staging
+  // into it with the lock released (from DeviceOptions' 8 KiB).
+  uint64_t stagedBytesCopiedUnlocked = 0;
   uint64_t openConnections = 0;  // lanes open now
   // Queue pairs of the lanes opened and closed (Conduit::queuePairs()), and
   // every back end's own count of those it created and destroyed (in-flight

@@ -499,6 +499,47 @@ TEST_P(DeviceOverEachBackEnd, ChecksummedMessagesAreVerifiedByTheReceiver) {
   EXPECT_EQ(w, 5);
 }
 
+// Waits until `bytes` more payload than `before` has been read by `d`.
+bool awaitReceived(Device& d, uint64_t before, uint64_t bytes) {
+  const auto until = Clock::now() + std::chrono::seconds(10 * timeScale());
+  while (d.stats().bytesReceived < before + bytes && Clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  return d.stats().bytesReceived >= before + bytes;
+}
+
+// A message that came whole before its receive is copied out of staging
+// with the device lock released (stagedBytesCopiedUnlocked) and intact; one
+// that fails its checksum leaves the caller's buffer as it was.
+TEST_P(DeviceOverEachBackEnd, AWholeEarlyMessageIsCopiedOutWithoutTheLock) {
+  Pair p(2, GetParam());
+  std::vector<uint8_t> msg(1 << 20);
+  for (size_t i = 0; i < msg.size(); ++i) msg[i] = static_cast<uint8_t>(i * 13 + (i >> 12));
+  uint32_t good = crc32c(msg.data(), msg.size()), bad = good ^ 1;
+  for (uint64_t seq : {1, 2}) {
+    const uint64_t before = p.b->stats().bytesReceived;
+    const uint64_t copiedBefore = p.b->stats().stagedBytesCopiedUnlocked;
+    p.a->wait(p.a->isend(1, seq, 0, msg.data(), msg.size(), seq == 1 ? &good : &bad),
+              deadlineAfterMs(10000 * timeScale()), "send");
+    ASSERT_TRUE(awaitReceived(*p.b, before, msg.size())) << "the message never arrived whole";
+    size_t bytes = 0;
+    uint64_t order = 0;
+    ASSERT_TRUE(p.b->arrived(0, seq, 0, &bytes, &order));
+    EXPECT_EQ(bytes, msg.size());
+    std::vector<uint8_t> got(msg.size(), 0xee);
+    auto r = p.b->irecv(0, seq, 0, got.data(), got.size());
+    if (seq == 1) {
+      p.b->wait(r, deadlineAfterMs(5000), "recv");
+      EXPECT_EQ(got, msg);
+      EXPECT_EQ(p.b->stats().stagedBytesCopiedUnlocked - copiedBefore, msg.size());
+    } else {
+      EXPECT_THROW(p.b->wait(r, deadlineAfterMs(5000), "recv"), Error);
+      EXPECT_EQ(got, std::vector<uint8_t>(msg.size(), 0xee)) << "a corrupted message was copied into the buffer";
+      EXPECT_EQ(p.b->stats().stagedBytesCopiedUnlocked - copiedBefore, msg.size()) << "checked without the lock";
+    }
+  }
+  EXPECT_EQ(p.b->stats().unexpectedBytesHeld, 0u);
+}
+
 TEST_P(DeviceOverEachBackEnd, SizeMismatchIsAUsageErrorAndKeepsTheConnection) {
   Pair p(2, GetParam());
   int32_t four[4] = {1, 2, 3, 4}, two[2];
