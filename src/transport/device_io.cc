@@ -52,7 +52,7 @@ bool LaneDevice::armLanesLocked() {
 
 bool LaneDevice::rdmaInFlightLocked() const {
   for (const Lane* lane : memoryLanes_)
-    if (!lane->rendezvous.awaitingClearance.empty() || !lane->rendezvous.writes.empty() || !lane->rendezvous.exposures.empty()) return true;
+    if (lane->rendezvous.busy()) return true;
   return false;
 }
 

@@ -40,7 +40,8 @@ void LaneDevice::clearToSendLocked(Lane& lane) {
   // cleared into that window (the sender, which heard of it first on this
   // lane, counts the write against it before it lets a withdrawn one go).
   auto announced =
-      it == messages_.end() || it->second.unexpected ? lane.rendezvous.windows.end() : lane.rendezvous.window(lane.inboxKey);
+      it == messages_.end() || it->second.unexpected ? lane.rendezvous.windows.end()
+                                                     : lane.rendezvous.window(lane.inboxKey);
   if (announced != lane.rendezvous.windows.end()) {
     chunk.address = announced->chunk.address + h.offset;
     chunk.key = announced->chunk.key;
@@ -191,7 +192,8 @@ bool LaneDevice::writeHeldZeroCopyLocked(Lane& lane) {
     return true;
   }
   stats_.zeroCopyBytesUnlocked += length;
-  const bool more = std::any_of(std::next(it), lane.rendezvous.writes.end(), [](const SendItem& i) { return i.ticket == 0; });
+  const bool more =
+      std::any_of(std::next(it), lane.rendezvous.writes.end(), [](const SendItem& i) { return i.ticket == 0; });
   zeroCopyWriteStartedLocked(lane, *it, more);
   flushLocked(lane);  // its kLanded, or its header
   return lane.token == token;
@@ -258,8 +260,8 @@ void LaneDevice::chunkLandedLocked(const InboxKey& key, size_t bytes, bool arriv
     completeLocked(drained->request, drained->code, drained->reason);
 }
 
-MessageTable::iterator LaneDevice::dropBoxLocked(MessageTable::iterator it,
-                                                              ecclResult_t code, const std::string& reason) {
+MessageTable::iterator LaneDevice::dropBoxLocked(MessageTable::iterator it, ecclResult_t code,
+                                                 const std::string& reason) {
   Inbox& box = it->second;
   closeReceiveWindowLocked(it->first, box, /*withdrawn=*/true);
   if (box.exposed == 0) {
@@ -270,7 +272,8 @@ MessageTable::iterator LaneDevice::dropBoxLocked(MessageTable::iterator it,
 }
 
 void LaneDevice::failLaneSendsLocked(Lane& lane, ecclResult_t code, const std::string& reason) {
-  for (auto* queue : {&lane.sendQueue, &lane.bulk.waiting(), &lane.rendezvous.awaitingClearance, &lane.rendezvous.writes})
+  for (auto* queue :
+       {&lane.sendQueue, &lane.bulk.waiting(), &lane.rendezvous.awaitingClearance, &lane.rendezvous.writes})
     for (SendItem& item : *queue)
       if (item.request) completeLocked(item.request, code, reason);
 }

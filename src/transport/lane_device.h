@@ -485,8 +485,8 @@ class LaneDevice final : public Device {
   // Fails a receive's message and forgets it; one the peer is still
   // writing into (zero-copy) fails once those writes landed or their lane
   // closed, so its memory is never written after its request failed.
-  MessageTable::iterator dropBoxLocked(MessageTable::iterator it, ecclResult_t code,
-                                                    const std::string& reason) ECCL_REQUIRES(mu_);
+  MessageTable::iterator dropBoxLocked(MessageTable::iterator it, ecclResult_t code, const std::string& reason)
+      ECCL_REQUIRES(mu_);
   // Completes every send request queued on the lane with a failure.
   void failLaneSendsLocked(Lane& lane, ecclResult_t code, const std::string& reason) ECCL_REQUIRES(mu_);
   void finishChunkLocked(const RequestPtr& r) ECCL_REQUIRES(mu_) {

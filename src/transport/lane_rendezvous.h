@@ -46,6 +46,8 @@ struct LaneRendezvous {
   // A cleared write waits for a send slot (not for a completion, which the
   // armed conduit announces).
   bool wantsSlot() const { return !writes.empty() && writes.back().ticket == 0; }
+  // Something of the peer's or ours is in flight (an RDMA poll is worth it).
+  bool busy() const { return !awaitingClearance.empty() || !writes.empty() || !exposures.empty(); }
 
   // What a closed connection leaves: chunks exposed to the peer that will
   // never land, windows it will never write, and our writes into announced
