@@ -151,7 +151,11 @@ def takers_by_step(events_dir: str) -> dict[int, tuple[list[int], int]]:
     allreduce) and then the step committed; or if it was killed after
     took_part and no group failed that step later; or if it was killed
     after committing the step before and before took_part, while the step
-    committed with it in the world (its allreduce had sent its share). At
+    committed with it in the world (its allreduce had sent its share); or
+    if its own commit failed after took_part while the others committed the
+    step in the same quorum with it in the world (a peer died as the
+    allreduce ended: the others had every share, this group saw the error
+    and heals later). At
     step 0 torchft's first quorum makes every group but one heal from it:
     they count in the world with zeroed gradients. A group that gave up
     (restarted after the others ended) left nothing in the final state.
@@ -165,6 +169,7 @@ def takers_by_step(events_dir: str) -> dict[int, tuple[list[int], int]]:
     confirmed: dict[int, set[int]] = {}
     dangling: dict[int, dict[int, float]] = {}
     silent: dict[int, set[int]] = {}
+    refused: dict[int, set[int]] = {}  # took part, then its own commit failed
     world: dict[int, set[int]] = {}
     failed: dict[int, list[float]] = {}
     for evs in read_event_files(events_dir):
@@ -185,13 +190,16 @@ def takers_by_step(events_dir: str) -> dict[int, tuple[list[int], int]]:
                 dangling.setdefault(e["step"], {})[e["rank"]] = e["t"]
             elif evs[i + 1]["ev"] == "step" and evs[i + 1]["step"] == e["step"] + 1:
                 confirmed.setdefault(e["step"], set()).add(e["rank"])
+            elif evs[i + 1]["ev"] == "fail" and evs[i + 1]["step"] == e["step"] and in_lineage(evs[i + 1], chosen):
+                refused.setdefault(e["step"], set()).add(e["rank"])
     steps = {}
     for step, worlds in sorted(world.items()):
         groups = confirmed.get(step, set()) | {rank for rank, t in dangling.get(step, {}).items()
                                                if not any(f > t for f in failed.get(step, ()))}
         n = min(worlds)
-        if len(groups) < n and len(groups | silent.get(step, set())) == n:
-            groups |= silent[step]
+        unconfirmed = silent.get(step, set()) | refused.get(step, set())
+        if len(groups) < n and len(groups | unconfirmed) == n:
+            groups |= unconfirmed
         if len(worlds) != 1 or not (0 < len(groups) <= n if step == 0 else len(groups) == n):
             raise ValueError(f"step {step}: committed at world {sorted(worlds)} with the gradients of replica "
                              f"groups {sorted(groups)}")

@@ -77,6 +77,21 @@ def test_a_group_killed_after_its_share_was_sent_took_part(tmp_path):
     assert ettr_torchft.takers_by_step(str(tmp_path)) == {3: ([0, 1, 2], 3), 4: ([0, 1, 2], 3)}
 
 
+def test_a_group_whose_own_commit_failed_after_the_allreduce_took_part(tmp_path):
+    # What MTBF 100 seed 1 did (session 59): group 3 was killed as step 365's
+    # allreduce ended; groups 0 and 1 committed it at world 4, group 2 saw
+    # the error and did not (it healed later): every share was summed.
+    def before(rank):
+        return [took(rank, 364, quorum=7), stepped(rank, 364, 4, quorum=7)]
+    write_events(tmp_path, {
+        1: before(0) + [took(0, 365, quorum=7), stepped(0, 365, 4, quorum=7)],
+        2: before(1) + [took(1, 365, quorum=7), stepped(1, 365, 4, quorum=7)],
+        3: before(2) + [took(2, 365, quorum=7), ("fail", {"rank": 2, "step": 365, "quorum": 7})],
+        4: before(3),  # killed before its took_part
+    })
+    assert ettr_torchft.takers_by_step(str(tmp_path)) == {364: ([0, 1, 2, 3], 4), 365: ([0, 1, 2, 3], 4)}
+
+
 def test_a_world_the_events_cannot_fill_is_an_error(tmp_path):
     write_events(tmp_path, {
         1: [took(0, 3), stepped(0, 3, 3)],
