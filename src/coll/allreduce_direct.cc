@@ -3,6 +3,7 @@
 #include "coll/algorithms.h"
 #include "coll/direct.h"
 #include "coll/reduce.h"
+#include "common/copy.h"
 
 namespace eccl::coll {
 
@@ -19,7 +20,7 @@ bool allreduceDirect(Links& links, const void* in, void* outv, size_t count, ecc
   const size_t elem = typeSize(type);
   auto* out = static_cast<uint8_t*>(outv);
   if (n == 1) {
-    if (out != in && count) std::memcpy(out, in, count * elem);
+    if (out != in && count) copyBytes(out, in, count * elem);
     return true;
   }
   PeerBuffers peers(links, in, out);
@@ -58,7 +59,7 @@ bool allGatherDirect(Links& links, const void* in, void* outv, size_t bytes) {
   auto* out = static_cast<uint8_t*>(outv);
   PeerBuffers peers(links, in, out);
   if (!peers.agreed()) return false;
-  if (out + r * bytes != in && bytes) std::memcpy(out + r * bytes, in, bytes);
+  if (out + r * bytes != in && bytes) copyBytes(out + r * bytes, in, bytes);
   for (int k = 1; k < n; ++k) {
     const int peer = (r + k) % n;
     peers.readIn(peer, 0, out + peer * bytes, bytes);
@@ -74,7 +75,7 @@ bool broadcastDirect(Links& links, const void* in, void* outv, size_t bytes, int
   PeerBuffers peers(links, in, out);
   if (!peers.agreed()) return false;
   if (r == root) {
-    if (out != in && bytes) std::memmove(out, in, bytes);
+    if (out != in && bytes) moveBytes(out, in, bytes);
   } else {
     peers.readIn(root, 0, out, bytes);
   }

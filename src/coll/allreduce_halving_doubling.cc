@@ -2,6 +2,7 @@
 
 #include "coll/algorithms.h"
 #include "coll/reduce.h"
+#include "common/copy.h"
 
 namespace eccl::coll {
 
@@ -41,7 +42,7 @@ void allreduceHalvingDoubling(Links& links, const void* in, void* outv, size_t c
   const int n = links.size(), r = links.rank();
   const size_t elem = typeSize(type), bytes = count * elem;
   auto* out = static_cast<uint8_t*>(outv);
-  if (out != in && bytes) std::memcpy(out, in, bytes);
+  if (out != in && bytes) copyBytes(out, in, bytes);
   if (n == 1) return;
   const DoublingLayout layout(n);
   uint8_t* tmp = links.scratch(kRingScratchSlot, bytes);  // the ring is not running

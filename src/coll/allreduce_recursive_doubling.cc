@@ -2,6 +2,7 @@
 
 #include "coll/algorithms.h"
 #include "coll/reduce.h"
+#include "common/copy.h"
 
 namespace eccl::coll {
 
@@ -36,15 +37,18 @@ void answerFoldedRank(Links& links, const DoublingLayout& layout, const uint8_t*
 // Latency-optimal for small vectors: log2(n) exchanges of the whole vector.
 // A non-power-of-two rank count first folds the extra ranks into their
 // neighbours. Each pair reduces (lower rank's data) op (higher rank's data),
-// so both partners compute identical bits.
+// so both partners compute identical bits. Out of place, the first
+// exchange sends the input itself and reduces into the output, so no rank
+// outside the fold copies its input first.
 void allreduceRecursiveDoubling(Links& links, const void* in, void* outv, size_t count, ecclDataType_t type,
                                 ecclRedOp_t op) {
   const int n = links.size(), r = links.rank();
   const size_t bytes = count * typeSize(type);
   auto* out = static_cast<uint8_t*>(outv);
-  if (out != in && bytes) std::memcpy(out, in, bytes);
-  if (n == 1) return;
   const DoublingLayout layout(n);
+  const uint8_t* mine = static_cast<const uint8_t*>(in);  // this rank's running value
+  if (out != in && bytes && (n == 1 || layout.pairedBelowExtra(r))) copyBytes(out, in, bytes), mine = out;
+  if (n == 1) return;
   uint8_t* tmp = links.scratch(kRingScratchSlot, bytes);  // the ring is not running
   if (!foldExtraRank(links, layout, out, tmp, count, type, op, makeTag(2, 0, 0))) return;
   RequestPtr reqs[2];  // on the stack: a small op allocates nothing here
@@ -53,12 +57,13 @@ void allreduceRecursiveDoubling(Links& links, const void* in, void* outv, size_t
     const int partnerVirtual = virtualRank ^ mask;
     const int partner = layout.realRank(partnerVirtual);
     reqs[0] = links.irecv(partner, makeTag(1, step, 0), tmp, bytes);
-    reqs[1] = links.isend(partner, makeTag(1, step, 0), out, bytes);
+    reqs[1] = links.isend(partner, makeTag(1, step, 0), mine, bytes);
     links.waitAll(reqs);
     if (partnerVirtual < virtualRank)
-      reduce(out, tmp, out, count, type, op);
+      reduce(out, tmp, mine, count, type, op);
     else
-      reduce(out, out, tmp, count, type, op);
+      reduce(out, mine, tmp, count, type, op);
+    mine = out;
   }
   answerFoldedRank(links, layout, out, bytes, makeTag(2, 0, 0));
 }

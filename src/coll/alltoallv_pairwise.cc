@@ -2,6 +2,7 @@
 #include <vector>
 
 #include "coll/algorithms.h"
+#include "common/copy.h"
 
 namespace eccl::coll {
 
@@ -23,7 +24,7 @@ void allToAllvPairwise(Links& links, const void* inv, const size_t* sendBytes, c
     reqs.push_back(links.isend(to, makeTag(0, 0, 0), in + sendOffsets[to], sendBytes[to]));
   }
   if (sendBytes[r] && out + recvOffsets[r] != in + sendOffsets[r])
-    std::memmove(out + recvOffsets[r], in + sendOffsets[r], sendBytes[r]);
+    moveBytes(out + recvOffsets[r], in + sendOffsets[r], sendBytes[r]);
   links.waitAll(reqs);
 }
 

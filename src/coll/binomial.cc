@@ -2,6 +2,7 @@
 
 #include "coll/algorithms.h"
 #include "coll/reduce.h"
+#include "common/copy.h"
 
 namespace eccl::coll {
 namespace {
@@ -16,7 +17,7 @@ constexpr int kMaxRounds = 32;  // log2 of any int rank count
 void broadcastBinomial(Links& links, const void* in, void* outv, size_t bytes, int root) {
   const int n = links.size(), r = links.rank();
   auto* out = static_cast<uint8_t*>(outv);
-  if (r == root && out != in && bytes) std::memmove(out, in, bytes);
+  if (r == root && out != in && bytes) moveBytes(out, in, bytes);
   if (n == 1) return;
   const int v = modRank(r - root, n);
   int mask = 1;
@@ -40,14 +41,14 @@ void reduceBinomial(Links& links, const void* inv, void* outv, size_t count, ecc
   const int n = links.size(), r = links.rank();
   const size_t bytes = count * typeSize(type);
   if (n == 1) {
-    if (outv != inv && bytes) std::memmove(outv, inv, bytes);
+    if (outv != inv && bytes) moveBytes(outv, inv, bytes);
     return;
   }
   const int v = modRank(r - root, n);
   // The root accumulates in its output; the others in working memory.
   uint8_t* acc = r == root ? static_cast<uint8_t*>(outv) : links.scratch(kAccumulatorScratchSlot, bytes);
   uint8_t* incoming = links.scratch(kRingScratchSlot, bytes);
-  if (acc != inv && bytes) std::memmove(acc, inv, bytes);
+  if (acc != inv && bytes) moveBytes(acc, inv, bytes);
   for (int mask = 1; mask < n; mask <<= 1) {
     if (v & mask) {
       RequestPtr toParent = links.isend(modRank(v - mask + root, n), makeTag(0, 0, 0), acc, bytes);
@@ -67,7 +68,7 @@ void reduceBinomial(Links& links, const void* inv, void* outv, size_t count, ecc
 void allGatherDoubling(Links& links, const void* in, void* outv, size_t sendBytes) {
   const int n = links.size(), r = links.rank();
   auto* out = static_cast<uint8_t*>(outv);
-  if (out + size_t(r) * sendBytes != in && sendBytes) std::memmove(out + size_t(r) * sendBytes, in, sendBytes);
+  if (out + size_t(r) * sendBytes != in && sendBytes) moveBytes(out + size_t(r) * sendBytes, in, sendBytes);
   RequestPtr pair[2];
   for (int mask = 1, step = 0; mask < n; mask <<= 1, ++step) {
     const int partner = r ^ mask;

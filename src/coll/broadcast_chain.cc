@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "coll/algorithms.h"
+#include "common/copy.h"
 
 namespace eccl::coll {
 
@@ -11,7 +12,7 @@ namespace eccl::coll {
 void broadcastChain(Links& links, const void* in, void* outv, size_t bytes, int root) {
   const int n = links.size(), r = links.rank();
   auto* out = static_cast<uint8_t*>(outv);
-  if (r == root && out != in && bytes) std::memmove(out, in, bytes);
+  if (r == root && out != in && bytes) moveBytes(out, in, bytes);
   if (n == 1) return;
   const int pos = modRank(r - root, n), next = modRank(r + 1, n), prev = modRank(r - 1, n);
   const size_t seg = std::max<size_t>(links.segmentBytes(), (bytes + kMaxSegments - 1) / kMaxSegments);

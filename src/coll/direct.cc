@@ -6,6 +6,7 @@
 #include "coll/algorithms.h"
 #include "coll/reduce.h"
 #include "common/error.h"
+#include "common/copy.h"
 
 namespace eccl::coll {
 
@@ -83,7 +84,7 @@ void reduceFromPeers(Links& links, PeerBuffers& peers, const void* ownIn, size_t
       reduce(piece, sum, source(rank, 1), elems, type, op);
       sum = piece;
     }
-    if (n == 1 && into + at != sum) std::memcpy(into + at, sum, elems * elem);
+    if (n == 1 && into + at != sum) copyBytes(into + at, sum, elems * elem);
   }
 }
 

@@ -4,6 +4,7 @@
 
 #include "coll/algorithms.h"
 #include "coll/reduce.h"
+#include "common/copy.h"
 
 namespace eccl::coll {
 
@@ -16,7 +17,7 @@ void reduceChain(Links& links, const void* inv, void* outv, size_t count, ecclDa
   const size_t es = typeSize(type), bytes = count * es;
   auto* in = static_cast<const uint8_t*>(inv);
   if (n == 1) {
-    if (outv != inv && bytes) std::memmove(outv, inv, bytes);
+    if (outv != inv && bytes) moveBytes(outv, inv, bytes);
     return;
   }
   const int pos = modRank(r - root - 1, n), next = modRank(r + 1, n), prev = modRank(r - 1, n);

@@ -2,6 +2,7 @@
 
 #include "coll/algorithms.h"
 #include "coll/reduce.h"
+#include "common/copy.h"
 
 namespace eccl::coll {
 
@@ -13,7 +14,7 @@ void reduceScatterRing(Links& links, const void* in, void* out, size_t recvCount
   // Partial sums of other ranks' blocks pass through here on their way round.
   uint8_t* acc = links.scratch(kAccumulatorScratchSlot, recvCount * n * es);
   ringReduceScatter(links, in, acc, blocks, type, op, /*phase=*/0);
-  if (recvCount) std::memmove(out, acc + blocks.offsets[r] * es, recvCount * es);
+  if (recvCount) moveBytes(out, acc + blocks.offsets[r] * es, recvCount * es);
 }
 
 }  // namespace eccl::coll

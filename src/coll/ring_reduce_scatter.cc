@@ -3,6 +3,7 @@
 
 #include "coll/algorithms.h"
 #include "coll/reduce.h"
+#include "common/copy.h"
 
 namespace eccl::coll {
 namespace {
@@ -23,7 +24,7 @@ void ringReduceScatter(Links& links, const void* inv, void* accv, const Blocks& 
   auto* in = static_cast<const uint8_t*>(inv);
   auto* acc = static_cast<uint8_t*>(accv);
   if (n == 1) {
-    if (acc != in) std::memcpy(acc + blocks.offsets[0] * es, in + blocks.offsets[0] * es, blocks.size(0) * es);
+    if (acc != in) copyBytes(acc + blocks.offsets[0] * es, in + blocks.offsets[0] * es, blocks.size(0) * es);
     return;
   }
   const int next = modRank(r + 1, n), prev = modRank(r - 1, n);

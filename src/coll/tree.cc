@@ -4,6 +4,7 @@
 
 #include "coll/algorithms.h"
 #include "coll/reduce.h"
+#include "common/copy.h"
 
 namespace eccl::coll {
 
@@ -23,7 +24,7 @@ void allreduceTree(Links& links, const void* in, void* outv, size_t count, ecclD
   const int n = links.size(), r = links.rank();
   const size_t elem = typeSize(type), bytes = count * elem;
   auto* out = static_cast<uint8_t*>(outv);
-  if (out != in && bytes) std::memcpy(out, in, bytes);
+  if (out != in && bytes) copyBytes(out, in, bytes);
   if (n == 1 || bytes == 0) return;
   const BinaryTree tree = binaryTree(r, n);
   const size_t segElems = std::max<size_t>(kTreeSegmentBytes / elem, (count + kMaxSegments - 1) / kMaxSegments);

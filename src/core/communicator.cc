@@ -19,6 +19,7 @@
 #include "transport/frame.h"
 #include "transport/backend.h"
 #include "transport/device.h"
+#include "common/copy.h"
 
 namespace eccl {
 
@@ -476,7 +477,7 @@ void Communicator::popSelfRecv(void* buf, size_t bytes) {
   if (selfRecvIndex_ == selfSends_.size()) selfSends_.clear(), selfRecvIndex_ = 0;
   if (n != bytes)
     fail(ecclInvalidUsage, "send to self of {} bytes matched a recv of {} bytes (rank {})", n, bytes, rank_);
-  if (n) std::memmove(buf, src, n);
+  if (n) moveBytes(buf, src, n);
 }
 
 // Any thread: the rank is the caller's state, the member id is not.

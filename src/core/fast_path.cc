@@ -8,6 +8,7 @@
 
 #include "common/cpu_relax.h"
 #include "common/error.h"
+#include "common/copy.h"
 
 namespace eccl {
 
@@ -184,7 +185,7 @@ void FastPath::deliver(Op& op, const FastChannel::Header& h, const uint8_t* data
                        sent, op.bytes));
     return;
   }
-  if (op.bytes) std::memcpy(op.into, data, op.bytes);
+  if (op.bytes) copyBytes(op.into, data, op.bytes);
   ++counters_.received;
   finish(op, ecclSuccess, {});
 }

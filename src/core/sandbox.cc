@@ -8,6 +8,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "core/communicator.h"
+#include "common/copy.h"
 
 namespace eccl {
 
@@ -56,12 +57,12 @@ void Communicator::sandboxCall(const transport::CallSignature& s, void* out, siz
   const sandbox::RecordedCall& c = calls[at];
   if (!c.hasOutput || c.bytes != outBytes || recording->nranks != size()) return;
   if (sandbox::Recording::rankDependent(s.kind) && recording->rank != rank_) return;
-  std::memcpy(out, recording->outputs.data() + c.offset, outBytes);
+  copyBytes(out, recording->outputs.data() + c.offset, outBytes);
   sandboxReplayed_++;
 }
 
 void Communicator::sandboxCopy(const void* in, void* out, size_t bytes) {
-  if (bytes && in != out) std::memmove(out, in, bytes);
+  if (bytes && in != out) moveBytes(out, in, bytes);
 }
 
 void Communicator::sandboxZero(void* out, size_t bytes) {

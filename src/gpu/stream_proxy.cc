@@ -8,6 +8,7 @@
 #include "common/log.h"
 #include "common/mutex.h"
 #include "common/params.h"
+#include "common/copy.h"
 
 namespace eccl::gpu {
 
@@ -155,7 +156,7 @@ void StreamProxy::enqueue(CUstream stream, Op op) {
   auto* host = static_cast<uint8_t*>(staging->host);
   // Host tables are read now: the caller may reuse them once the call returns.
   for (size_t b = 0; b < op.inputs.size(); ++b)
-    if (op.inputs[b].onHost && op.inputs[b].bytes) std::memcpy(host + inAt[b], op.inputs[b].data, op.inputs[b].bytes);
+    if (op.inputs[b].onHost && op.inputs[b].bytes) copyBytes(host + inAt[b], op.inputs[b].data, op.inputs[b].bytes);
   auto run = std::make_shared<HostOp>(std::move(op.run));
   std::vector<uint32_t> tickets;
   CUdeviceptr flag = 0;

@@ -10,6 +10,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "common/types.h"
+#include "common/copy.h"
 
 namespace eccl::log {
 void SenderLog::configure(const ecclLogConfig_t& c, int nranks) {
@@ -91,7 +92,7 @@ void SenderLog::read(int peer, size_t index, ecclLogRecord_t* record, void* buff
   if (buffer) {
     ECCL_CHECK_ARG(bufferBytes >= info.bytes, "ecclLogRead: the record holds {} bytes, the buffer {}", info.bytes,
                    bufferBytes);
-    if (info.bytes) std::memcpy(buffer, payload, info.bytes);
+    if (info.bytes) copyBytes(buffer, payload, info.bytes);
   }
 }
 
@@ -119,7 +120,7 @@ void SenderLog::copy(const transport::Request* send, const LogStore::Reservation
   uint32_t crc = 0;
   for (size_t off = 0; off < bytes; off += kChunk) {
     size_t n = std::min(kChunk, bytes - off);
-    std::memcpy(reservation.data + off, static_cast<const uint8_t*>(buf) + off, n);
+    copyBytes(reservation.data + off, static_cast<const uint8_t*>(buf) + off, n);
     crc = crc32c(reservation.data + off, n, crc);
     between();
   }

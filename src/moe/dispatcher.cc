@@ -7,6 +7,7 @@
 
 #include "coll/reduce.h"
 #include "common/error.h"
+#include "common/copy.h"
 
 namespace eccl::moe {
 
@@ -147,7 +148,7 @@ void DispatchPlan::exchangeForward(Communicator& comm, const uint8_t* sendBuf, v
     const bool kept = r >= selfFirst && r < selfFirst + selfRows;
     const uint8_t* from = kept ? sendBuf + (permute_.sendRowOffset[me] + (r - selfFirst)) * rowBytes_
                                : recvBuf + r * rowBytes_;
-    std::memcpy(out + layout_.regroupTo[r] * rowBytes_, from, rowBytes_);
+    copyBytes(out + layout_.regroupTo[r] * rowBytes_, from, rowBytes_);
   }
 }
 
@@ -160,7 +161,7 @@ const uint8_t* DispatchPlan::exchangeBackward(Communicator& comm, const void* ex
   for (int64_t r = 0; r < layout_.recvRows; ++r) {
     const bool kept = r >= selfFirst && r < selfFirst + selfRows;
     uint8_t* to = kept ? returned + (permute_.sendRowOffset[me] + (r - selfFirst)) * rowBytes_ : back + r * rowBytes_;
-    std::memcpy(to, in + layout_.regroupTo[r] * rowBytes_, rowBytes_);
+    copyBytes(to, in + layout_.regroupTo[r] * rowBytes_, rowBytes_);
   }
   std::vector<size_t> sc, sd, rc, rd;
   toElements(schedule_.recvFromRank, layout_.recvRowOffset, hidden_, &sc, &sd);

@@ -10,6 +10,7 @@
 #include "common/log.h"
 #include "common/params.h"
 #include "snapshot/gather.h"
+#include "common/copy.h"
 
 namespace eccl::snapshot {
 namespace {
@@ -325,7 +326,7 @@ void Snapshots::corruptHeldForTesting(int owner) {
   MutexLock lock(mu_);
   for (auto& [name, copy] : store_.heldCommitted[owner]) {
     auto bytes = unpooledBuffer(copy.data->size());
-    std::memcpy(bytes->data(), copy.data->data(), copy.data->size());
+    copyBytes(bytes->data(), copy.data->data(), copy.data->size());
     if (bytes->size()) bytes->data()[0] ^= 0xff;
     copy.data = std::move(bytes);
   }

@@ -1,4 +1,5 @@
 #include "transport/lane_device.h"
+#include "common/copy.h"
 
 namespace eccl::transport::lanes {
 
@@ -647,7 +648,7 @@ bool LaneDevice::readFramesLocked(Lane& lane, bool mayUnlock) {
       size_t want;
       uint8_t* dst = rxDestinationLocked(lane, &want);
       size_t n = std::min(want, lane.rxEnd - lane.rxBegin);
-      if (dst && n) std::memcpy(dst, lane.rxBuffer.get() + lane.rxBegin, n);
+      if (dst && n) copyBytes(dst, lane.rxBuffer.get() + lane.rxBegin, n);
       lane.rxBegin += n;
       if (!advanceLocked(lane, n)) return false;
     }
@@ -943,7 +944,7 @@ void LaneDevice::deliverWholeStagedLocked(MessageTable::iterator it, const Reque
   uint32_t got = expected;
   auto copy = [&] {
     if (checked) got = crc32c(staged.bytes.get(), total);
-    if (got == expected && total) std::memcpy(into, staged.bytes.get(), total);
+    if (got == expected && total) copyBytes(into, staged.bytes.get(), total);
     return 0;
   };
   if (total >= kDirectReadBytes) {

@@ -10,6 +10,7 @@
 #include <new>
 
 #include "common/error.h"
+#include "common/copy.h"
 
 namespace eccl::transport {
 
@@ -89,7 +90,7 @@ bool FastChannel::trySend(const Header& header, const void* data) {
   s->bytes = header.bytes;
   s->hasSignature = header.hasSignature ? 1 : 0;
   if (header.hasSignature) encodeSignature(header.signature, s->signature);
-  if (header.bytes) std::memcpy(s->payload, data, header.bytes);
+  if (header.bytes) copyBytes(s->payload, data, header.bytes);
   // Dekker with the reader's waitForMessage, all four accesses sequentially
   // consistent: either it sees the flag or this sees that it sleeps (on x86
   // the store is one locked exchange, cheaper than a release store and a

@@ -1,4 +1,5 @@
 #include "transport/message_table.h"
+#include "common/copy.h"
 
 #include <cstring>
 #include <new>
@@ -36,7 +37,7 @@ MessageTable::iterator MessageTable::openDiscarded(const InboxKey& key, size_t t
 }
 
 void MessageTable::deliverStaged(Inbox& box) {
-  if (box.unexpected && box.total) std::memcpy(box.userBuffer, box.staged.bytes.get(), box.total);
+  if (box.unexpected && box.total) copyBytes(box.userBuffer, box.staged.bytes.get(), box.total);
   staging_.give(box.staged);
 }
 

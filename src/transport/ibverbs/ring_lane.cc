@@ -11,6 +11,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "transport/ibverbs/library.h"
+#include "common/copy.h"
 
 namespace eccl::transport::ibverbs {
 namespace {
@@ -191,7 +192,7 @@ ssize_t RingLane::write(const iovec* iov, int count) {
     while (left > 0) {
       size_t at = static_cast<size_t>(sent_ & (peerRingBytes_ - 1));
       size_t piece = std::min(left, peerRingBytes_ - at);
-      std::memcpy(sendRing_.get() + at, from, piece);
+      copyBytes(sendRing_.get() + at, from, piece);
       sent_ += piece, done += piece, from += piece, left -= piece, room -= piece;
     }
   }
@@ -227,7 +228,7 @@ ssize_t RingLane::read(void* into, size_t n) {
   for (size_t left = take; left > 0;) {
     size_t at = static_cast<size_t>(consumed_ & (ringBytes_ - 1));
     size_t piece = std::min(left, ringBytes_ - at);
-    std::memcpy(to, recvRing_.get() + at, piece);
+    copyBytes(to, recvRing_.get() + at, piece);
     consumed_ += piece, to += piece, left -= piece;
   }
   if (consumed_ - reported_ >= ringBytes_ / 4) returnCredit();

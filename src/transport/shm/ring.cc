@@ -11,6 +11,7 @@
 #include <new>
 
 #include "common/error.h"
+#include "common/copy.h"
 
 namespace eccl::transport::shm {
 namespace {
@@ -84,8 +85,8 @@ size_t Ring::put(const void* src, size_t n) {
   n = std::min<size_t>(n, capacity_ - (head - tail));
   if (n == 0) return 0;
   const size_t at = head & mask_, first = std::min<size_t>(n, capacity_ - at);
-  std::memcpy(data() + at, src, first);
-  std::memcpy(data(), static_cast<const unsigned char*>(src) + first, n - first);
+  copyBytes(data() + at, src, first);
+  copyBytes(data(), static_cast<const unsigned char*>(src) + first, n - first);
   head_.store(head + n, std::memory_order_release);
   return n;
 }
@@ -96,8 +97,8 @@ size_t Ring::take(void* dst, size_t n) {
   n = std::min<size_t>(n, head - tail);
   if (n == 0) return 0;
   const size_t at = tail & mask_, first = std::min<size_t>(n, capacity_ - at);
-  std::memcpy(dst, data() + at, first);
-  std::memcpy(static_cast<unsigned char*>(dst) + first, data(), n - first);
+  copyBytes(dst, data() + at, first);
+  copyBytes(static_cast<unsigned char*>(dst) + first, data(), n - first);
   tail_.store(tail + n, std::memory_order_release);
   return n;
 }
