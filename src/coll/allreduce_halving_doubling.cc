@@ -42,9 +42,13 @@ void allreduceHalvingDoubling(Links& links, const void* in, void* outv, size_t c
   const int n = links.size(), r = links.rank();
   const size_t elem = typeSize(type), bytes = count * elem;
   auto* out = static_cast<uint8_t*>(outv);
-  if (out != in && bytes) copyBytes(out, in, bytes);
-  if (n == 1) return;
   const DoublingLayout layout(n);
+  // Out of place, the first halving sends from the input and reduces into
+  // the output: no copy outside the fold (the output's given half is only
+  // ever written by the all-gather).
+  const uint8_t* firstFrom = static_cast<const uint8_t*>(in);
+  if (out != in && bytes && (n == 1 || layout.pairedBelowExtra(r))) copyBytes(out, in, bytes), firstFrom = out;
+  if (n == 1) return;
   uint8_t* tmp = links.scratch(kRingScratchSlot, bytes);  // the ring is not running
   if (!foldExtraRank(links, layout, out, tmp, count, type, op, makeTag(3, 0, 0))) return;
   const int v = layout.virtualRank(r);
@@ -58,13 +62,15 @@ void allreduceHalvingDoubling(Links& links, const void* in, void* outv, size_t c
     const int keepLo = keepLower ? range.lo() : mid, keepHi = keepLower ? mid : range.hi();
     const int giveLo = keepLower ? mid : range.lo(), giveHi = keepLower ? range.hi() : mid;
     reqs[0] = links.irecv(partner, makeTag(1, step, 0), tmp, range.bytes(keepLo, keepHi));
-    reqs[1] = links.isend(partner, makeTag(1, step, 0), range.at(giveLo), range.bytes(giveLo, giveHi));
+    const uint8_t* from = step == 0 ? firstFrom : out;
+    reqs[1] = links.isend(partner, makeTag(1, step, 0), from + (range.at(giveLo) - out), range.bytes(giveLo, giveHi));
     links.waitAll(reqs);
     uint8_t* kept = range.at(keepLo);
+    const uint8_t* mine = from + (kept - out);
     if (partnerVirtual < v)
-      reduce(kept, tmp, kept, range.elems(keepLo, keepHi), type, op);
+      reduce(kept, tmp, mine, range.elems(keepLo, keepHi), type, op);
     else
-      reduce(kept, kept, tmp, range.elems(keepLo, keepHi), type, op);
+      reduce(kept, mine, tmp, range.elems(keepLo, keepHi), type, op);
     range.set(keepLo, keepHi);
   }
   // Now range is block v alone, fully reduced; the partner at each mask

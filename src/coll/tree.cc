@@ -19,12 +19,15 @@ BinaryTree binaryTree(int r, int n) {
 // segments so a deep tree forwards one segment while the next arrives.
 // Every node folds (its own data) op (first child) op (second child), and
 // every rank ends with the root's bits, so the result is identical
-// everywhere and from run to run.
+// everywhere and from run to run. Out of place the input is read where it
+// lies (a leaf sends it, a node folds it with its first child's into the
+// output): nothing copies it into the output first.
 void allreduceTree(Links& links, const void* in, void* outv, size_t count, ecclDataType_t type, ecclRedOp_t op) {
   const int n = links.size(), r = links.rank();
   const size_t elem = typeSize(type), bytes = count * elem;
   auto* out = static_cast<uint8_t*>(outv);
-  if (out != in && bytes) copyBytes(out, in, bytes);
+  const auto* own = static_cast<const uint8_t*>(in);
+  if (n == 1 && out != in && bytes) copyBytes(out, in, bytes);
   if (n == 1 || bytes == 0) return;
   const BinaryTree tree = binaryTree(r, n);
   const size_t segElems = std::max<size_t>(kTreeSegmentBytes / elem, (count + kMaxSegments - 1) / kMaxSegments);
@@ -40,11 +43,13 @@ void allreduceTree(Links& links, const void* in, void* outv, size_t count, ecclD
                                   elems(k) * elem));
   for (size_t k = 0; k < segments; ++k) {
     uint8_t* seg = out + first(k) * elem;
+    const uint8_t* mine = own + first(k) * elem;
     for (int c = 0; c < tree.childCount; ++c) {
       links.wait(recvs[k * tree.childCount + c]);
-      reduce(seg, seg, fromChildren + c * bytes + first(k) * elem, elems(k), type, op);
+      reduce(seg, c == 0 ? mine : seg, fromChildren + c * bytes + first(k) * elem, elems(k), type, op);
     }
-    if (tree.parent >= 0) sends.push_back(links.isend(tree.parent, makeTag(0, 0, k), seg, elems(k) * elem));
+    const uint8_t* up = tree.childCount ? seg : mine;
+    if (tree.parent >= 0) sends.push_back(links.isend(tree.parent, makeTag(0, 0, k), up, elems(k) * elem));
   }
   // The down phase overwrites `out`, so the up sends must be off it first.
   links.waitAll(sends);
