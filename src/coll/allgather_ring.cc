@@ -1,5 +1,3 @@
-#include <cstring>
-
 #include "coll/algorithms.h"
 #include "common/copy.h"
 

@@ -1,4 +1,3 @@
-#include <cstring>
 #include <vector>
 
 #include "coll/algorithms.h"

@@ -1,12 +1,11 @@
 #include "coll/direct.h"
 
 #include <algorithm>
-#include <cstring>
 
 #include "coll/algorithms.h"
 #include "coll/reduce.h"
-#include "common/error.h"
 #include "common/copy.h"
+#include "common/error.h"
 
 namespace eccl::coll {
 

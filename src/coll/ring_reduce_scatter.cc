@@ -1,5 +1,4 @@
 #include <algorithm>
-#include <cstring>
 
 #include "coll/algorithms.h"
 #include "coll/reduce.h"

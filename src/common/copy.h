@@ -5,7 +5,7 @@
 // modulo a 4 KiB page, was 1 to 63 bytes. Two back-to-back heap buffers
 // (malloc's 16-byte header between them), or a page-aligned ring and a
 // buffer from mmap, sit exactly that far apart. Such copies take a vector
-// loop instead.
+// loop (AVX2) instead.
 #pragma once
 
 #include <cstddef>

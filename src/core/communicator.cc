@@ -13,13 +13,13 @@
 #include "membership/unique_id.h"
 #include "coll/algorithms.h"
 #include "coll/reduce.h"
+#include "common/copy.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "common/params.h"
 #include "transport/frame.h"
 #include "transport/backend.h"
 #include "transport/device.h"
-#include "common/copy.h"
 
 namespace eccl {
 

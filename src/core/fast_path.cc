@@ -6,9 +6,9 @@
 #include <cstring>
 #include <thread>
 
+#include "common/copy.h"
 #include "common/cpu_relax.h"
 #include "common/error.h"
-#include "common/copy.h"
 
 namespace eccl {
 

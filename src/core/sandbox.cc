@@ -5,10 +5,10 @@
 // recorded output where one came for the same call (core/sandbox_feed.h).
 #include <cstring>
 
+#include "common/copy.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "core/communicator.h"
-#include "common/copy.h"
 
 namespace eccl {
 

@@ -4,11 +4,11 @@
 #include <cstring>
 #include <map>
 
+#include "common/copy.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "common/mutex.h"
 #include "common/params.h"
-#include "common/copy.h"
 
 namespace eccl::gpu {
 

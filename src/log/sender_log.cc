@@ -6,11 +6,11 @@
 #include <algorithm>
 #include <cstring>
 
+#include "common/copy.h"
 #include "common/crypto.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "common/types.h"
-#include "common/copy.h"
 
 namespace eccl::log {
 void SenderLog::configure(const ecclLogConfig_t& c, int nranks) {

@@ -1,13 +1,12 @@
 #include "moe/dispatcher.h"
 
 #include <algorithm>
-#include <cstring>
 #include <memory>
 #include <stdexcept>
 
 #include "coll/reduce.h"
-#include "common/error.h"
 #include "common/copy.h"
+#include "common/error.h"
 
 namespace eccl::moe {
 

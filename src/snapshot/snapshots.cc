@@ -4,13 +4,12 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstring>
 
+#include "common/copy.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "common/params.h"
 #include "snapshot/gather.h"
-#include "common/copy.h"
 
 namespace eccl::snapshot {
 namespace {

@@ -1,4 +1,5 @@
 #include "transport/lane_device.h"
+
 #include "common/copy.h"
 
 namespace eccl::transport::lanes {

@@ -9,8 +9,8 @@
 #include <cstring>
 #include <new>
 
-#include "common/error.h"
 #include "common/copy.h"
+#include "common/error.h"
 
 namespace eccl::transport {
 

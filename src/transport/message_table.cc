@@ -1,9 +1,9 @@
 #include "transport/message_table.h"
-#include "common/copy.h"
 
-#include <cstring>
 #include <new>
 #include <utility>
+
+#include "common/copy.h"
 
 namespace eccl::transport::lanes {
 

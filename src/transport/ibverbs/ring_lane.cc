@@ -8,10 +8,10 @@
 #include <cerrno>
 #include <cstring>
 
+#include "common/copy.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "transport/ibverbs/library.h"
-#include "common/copy.h"
 
 namespace eccl::transport::ibverbs {
 namespace {

@@ -10,8 +10,8 @@
 #include <cstring>
 #include <new>
 
-#include "common/error.h"
 #include "common/copy.h"
+#include "common/error.h"
 
 namespace eccl::transport::shm {
 namespace {
