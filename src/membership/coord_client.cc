@@ -29,7 +29,7 @@ CoordClient::CoordClient(const UniqueIdData& id, const JoinRequest& join, int64_
   join_.pid = static_cast<uint64_t>(getpid());
   join_.address = join.dataAddress;
   join_.policy = join.eager ? 1 : 0;
-  channel_ = open(join_, deadline, what);
+  channel_ = openFirst(deadline, what);
   wakeFd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wakeFd_ < 0) fail(ecclSystemError, "eventfd: {}", strerror(errno));
   thread_ = std::thread([this] {
@@ -49,6 +49,18 @@ std::unique_ptr<SealedChannel> CoordClient::open(const CoordMessage& join, Deadl
   return channel;
 }
 
+std::unique_ptr<SealedChannel> CoordClient::openFirst(Deadline deadline, const std::string& what) {
+  for (;;) {
+    try {
+      return open(join_, deadline, what);
+    } catch (const Error& e) {
+      if (failoverMs_ <= 0 || e.code() == ecclAuthError || Clock::now() >= deadline) throw;
+      log::info("{}: {}; trying again", what, e.what());
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
 // The coordinator answers a resume with the view it holds: one of the
 // epoch this member is in acknowledges it (nothing was missed, so a request
 // it had sent is asked again in case it was lost with the old coordinator);
@@ -64,15 +76,34 @@ bool CoordClient::resume(std::string* why) {
     ask = unanswered_;
     reconfig = reconfigSaid_;
   }
-  const std::string what = fmt::format("member {:016x} resuming with {}", self_, coordinator_);
+  std::string what = fmt::format("member {:016x} resuming with {}", self_, coordinator_);
+  bool afresh = false;
   while (Clock::now() < until) {
+    bool placed;
     {
       MutexLock lock(mu_);
       if (stopping_) return false;
+      placed = placed_;
     }
     try {
       auto channel = open(join, std::min(until, deadlineAfterMs(1000)), what);
+      if (afresh) {
+        // Its answer (a standby's view, a rank's first view at formation)
+        // comes in the usual way, as would a refusal.
+        channel_ = std::move(channel);
+        if (ask) channel_->send(*ask, deadlineAfterMs(heartbeatTimeoutMs_));
+        log::info("member {:016x}: joined {} afresh", self_, coordinator_);
+        return true;
+      }
       CoordMessage first = channel->receive(std::min(until, deadlineAfterMs(heartbeatTimeoutMs_)));
+      if (first.kind == CoordKind::kError && first.policy == kErrorMemberUnknown && !placed) {
+        log::warn("member {:016x}: {} holds no record of its admission (its predecessor died before replicating "
+                  "it); joining afresh", self_, coordinator_);
+        join = join_;
+        what = fmt::format("member {:016x} joining {} afresh", self_, coordinator_);
+        afresh = true;
+        continue;
+      }
       if (first.kind == CoordKind::kError) {
         *why = fmt::format("{} refused the resume: {}", coordinator_, first.text);
         return false;
@@ -287,6 +318,7 @@ void CoordClient::deliver(CoordMessage m) {
     if (m.kind == CoordKind::kView || m.kind == CoordKind::kError) {
       unanswered_.reset();
       if (m.kind == CoordKind::kView) epoch_ = m.epoch;
+      if (m.kind == CoordKind::kView && m.rank >= 0) placed_ = true;
       if (reconfigSaid_ && (m.kind == CoordKind::kError || m.epoch >= reconfigSaid_->epoch)) reconfigSaid_.reset();
       // An idle standby hears of every view change; only the latest of
       // those rankless views matters, so they do not pile up unread.
@@ -307,6 +339,7 @@ void CoordClient::deliver(CoordMessage m) {
       return;
     }
     if (m.kind == CoordKind::kPrepareFailed && reconfigSaid_ && reconfigSaid_->epoch == m.epoch) reconfigSaid_.reset();
+    if (m.kind == CoordKind::kPrepare && m.member == self_) placed_ = true;
     bool reconfig = m.kind == CoordKind::kPrepare || m.kind == CoordKind::kPrepareReady ||
                     m.kind == CoordKind::kPrepareFailed || m.kind == CoordKind::kStandbys;
     if (reconfig && !callbacks_.onReconfiguration) {

@@ -105,6 +105,9 @@ class CoordClient {
   void deliver(CoordMessage m);
   // Opens a channel to the coordinator and sends `join`; throws naming it.
   std::unique_ptr<SealedChannel> open(const CoordMessage& join, Deadline deadline, const std::string& what);
+  // The first join: with replicated coordinators, one killed mid-handshake
+  // is retried at its successor until the deadline (a wrong secret is not).
+  std::unique_ptr<SealedChannel> openFirst(Deadline deadline, const std::string& what);
   // After a loss: resumes with a successor within join.failoverMs; false
   // (and why) when none took the member back.
   bool resume(std::string* why);
@@ -143,6 +146,10 @@ class CoordClient {
   // told again to a successor that may not have heard it, until a view of
   // that epoch or its abort comes. The coordinator takes it twice alike.
   std::optional<CoordMessage> reconfigSaid_ ECCL_GUARDED_BY(mu_);
+  // The coordinator gave this member a rank or chose it to take one. Until
+  // then a successor that lost its admission (the leader died before it
+  // replicated it) may simply admit it again.
+  bool placed_ ECCL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace eccl::membership

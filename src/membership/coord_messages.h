@@ -25,7 +25,8 @@ enum class CoordKind : uint32_t {
   kReport = 4,     // member -> coord: epoch, members (the failed), neededFrom, text (what it saw), policy
   kFailed = 5,     // coord -> members: epoch, members (failed so far), neededFrom, text
   kRecover = 6,    // member -> coord: epoch, policy
-  kError = 7,      // coord -> member: text (the request it answers failed)
+  kError = 7,      // coord -> member: text (the request it answers failed); policy:
+                   // kErrorMemberUnknown when it refuses a resume it holds no admission for
   kEvicted = 8,    // coord -> member: text; the connection closes after it
   kLeave = 9,      // member -> coord: orderly exit, no failure
   kStatusQuery = 10,
@@ -108,6 +109,11 @@ struct CoordMessage {
 // Weaker evidence than silence: a live member closes the lanes of one it
 // judged failed, so the coordinator first waits to hear from the accused.
 constexpr uint32_t kReportPeerClosed = 1;
+
+// kError's policy: a resume refused because this coordinator holds no
+// state of the member's admission (its predecessor died before replicating
+// it). A member not yet placed in a view joins afresh.
+constexpr uint32_t kErrorMemberUnknown = 1;
 
 // kView's policy: the whole view, or the ranks that changed since the
 // member's last view (a REPLACE changes one entry of thousands).

@@ -1,8 +1,13 @@
 // A coordinator replaced by a successor that took over its durable state:
 // real member clients on threads of one process, real sockets. The members
 // resume with the successor at the job's address, keep their ids and ranks,
-// and the successor goes on serving them (a failure, a recovery).
+// and the successor goes on serving them (a failure, a recovery). A standby
+// whose admission the dead one never replicated joins the successor afresh
+// and can still take a rank; a first join cut off mid-handshake by the
+// coordinator's death is made again with its successor.
 #include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -16,6 +21,7 @@
 #include "common/clock.h"
 #include "common/crypto.h"
 #include "common/error.h"
+#include "common/socket.h"
 #include "membership/coord_client.h"
 #include "membership/coordinator.h"
 #include "membership/unique_id.h"
@@ -167,6 +173,91 @@ TEST_F(CoordinatorFailover, AMigrationPreparedWithTheDeadCoordinatorCommitsWithT
   const std::string status = queryCoordinatorStatus(id, deadlineAfterMs(5000));
   EXPECT_NE(status.find("epoch 2"), std::string::npos) << status;
   for (CoordClient* c : clients) EXPECT_FALSE(c->evicted());
+}
+
+// The leader admits a standby and dies before replicating it: the
+// successor's state lacks it and refuses its resume as unknown. A standby
+// holds nothing the job needs yet, so it registers afresh (same id) instead
+// of ending, and is there when a rank fails.
+TEST_F(CoordinatorFailover, AStandbyTheDeadCoordinatorNeverReplicatedJoinsItsSuccessorAfresh) {
+  auto m = form(3, /*failoverMs=*/5000);
+  CoordinatorState beforeTheStandby;
+  {
+    std::lock_guard<std::mutex> lock(stateMu);
+    beforeTheStandby = written;
+  }
+  JoinRequest spare{Role::kStandby, -1, 3, 600, "tcp:127.0.0.1:1", false};
+  spare.failoverMs = 5000;
+  auto standby = std::make_unique<CoordClient>(id, spare, 100, 1500, deadlineAfterMs(10000));
+  std::string status;
+  for (auto until = deadlineAfterMs(5000); Clock::now() < until;) {
+    status = queryCoordinatorStatus(id, deadlineAfterMs(5000));
+    if (status.find("standby: member 0000000000000258") != std::string::npos) break;
+    std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_NE(status.find("standby: member 0000000000000258"), std::string::npos) << status;
+  {
+    std::lock_guard<std::mutex> lock(stateMu);
+    written = beforeTheStandby;  // its admission never reached etcd
+  }
+  replaceCoordinator();
+  for (auto until = deadlineAfterMs(8000); Clock::now() < until;) {
+    status = queryCoordinatorStatus(id, deadlineAfterMs(5000));
+    if (status.find("standby: member 0000000000000258") != std::string::npos) break;
+    std::this_thread::sleep_for(50ms);
+  }
+  ASSERT_NE(status.find("standby: member 0000000000000258"), std::string::npos)
+      << "the standby did not register with the successor:\n" << status;
+  m[2]->client.reset();  // rank 2 dies; the standby takes its place
+  ASSERT_TRUE(m[0]->heard(502, 5000ms));
+  ASSERT_TRUE(m[1]->heard(502, 5000ms));
+  for (int r : {0, 1}) m[r]->client->requestRecover(1, static_cast<uint32_t>(RecoverPolicy::kReplace));
+  ViewUpdate promoted = standby->awaitView(deadlineAfterMs(10000), "the standby's promotion");
+  while (promoted.rank < 0) promoted = standby->awaitView(deadlineAfterMs(10000), "the standby's promotion");
+  EXPECT_EQ(promoted.epoch, 2u);
+  EXPECT_EQ(promoted.rank, 2);
+  for (int r : {0, 1}) {
+    ViewUpdate v = m[r]->client->awaitView(deadlineAfterMs(10000), "the replaced view");
+    std::vector<uint64_t> got;
+    for (const auto& e : v.entries) got.push_back(e.member);
+    EXPECT_EQ(got, (std::vector<uint64_t>{500, 501, 600}));
+  }
+  EXPECT_FALSE(standby->evicted());
+}
+
+// The coordinator dies between accepting a member's connection and
+// accepting its proof; a successor takes the job's address. The member's
+// first join is made again there rather than failing the member.
+TEST_F(CoordinatorFailover, AFirstJoinCutOffMidHandshakeIsMadeAgainWithTheSuccessor) {
+  first.reset();
+  auto [dying, at] = listenOn(id.root);
+  ASSERT_EQ(at.str(), id.root.str());
+  std::unique_ptr<Member> member;
+  std::string failure;
+  std::thread joining([&] {
+    try {
+      member = std::make_unique<Member>(id, 0, 1, 500, 1500, 5000);
+    } catch (const Error& e) {
+      failure = e.what();
+    }
+  });
+  SockAddr peer;
+  Fd conn = acceptUntil(dying.get(), deadlineAfterMs(5000), &peer);
+  char hello[8];
+  const bool cut = conn && ::recv(conn.get(), hello, sizeof(hello), 0) > 0;
+  linger reset{1, 0};
+  ::setsockopt(conn.get(), SOL_SOCKET, SO_LINGER, &reset, sizeof(reset));
+  conn.reset();   // the connection is reset mid-handshake
+  dying.reset();  // and the address freed
+  auto [fd, bound] = listenOn(id.root);
+  CoordinatorOptions next = options;
+  next.replicate = nullptr;
+  second = std::make_unique<Coordinator>(id, std::move(fd), next);
+  joining.join();
+  ASSERT_TRUE(cut) << "the member never began its handshake with the dying coordinator";
+  ASSERT_TRUE(failure.empty()) << failure;
+  ASSERT_TRUE(member);
+  EXPECT_EQ(member->client->awaitView(deadlineAfterMs(10000), "the first view").epoch, 1u);
 }
 
 TEST_F(CoordinatorFailover, WithoutFailoverALostCoordinatorIsFinal) {

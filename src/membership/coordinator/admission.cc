@@ -25,20 +25,21 @@ void CoordinatorCore::answerTool(uint64_t conn, const std::string& peer, const C
 }
 
 void CoordinatorCore::join(uint64_t conn, const std::string& peer, const CoordMessage& msg) {
-  auto refuse = [&](const std::string& why) {
+  auto refuse = [&](const std::string& why, uint32_t code = 0) {
     log::warn("coordinator: refused {} from {}: {}", msg.role == Role::kRank ? "a rank" : "a standby", peer, why);
     CoordMessage e;
     e.kind = fenced.count(msg.member) ? CoordKind::kEvicted : CoordKind::kError;
     e.text = why;
+    e.policy = code;
     sendTo(conn, e, CoordAction::Kind::kSendAndClose);
   };
   if (fenced.count(msg.member)) return refuse("this member was declared failed and is fenced");
   if (msg.uuid == kJoinResuming) {
     auto known = members.find(msg.member);
-    if (known == members.end() || !known->second.restored)
-      return refuse(known == members.end()
-                        ? "this coordinator does not know the member (it holds no state of its admission)"
-                        : "the member is connected already");
+    if (known == members.end())
+      return refuse("this coordinator does not know the member (it holds no state of its admission)",
+                    kErrorMemberUnknown);
+    if (!known->second.restored) return refuse("the member is connected already");
     return resume(conn, msg.member, msg.epoch);
   }
   if (members.count(msg.member) || msg.member == 0) return refuse("member id is already in use");
