@@ -19,8 +19,8 @@ CoordClient::CoordClient(const UniqueIdData& id, const JoinRequest& join, int64_
       coordinator_(coordinatorLabel(id)),
       heartbeatMs_(heartbeatMs),
       heartbeatTimeoutMs_(heartbeatTimeoutMs) {
-  std::string what = fmt::format("{} {} joining {}", join.role == Role::kRank ? "rank" : "standby",
-                                 join.role == Role::kRank ? std::to_string(join.rank) : "", coordinator_);
+  std::string what = fmt::format("{} joining {}",
+                                 join.role == Role::kRank ? fmt::format("rank {}", join.rank) : "standby", coordinator_);
   join_.kind = CoordKind::kJoin;
   join_.role = join.role;
   join_.rank = join.rank;
