@@ -45,7 +45,10 @@ void allreduceHalvingDoubling(Links& links, const void* in, void* outv, size_t c
   // the output: no copy outside the fold (the output's given half is only
   // ever written by the all-gather).
   const uint8_t* firstFrom = static_cast<const uint8_t*>(in);
-  if (out != in && bytes && (n == 1 || layout.pairedBelowExtra(r))) copyBytes(out, in, bytes), firstFrom = out;
+  if (out != in && bytes && (n == 1 || layout.pairedBelowExtra(r))) {
+    copyBytes(out, in, bytes);
+    firstFrom = out;
+  }
   if (n == 1) return;
   uint8_t* tmp = links.scratch(kRingScratchSlot, bytes);  // the ring is not running
   if (!foldExtraRank(links, layout, out, tmp, count, type, op, makeTag(3, 0, 0))) return;

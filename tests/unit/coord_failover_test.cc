@@ -189,23 +189,23 @@ TEST_F(CoordinatorFailover, AStandbyTheDeadCoordinatorNeverReplicatedJoinsItsSuc
   JoinRequest spare{Role::kStandby, -1, 3, 600, "tcp:127.0.0.1:1", false};
   spare.failoverMs = 5000;
   auto standby = std::make_unique<CoordClient>(id, spare, 100, 1500, deadlineAfterMs(10000));
-  std::string status;
-  for (auto until = deadlineAfterMs(5000); Clock::now() < until;) {
-    status = queryCoordinatorStatus(id, deadlineAfterMs(5000));
-    if (status.find("standby: member 0000000000000258") != std::string::npos) break;
-    std::this_thread::sleep_for(20ms);
-  }
+  // The status the coordinator answers once it lists the standby, or its last.
+  auto statusListingTheStandby = [&](int64_t withinMs) {
+    std::string status;
+    for (auto until = deadlineAfterMs(withinMs); Clock::now() < until; std::this_thread::sleep_for(20ms)) {
+      status = queryCoordinatorStatus(id, deadlineAfterMs(5000));
+      if (status.find("standby: member 0000000000000258") != std::string::npos) break;
+    }
+    return status;
+  };
+  std::string status = statusListingTheStandby(5000);
   ASSERT_NE(status.find("standby: member 0000000000000258"), std::string::npos) << status;
   {
     std::lock_guard<std::mutex> lock(stateMu);
     written = beforeTheStandby;  // its admission never reached etcd
   }
   replaceCoordinator();
-  for (auto until = deadlineAfterMs(8000); Clock::now() < until;) {
-    status = queryCoordinatorStatus(id, deadlineAfterMs(5000));
-    if (status.find("standby: member 0000000000000258") != std::string::npos) break;
-    std::this_thread::sleep_for(50ms);
-  }
+  status = statusListingTheStandby(8000);
   ASSERT_NE(status.find("standby: member 0000000000000258"), std::string::npos)
       << "the standby did not register with the successor:\n" << status;
   m[2]->client.reset();  // rank 2 dies; the standby takes its place
