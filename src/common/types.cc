@@ -4,15 +4,11 @@
 
 namespace eccl {
 
-size_t typeSize(ecclDataType_t t) {
-  switch (t) {
-    case ecclInt8: case ecclUint8: return 1;
-    case ecclFloat16: case ecclBfloat16: return 2;
-    case ecclInt32: case ecclUint32: case ecclFloat32: return 4;
-    case ecclInt64: case ecclUint64: case ecclFloat64: return 8;
-    default: fail(ecclInvalidArgument, "invalid data type {}", static_cast<int>(t));
-  }
-}
+void invalidType(ecclDataType_t t) { fail(ecclInvalidArgument, "invalid data type {}", static_cast<int>(t)); }
+
+static_assert(ecclInt8 == 0 && ecclUint8 == 1 && ecclInt32 == 2 && ecclUint32 == 3 && ecclInt64 == 4 &&
+                  ecclUint64 == 5 && ecclFloat16 == 6 && ecclFloat32 == 7 && ecclFloat64 == 8 && ecclBfloat16 == 9,
+              "typeSize's table follows the enum's order");
 
 const char* typeName(ecclDataType_t t) {
   static const char* names[] = {"int8", "uint8", "int32", "uint32", "int64", "uint64",

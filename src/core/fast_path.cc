@@ -161,6 +161,11 @@ RequestPtr FastPath::recv(FastChannel* channel, MemberId member, int rank, uint3
   return handle(op);
 }
 
+void FastPath::succeed(Op& op) {
+  op.request.state.store(Request::kDone, std::memory_order_release);
+  --pending_;
+}
+
 void FastPath::finish(Op& op, ecclResult_t code, std::string error) {
   if (op.request.state.load(std::memory_order_relaxed) != Request::kPending) return;
   op.request.code = code;
@@ -187,7 +192,7 @@ void FastPath::deliver(Op& op, const FastChannel::Header& h, const uint8_t* data
   }
   if (op.bytes) copyBytes(op.into, data, op.bytes);
   ++counters_.received;
-  finish(op, ecclSuccess, {});
+  succeed(op);
 }
 
 void FastPath::drain(FastChannel& channel, MemberId member) {
@@ -232,7 +237,7 @@ void FastPath::trySend(Op& op) {
   if (signature_) h.hasSignature = true, h.signature = *signature_;
   if (!op.channel->trySend(h, op.from)) return;
   ++counters_.sent;
-  finish(op, ecclSuccess, {});
+  succeed(op);
 }
 
 void FastPath::progress() {

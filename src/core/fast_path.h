@@ -86,6 +86,9 @@ class FastPath {
   void drain(transport::FastChannel& channel, transport::MemberId member);
   void deliver(Op& op, const transport::FastChannel::Header& header, const uint8_t* data);
   void finish(Op& op, ecclResult_t code, std::string error);
+  // A pending op's success (its code and error stay as newOp left them):
+  // no string built and freed per message.
+  void succeed(Op& op);
   // A message's call against this member's call of the same op, whenever
   // they meet (it came early, late or during it): false when they
   // disagree (the communicator is then revoked).

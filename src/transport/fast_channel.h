@@ -102,6 +102,10 @@ class FastChannel {
   uint64_t peerConsumed_ = 0;  // messages the reader had taken when last looked at
   bool peeked_ = false;
   Message head_{};
+  // The last signature peek() decoded, and its bytes on the wire.
+  bool lastDecodedValid_ = false;
+  uint8_t lastWire_[CallSignature::kWireBytes] = {};
+  CallSignature lastDecoded_;
 };
 
 }  // namespace eccl::transport

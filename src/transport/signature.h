@@ -70,7 +70,10 @@ class SignatureBook {
   };
   // This rank starts collective `seq` of `epoch`.
   std::optional<Mismatch> local(uint32_t epoch, uint64_t seq, const CallSignature& mine) {
-    if (size_t i = indexOf(epoch, seq); i < kHistory) {
+    // Calls start in order: a call past the newest needs no search (the
+    // search of 16 entries was a tenth of an 8 B allreduce's instructions).
+    const bool newest = std::make_pair(epoch, seq) > newest_;
+    if (size_t i = newest ? kHistory : indexOf(epoch, seq); i < kHistory) {
       mine_[i].signature = mine;
     } else {
       // Calls start in (epoch, seq) order: the oldest entry is the next slot.
