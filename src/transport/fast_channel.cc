@@ -116,19 +116,17 @@ const FastChannel::Message* FastChannel::peek() {
   head_.header.bytes = std::min<uint32_t>(s->bytes, kPayloadBytes + 1);
   head_.header.hasSignature = false;
   if (s->hasSignature) {
-    // A loop calls the same collective again and again: the last valid
-    // signature's bytes are kept, and the same bytes are not decoded again.
+    // A loop calls the same collective again and again: bytes equal to
+    // the last decoded ones are not decoded again.
     uint8_t wire[CallSignature::kWireBytes];
     std::memcpy(wire, s->signature, sizeof(wire));
-    if (lastDecodedValid_ && std::memcmp(wire, lastWire_, sizeof(wire)) == 0) {
-      head_.header.hasSignature = true;
-      head_.header.signature = lastDecoded_;
-    } else if (auto decoded = decodeSignature(wire, nullptr)) {
-      head_.header.hasSignature = true;
-      head_.header.signature = *decoded;
+    if (!lastDecoded_ || std::memcmp(wire, lastWire_, sizeof(wire)) != 0) {
+      lastDecoded_ = decodeSignature(wire, nullptr);
       std::memcpy(lastWire_, wire, sizeof(wire));
-      lastDecoded_ = *decoded;
-      lastDecodedValid_ = true;
+    }
+    if (lastDecoded_) {
+      head_.header.hasSignature = true;
+      head_.header.signature = *lastDecoded_;
     } else {
       head_.header.bytes = kPayloadBytes + 1;
     }

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 
 #include "common/clock.h"
 #include "transport/peer_memory.h"
@@ -102,10 +103,10 @@ class FastChannel {
   uint64_t peerConsumed_ = 0;  // messages the reader had taken when last looked at
   bool peeked_ = false;
   Message head_{};
-  // The last signature peek() decoded, and its bytes on the wire.
-  bool lastDecodedValid_ = false;
+  // The last signature peek() decoded (nullopt: malformed or none yet),
+  // and its bytes on the wire.
+  std::optional<CallSignature> lastDecoded_;
   uint8_t lastWire_[CallSignature::kWireBytes] = {};
-  CallSignature lastDecoded_;
 };
 
 }  // namespace eccl::transport
