@@ -54,7 +54,6 @@ void allreduceHalvingDoubling(Links& links, const void* in, void* outv, size_t c
   if (!foldExtraRank(links, layout, out, tmp, count, type, op, makeTag(3, 0, 0))) return;
   const int v = layout.virtualRank(r);
   BlockRange range(out, elem, layout.p, count);
-  RequestPtr reqs[2];
   uint32_t step = 0;
   for (int mask = layout.p / 2; mask >= 1; mask >>= 1, ++step) {
     const int partnerVirtual = v ^ mask, partner = layout.realRank(partnerVirtual);
@@ -62,10 +61,9 @@ void allreduceHalvingDoubling(Links& links, const void* in, void* outv, size_t c
     const bool keepLower = (v & mask) == 0;
     const int keepLo = keepLower ? range.lo() : mid, keepHi = keepLower ? mid : range.hi();
     const int giveLo = keepLower ? mid : range.lo(), giveHi = keepLower ? range.hi() : mid;
-    reqs[0] = links.irecv(partner, makeTag(1, step, 0), tmp, range.bytes(keepLo, keepHi));
     const uint8_t* from = step == 0 ? firstFrom : out;
-    reqs[1] = links.isend(partner, makeTag(1, step, 0), from + (range.at(giveLo) - out), range.bytes(giveLo, giveHi));
-    links.waitAll(reqs);
+    links.exchange(partner, makeTag(1, step, 0), from + (range.at(giveLo) - out), range.bytes(giveLo, giveHi), tmp,
+                   range.bytes(keepLo, keepHi));
     uint8_t* kept = range.at(keepLo);
     const uint8_t* mine = from + (kept - out);
     if (partnerVirtual < v)
@@ -80,9 +78,8 @@ void allreduceHalvingDoubling(Links& links, const void* in, void* outv, size_t c
     const int partner = layout.realRank(v ^ mask);
     const int width = range.hi() - range.lo();
     const int otherLo = (v & mask) ? range.lo() - width : range.hi(), otherHi = otherLo + width;
-    reqs[0] = links.irecv(partner, makeTag(2, step, 0), range.at(otherLo), range.bytes(otherLo, otherHi));
-    reqs[1] = links.isend(partner, makeTag(2, step, 0), range.at(range.lo()), range.bytes(range.lo(), range.hi()));
-    links.waitAll(reqs);
+    links.exchange(partner, makeTag(2, step, 0), range.at(range.lo()), range.bytes(range.lo(), range.hi()),
+                   range.at(otherLo), range.bytes(otherLo, otherHi));
     range.set(std::min(range.lo(), otherLo), std::max(range.hi(), otherHi));
   }
   answerFoldedRank(links, layout, out, bytes, makeTag(3, 0, 0));

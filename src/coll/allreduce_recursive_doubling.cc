@@ -48,22 +48,19 @@ void allreduceRecursiveDoubling(Links& links, const void* in, void* outv, size_t
   if (out != in && bytes && (n == 1 || layout.pairedBelowExtra(r))) copyBytes(out, in, bytes), mine = out;
   if (n == 1) return;
   uint8_t* tmp = links.scratch(kRingScratchSlot, bytes);  // the ring is not running
-  if (!foldExtraRank(links, layout, out, tmp, count, type, op, makeTag(2, 0, 0))) return;
-  RequestPtr reqs[2];  // on the stack: a small op allocates nothing here
+  if (layout.extra && !foldExtraRank(links, layout, out, tmp, count, type, op, makeTag(2, 0, 0))) return;
   const int virtualRank = layout.virtualRank(r);
   for (int mask = 1, step = 0; mask < layout.p; mask <<= 1, ++step) {
     const int partnerVirtual = virtualRank ^ mask;
     const int partner = layout.realRank(partnerVirtual);
-    reqs[0] = links.irecv(partner, makeTag(1, step, 0), tmp, bytes);
-    reqs[1] = links.isend(partner, makeTag(1, step, 0), mine, bytes);
-    links.waitAll(reqs);
+    links.exchange(partner, makeTag(1, step, 0), mine, bytes, tmp, bytes);
     if (partnerVirtual < virtualRank)
       reduce(out, tmp, mine, count, type, op);
     else
       reduce(out, mine, tmp, count, type, op);
     mine = out;
   }
-  answerFoldedRank(links, layout, out, bytes, makeTag(2, 0, 0));
+  if (layout.extra) answerFoldedRank(links, layout, out, bytes, makeTag(2, 0, 0));
 }
 
 }  // namespace eccl::coll

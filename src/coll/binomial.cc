@@ -67,13 +67,11 @@ void allGatherDoubling(Links& links, const void* in, void* outv, size_t sendByte
   const int n = links.size(), r = links.rank();
   auto* out = static_cast<uint8_t*>(outv);
   if (out + size_t(r) * sendBytes != in && sendBytes) moveBytes(out + size_t(r) * sendBytes, in, sendBytes);
-  RequestPtr pair[2];
   for (int mask = 1, step = 0; mask < n; mask <<= 1, ++step) {
     const int partner = r ^ mask;
     const size_t mine = size_t(r & ~(mask - 1)) * sendBytes, theirs = size_t(partner & ~(mask - 1)) * sendBytes;
-    pair[0] = links.irecv(partner, makeTag(0, step, 0), out + theirs, size_t(mask) * sendBytes);
-    pair[1] = links.isend(partner, makeTag(0, step, 0), out + mine, size_t(mask) * sendBytes);
-    links.waitAll(pair);
+    links.exchange(partner, makeTag(0, step, 0), out + mine, size_t(mask) * sendBytes, out + theirs,
+                   size_t(mask) * sendBytes);
   }
 }
 

@@ -9,10 +9,6 @@
 
 namespace eccl::coll {
 
-void Links::readPeer(int peer, uint64_t, void*, size_t) {
-  fail(ecclInternalError, "these links cannot read rank {}'s memory", peer);
-}
-
 namespace {
 
 // Pieces small enough that three of them stay in a core's L2 while the

@@ -35,6 +35,10 @@ class Links {
   // must be held inside the op by messages while it is read; throws
   // eccl::Error naming the op and the peer when the read fails.
   virtual void readPeer(int peer, uint64_t address, void* into, size_t bytes);
+  // Sends `sendBytes` from `from` to `peer` and receives `recvBytes` from
+  // it into `into`, under one tag, and waits for both: a latency
+  // algorithm's step. A transport may do it without a request per message.
+  virtual void exchange(int peer, uint32_t tag, const void* from, size_t sendBytes, void* into, size_t recvBytes);
 
   void waitAll(std::vector<RequestPtr>& requests) {
     for (auto& r : requests) wait(r);

@@ -8,8 +8,10 @@
 
 namespace eccl::params {
 
+// Never destroyed: a process that exits with a communicator alive runs
+// the static destructors while its device threads still read parameters.
 const std::vector<Param>& all() {
-  static const std::vector<Param> table = {
+  static const auto* table = new std::vector<Param>{
       {"ECCL_TIMEOUT_MS", "int", "30000",
        "Deadline for every blocking wait (connect, send, receive, bootstrap), in milliseconds."},
       {"ECCL_NSOCKS_PERPEER", "int", "1",
@@ -166,7 +168,7 @@ const std::vector<Param>& all() {
        "The failure domain this process shares with others (snapshot copies go to other ones); empty: the host "
        "name and network namespace. eccl-run --ranks-per-host sets it per simulated host. Transports ignore it."},
   };
-  return table;
+  return *table;
 }
 
 namespace {

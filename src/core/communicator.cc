@@ -54,7 +54,18 @@ class Communicator::OpLinks final : public coll::Links {
       else
         comm_.device_->wait(r, deadline_, {});
     } catch (const Error& e) {
-      throw Error(e.code(), fmt::format("{}: {}", comm_.opLabel(name_, seq_), e.what()));
+      throw labelled(e);
+    }
+  }
+  void exchange(int peer, uint32_t tag, const void* from, size_t sendBytes, void* into, size_t recvBytes) override
+      ECCL_REQUIRES(comm_.caller_) {
+    const transport::MemberId member = comm_.view_.rankToMember[peer];
+    transport::FastChannel* slots = comm_.fast_->route(member, std::max(sendBytes, recvBytes));
+    if (!slots) return coll::Links::exchange(peer, tag, from, sendBytes, into, recvBytes);
+    try {
+      comm_.fast_->exchange(slots, member, peer, tag, from, sendBytes, into, recvBytes);
+    } catch (const Error& e) {
+      throw labelled(e);
     }
   }
   // Asked only where every rank is on this host (readDirectly).
@@ -85,6 +96,10 @@ class Communicator::OpLinks final : public coll::Links {
   uint8_t* scratch(int slot, size_t bytes) override ECCL_REQUIRES(comm_.caller_) { return comm_.scratch(slot, bytes); }
 
  private:
+  Error labelled(const Error& e) const ECCL_REQUIRES(comm_.caller_) {
+    return Error(e.code(), fmt::format("{}: {}", comm_.opLabel(name_, seq_), e.what()));
+  }
+
   Communicator& comm_;
   uint64_t seq_;
   const char* name_;
@@ -501,7 +516,7 @@ void Communicator::checkBuffer(const void* p, size_t count, const char* what) {
   ECCL_CHECK_ARG(p != nullptr || count == 0, "{} is NULL with count {}", what, count);
 }
 
-size_t Communicator::checkedBytes(size_t count, ecclDataType_t type, size_t multiplier, const char* what) {
+size_t Communicator::checkedBytesOrFail(size_t count, ecclDataType_t type, size_t multiplier, const char* what) {
   ECCL_CHECK_ARG(type >= 0 && type < ecclNumTypes, "{}: invalid data type {}", what, static_cast<int>(type));
   const size_t limit = size_t(1) << 46;  // 64 TiB: far past any host buffer, far from overflow
   const size_t es = typeSize(type);

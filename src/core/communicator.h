@@ -16,6 +16,7 @@
 #include "common/function_ref.h"
 #include "common/mutex.h"
 #include "common/params.h"
+#include "common/types.h"
 #include "core/fast_path.h"
 #include "core/sandbox_feed.h"
 #include "eccl.h"
@@ -162,9 +163,15 @@ class Communicator {
   // Validation shared with the API layer.
   void checkRank(int rank, const char* what) const ECCL_REQUIRES_SHARED(caller_);
   static void checkBuffer(const void* p, size_t count, const char* what);
-  static size_t checkedBytes(size_t count, ecclDataType_t type, size_t multiplier, const char* what);
+  // Inline for the common case (every small call checks its size twice).
+  static size_t checkedBytes(size_t count, ecclDataType_t type, size_t multiplier, const char* what) {
+    // A count under 2^32 of one element: far under the limit.
+    if (type >= 0 && type < ecclNumTypes && count < (size_t(1) << 32) && multiplier == 1) return count * typeSize(type);
+    return checkedBytesOrFail(count, type, multiplier, what);
+  }
 
  private:
+  static size_t checkedBytesOrFail(size_t count, ecclDataType_t type, size_t multiplier, const char* what);
   class OpLinks;
   std::string opLabel(const char* name, uint64_t seq) const ECCL_REQUIRES(caller_);
   // Runs `body` under an OpLinks for the next collective sequence number;

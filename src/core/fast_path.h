@@ -47,12 +47,21 @@ class FastPath {
   transport::RequestPtr recv(transport::FastChannel* channel, transport::MemberId member, int rank, uint32_t tag,
                              void* buf, size_t bytes);
   static bool owns(const transport::RequestPtr& r) { return r->fastIndex != 0; }
+  // send and recv under one tag, both waited for. While nothing else of
+  // the op is pending or stashed, the message is written and the answer
+  // read straight from the slot, with no op records; anything else (no
+  // free slot, no answer yet, a stale message, a disagreement) goes the
+  // general way, which decides it as it always does. Throws as wait().
+  void exchange(transport::FastChannel* channel, transport::MemberId member, int rank, uint32_t tag,
+                const void* from, size_t sendBytes, void* into, size_t recvBytes);
   // Whether a lane this path uses holds frames nobody read (a refusal, a
   // notice): ops that take the slots never drive the lanes, so the caller
   // has the device read them before the next op starts, as a wait would.
   bool framesWaiting() const;
   // Completes a request of this path; throws eccl::Error naming the peer.
-  void wait(const transport::RequestPtr& r);
+  // `spun`: polls the caller already made for it (the first look at the
+  // device and the first yield come after kSpinsPerCheck in all).
+  void wait(const transport::RequestPtr& r, unsigned spun = 0);
 
   struct Counters {
     uint64_t sent = 0, received = 0, staleDropped = 0;
@@ -83,6 +92,11 @@ class FastPath {
   // Writes pending sends, drains the channels pending receives read from.
   void progress();
   void trySend(Op& op);  // completes it when a slot is free
+  bool write(transport::FastChannel& channel, uint32_t tag, const void* from, size_t bytes);
+  // Takes the channel's next message `m` into `into` when it is this
+  // op's under `tag`, of `bytes`, and agrees; false leaves it there.
+  bool takeExpected(transport::FastChannel& channel, const transport::FastChannel::Message& m, uint32_t tag,
+                    void* into, size_t bytes);
   void drain(transport::FastChannel& channel, transport::MemberId member);
   void deliver(Op& op, const transport::FastChannel::Header& header, const uint8_t* data);
   void finish(Op& op, ecclResult_t code, std::string error);
@@ -110,6 +124,8 @@ class FastPath {
   Clock::time_point lookedEverywhere_{};  // when a waiter last drained every channel
   // Channels by member, looked up again after any failure event or view change.
   std::map<transport::MemberId, std::shared_ptr<transport::FastChannel>> channels_;
+  // The entry found last (a latency algorithm asks for one peer twice in a row).
+  std::pair<const transport::MemberId, std::shared_ptr<transport::FastChannel>>* lastLookedUp_ = nullptr;
   uint64_t channelsAtEvents_ = 0;
   uint32_t channelsAtEpoch_ = 0;
   uint64_t seenEvents_ = 0;

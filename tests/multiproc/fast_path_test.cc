@@ -5,8 +5,10 @@
 // the path are in faults_test (FaultsAtASize/Small) and signature_test.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/support/collectives.h"
@@ -61,6 +63,15 @@ void smallAndLarge(int rank, int n, const ecclUniqueId& id) {
   for (size_t count : {size_t(0), size_t(1), size_t(7), size_t(100)})
     for (bool inPlace : {false, true}) checkEveryCollective(comm, count, inPlace);
   checkEveryTypeAndOp(comm, 33);
+  // A partner that comes late each time (an exchange that outlasts its
+  // first polls waits the general way) and one that comes at once.
+  for (int i = 0; i < 4 * n; ++i) {
+    if (i % 2 == 0 && rank == (i / 2) % n) std::this_thread::sleep_for(std::chrono::milliseconds(3));
+    int64_t x = rank + i;
+    RANK_OK(ecclAllReduce(&x, &x, 1, ecclInt64, ecclSum, comm, nullptr), comm);
+    RANK_CHECK(x == int64_t(n) * i + int64_t(n) * (n - 1) / 2, "late-partner allreduce " + std::to_string(i) +
+                                                                   " gave " + std::to_string(x));
+  }
   const ecclCommStats_t s = statsOf(comm);
   RANK_CHECK(fast ? s.fastMessagesReceived > 0 : s.fastMessagesSent + s.fastMessagesReceived == 0,
              "sent " + std::to_string(s.fastMessagesSent) + ", received " + std::to_string(s.fastMessagesReceived));
