@@ -53,11 +53,12 @@ void allreduceRecursiveDoubling(Links& links, const void* in, void* outv, size_t
   for (int mask = 1, step = 0; mask < layout.p; mask <<= 1, ++step) {
     const int partnerVirtual = virtualRank ^ mask;
     const int partner = layout.realRank(partnerVirtual);
-    links.exchange(partner, makeTag(1, step, 0), mine, bytes, tmp, bytes);
-    if (partnerVirtual < virtualRank)
-      reduce(out, tmp, mine, count, type, op);
-    else
-      reduce(out, mine, tmp, count, type, op);
+    links.exchangeAndUse(partner, makeTag(1, step, 0), mine, bytes, tmp, bytes, [&](const uint8_t* theirs) {
+      if (partnerVirtual < virtualRank)
+        reduce(out, theirs, mine, count, type, op);
+      else
+        reduce(out, mine, theirs, count, type, op);
+    });
     mine = out;
   }
   if (layout.extra) answerFoldedRank(links, layout, out, bytes, makeTag(2, 0, 0));

@@ -15,4 +15,10 @@ void Links::exchange(int peer, uint32_t tag, const void* from, size_t sendBytes,
   waitAll(requests);
 }
 
+void Links::exchangeAndUse(int peer, uint32_t tag, const void* from, size_t sendBytes, uint8_t* scratch,
+                           size_t recvBytes, FunctionRef<void(const uint8_t*)> use) {
+  exchange(peer, tag, from, sendBytes, scratch, recvBytes);
+  use(scratch);
+}
+
 }  // namespace eccl::coll

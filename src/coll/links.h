@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/function_ref.h"
 #include "transport/transport.h"
 
 namespace eccl::coll {
@@ -39,6 +40,12 @@ class Links {
   // it into `into`, under one tag, and waits for both: a latency
   // algorithm's step. A transport may do it without a request per message.
   virtual void exchange(int peer, uint32_t tag, const void* from, size_t sendBytes, void* into, size_t recvBytes);
+  // The same, with the received bytes handed to `use` where they lie (in
+  // the transport's memory where it can, else in `scratch`), valid only
+  // during the call, after the send has left `from`: a reduction reads
+  // them once instead of after a copy.
+  virtual void exchangeAndUse(int peer, uint32_t tag, const void* from, size_t sendBytes, uint8_t* scratch,
+                              size_t recvBytes, FunctionRef<void(const uint8_t*)> use);
 
   void waitAll(std::vector<RequestPtr>& requests) {
     for (auto& r : requests) wait(r);

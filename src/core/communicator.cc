@@ -63,7 +63,18 @@ class Communicator::OpLinks final : public coll::Links {
     transport::FastChannel* slots = comm_.fast_->route(member, std::max(sendBytes, recvBytes));
     if (!slots) return coll::Links::exchange(peer, tag, from, sendBytes, into, recvBytes);
     try {
-      comm_.fast_->exchange(slots, member, peer, tag, from, sendBytes, into, recvBytes);
+      comm_.fast_->exchange(slots, member, peer, tag, from, sendBytes, into, recvBytes, nullptr);
+    } catch (const Error& e) {
+      throw labelled(e);
+    }
+  }
+  void exchangeAndUse(int peer, uint32_t tag, const void* from, size_t sendBytes, uint8_t* scratch,
+                      size_t recvBytes, FunctionRef<void(const uint8_t*)> use) override ECCL_REQUIRES(comm_.caller_) {
+    const transport::MemberId member = comm_.view_.rankToMember[peer];
+    transport::FastChannel* slots = comm_.fast_->route(member, std::max(sendBytes, recvBytes));
+    if (!slots) return coll::Links::exchangeAndUse(peer, tag, from, sendBytes, scratch, recvBytes, use);
+    try {
+      comm_.fast_->exchange(slots, member, peer, tag, from, sendBytes, scratch, recvBytes, &use);
     } catch (const Error& e) {
       throw labelled(e);
     }

@@ -248,36 +248,40 @@ void FastPath::trySend(Op& op) {
 }
 
 bool FastPath::takeExpected(FastChannel& channel, const FastChannel::Message& m, uint32_t tag, void* into,
-                            size_t bytes) {
+                            size_t bytes, const FunctionRef<void(const uint8_t*)>* use) {
   const FastChannel::Header& h = m.header;
   if (!current(h) || h.tag != tag || h.bytes != bytes) return false;
   if (h.hasSignature && signature_ && !transport::signaturesAgree(*signature_, h.signature)) return false;
-  if (bytes) copyBytes(into, m.data, bytes);
+  if (use)
+    (*use)(m.data);
+  else if (bytes)
+    copyBytes(into, m.data, bytes);
   channel.pop();
   ++counters_.received;
   return true;
 }
 
 void FastPath::exchange(FastChannel* channel, MemberId member, int rank, uint32_t tag, const void* from,
-                        size_t sendBytes, void* into, size_t recvBytes) {
+                        size_t sendBytes, void* into, size_t recvBytes, const FunctionRef<void(const uint8_t*)>* use) {
   if (pending_ == 0 && stash_.empty() && write(*channel, tag, from, sendBytes)) {
     // The peer usually answers within a few hundred nanoseconds; a wait
     // longer than that looks at the device, as every wait does.
     unsigned spun = 0;
     for (; spun + 1 < kSpinsPerCheck; ++spun) {
       if (const FastChannel::Message* m = channel->peek()) {
-        if (takeExpected(*channel, *m, tag, into, recvBytes)) return;
+        if (takeExpected(*channel, *m, tag, into, recvBytes, use)) return;
         break;  // something else is first: the general way sorts it
       }
       cpuRelax();
     }
     wait(recv(channel, member, rank, tag, into, recvBytes), spun);
-    return;
+  } else {
+    RequestPtr received = recv(channel, member, rank, tag, into, recvBytes);
+    RequestPtr sent = send(channel, member, rank, tag, from, sendBytes);
+    wait(received);
+    wait(sent);
   }
-  RequestPtr received = recv(channel, member, rank, tag, into, recvBytes);
-  RequestPtr sent = send(channel, member, rank, tag, from, sendBytes);
-  wait(received);
-  wait(sent);
+  if (use) (*use)(static_cast<const uint8_t*>(into));
 }
 
 void FastPath::progress() {

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "common/function_ref.h"
 #include "transport/fast_channel.h"
 #include "transport/transport.h"
 
@@ -51,9 +52,12 @@ class FastPath {
   // the op is pending or stashed, the message is written and the answer
   // read straight from the slot, with no op records; anything else (no
   // free slot, no answer yet, a stale message, a disagreement) goes the
-  // general way, which decides it as it always does. Throws as wait().
+  // general way, which decides it as it always does. With `use`, the
+  // answer is handed to it in the slot (or, the general way, in `into`)
+  // after the send has left. Throws as wait().
   void exchange(transport::FastChannel* channel, transport::MemberId member, int rank, uint32_t tag,
-                const void* from, size_t sendBytes, void* into, size_t recvBytes);
+                const void* from, size_t sendBytes, void* into, size_t recvBytes,
+                const FunctionRef<void(const uint8_t*)>* use);
   // Whether a lane this path uses holds frames nobody read (a refusal, a
   // notice): ops that take the slots never drive the lanes, so the caller
   // has the device read them before the next op starts, as a wait would.
@@ -96,7 +100,7 @@ class FastPath {
   // Takes the channel's next message `m` into `into` when it is this
   // op's under `tag`, of `bytes`, and agrees; false leaves it there.
   bool takeExpected(transport::FastChannel& channel, const transport::FastChannel::Message& m, uint32_t tag,
-                    void* into, size_t bytes);
+                    void* into, size_t bytes, const FunctionRef<void(const uint8_t*)>* use);
   void drain(transport::FastChannel& channel, transport::MemberId member);
   void deliver(Op& op, const transport::FastChannel::Header& header, const uint8_t* data);
   void finish(Op& op, ecclResult_t code, std::string error);
