@@ -74,7 +74,7 @@ bool LaneDevice::answersAtDeadline(MemberId member, uint64_t seq, bool sending) 
       auto it = peers_.find(member);
       if (it == peers_.end() || it->second.state == Peer::State::kFailed) return false;
       if (it->second.lastPong >= sent) return true;
-      serviceLanesLocked();
+      serviceLanesAsGuestLocked();
       mu_.unlock();
       std::this_thread::sleep_for(std::chrono::microseconds(200));
       mu_.lock();

@@ -549,6 +549,11 @@ void LaneDevice::waitAny(const std::vector<RequestPtr>& requests, Deadline until
   if (Clock::now() < until) cv_.waitUntil(mu_, until);
 }
 
+void LaneDevice::serviceLanesAsGuestLocked() {
+  serviceLanesLocked();
+  if (!callerOwned_ && !armLanesLocked()) wakeLoop();
+}
+
 void LaneDevice::progress() {
   MutexLock lock(mu_);
   if (callerOwned_) serviceLanesLocked();  // otherwise the progress thread is on it

@@ -232,7 +232,7 @@ class LaneDevice final : public Device {
   void progress() override;
   void poll() override {
     MutexLock lock(mu_);
-    serviceLanesLocked();
+    serviceLanesAsGuestLocked();
   }
   void failPeer(MemberId member, ecclResult_t code, const std::string& reason, uint64_t neededFrom) override {
     MutexLock lock(mu_);
@@ -327,6 +327,13 @@ class LaneDevice final : public Device {
   bool driveLocked(const RequestPtr& r, Deadline until) ECCL_REQUIRES(mu_);
   void setCallerOwnedLocked(bool owned) ECCL_REQUIRES(mu_);
   void serviceLanesLocked(bool sockets = true) ECCL_REQUIRES(mu_);
+  // Services lanes the progress thread owns (a poll, a ping's grace): what
+  // this reads may use up the wake-up the sleeping progress thread armed
+  // (a shared-memory writer rings once per arm), so the lanes are armed
+  // again, or the thread woken to look. Without it a message that came
+  // next waited out the thread's 200 ms timeout (a snapshot restore at 2
+  // ranks: 42 -> 215 ms after collectives began to poll).
+  void serviceLanesAsGuestLocked() ECCL_REQUIRES(mu_);
   void completeLocked(const RequestPtr& r, ecclResult_t code, std::string error) ECCL_REQUIRES(mu_);
   // fromSeq > 0: the member left in order and that collective was the first
   // to need it; those below it are unaffected (it finished its part of them
