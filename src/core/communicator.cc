@@ -89,6 +89,7 @@ class Communicator::OpLinks final : public coll::Links {
     const transport::MemberId member = comm_.view_.rankToMember[peer];
     const transport::PeerMemory* memory = comm_.fast_->peerMemory(member);
     std::string why = "its lane offers no way to read its memory";
+    comm_.device_->foregroundBeside(member);
     if (memory && memory->read(address, into, bytes, &why)) {
       comm_.peerBytesRead_.fetch_add(bytes, std::memory_order_relaxed);
       return;

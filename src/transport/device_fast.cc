@@ -22,6 +22,14 @@ std::shared_ptr<FastChannel> LaneDevice::fastChannel(MemberId member, Deadline d
   return it->second.lanes[0]->fast;
 }
 
+void LaneDevice::foregroundBeside(MemberId member) {
+  MutexLock lock(mu_);
+  auto it = peers_.find(member);
+  if (it == peers_.end()) return;
+  const auto now = Clock::now();
+  for (auto& lane : it->second.lanes) lane->bulk.foregroundPosted(now);
+}
+
 bool LaneDevice::sharesHostWith(MemberId member) {
   std::vector<std::pair<std::string, std::string>> address;
   {

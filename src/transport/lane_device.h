@@ -255,6 +255,7 @@ class LaneDevice final : public Device {
   // The fast path's (device_fast.cc).
   std::shared_ptr<FastChannel> fastChannel(MemberId member, Deadline deadline) override;
   bool sharesHostWith(MemberId member) override;
+  void foregroundBeside(MemberId member) override;
   std::vector<std::pair<MemberId, std::shared_ptr<FastChannel>>> fastChannels() override;
   uint64_t failureEvents() const override { return failureEvents_.load(std::memory_order_acquire); }
   std::optional<std::pair<ecclResult_t, std::string>> whyOpFails(MemberId member, uint64_t seq, bool commit) override;

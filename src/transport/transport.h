@@ -285,6 +285,10 @@ class Device {
   // memory (Backend::listensHere), found without opening a lane; the same
   // answer at both ends. Asked once per peer (kept until it is removed).
   virtual bool sharesHostWith(MemberId member) = 0;
+  // A collective moves `member`'s data outside the lanes (reading its
+  // memory in place): background traffic to it yields as it does to a
+  // foreground message posted now.
+  virtual void foregroundBeside(MemberId member) = 0;
   // The slots of `member`'s first lane, once its lanes are open (started
   // and waited for like a post's; throws at the deadline naming it); null
   // where that lane has none. Both ends of a lane see the same answer.
