@@ -59,25 +59,13 @@ class Communicator::OpLinks final : public coll::Links {
   }
   void exchange(int peer, uint32_t tag, const void* from, size_t sendBytes, void* into, size_t recvBytes) override
       ECCL_REQUIRES(comm_.caller_) {
-    const transport::MemberId member = comm_.view_.rankToMember[peer];
-    transport::FastChannel* slots = comm_.fast_->route(member, std::max(sendBytes, recvBytes));
-    if (!slots) return coll::Links::exchange(peer, tag, from, sendBytes, into, recvBytes);
-    try {
-      comm_.fast_->exchange(slots, member, peer, tag, from, sendBytes, into, recvBytes, nullptr);
-    } catch (const Error& e) {
-      throw labelled(e);
-    }
+    if (!overSlots(peer, tag, from, sendBytes, into, recvBytes, nullptr))
+      coll::Links::exchange(peer, tag, from, sendBytes, into, recvBytes);
   }
   void exchangeAndUse(int peer, uint32_t tag, const void* from, size_t sendBytes, uint8_t* scratch,
                       size_t recvBytes, FunctionRef<void(const uint8_t*)> use) override ECCL_REQUIRES(comm_.caller_) {
-    const transport::MemberId member = comm_.view_.rankToMember[peer];
-    transport::FastChannel* slots = comm_.fast_->route(member, std::max(sendBytes, recvBytes));
-    if (!slots) return coll::Links::exchangeAndUse(peer, tag, from, sendBytes, scratch, recvBytes, use);
-    try {
-      comm_.fast_->exchange(slots, member, peer, tag, from, sendBytes, scratch, recvBytes, &use);
-    } catch (const Error& e) {
-      throw labelled(e);
-    }
+    if (!overSlots(peer, tag, from, sendBytes, scratch, recvBytes, &use))
+      coll::Links::exchangeAndUse(peer, tag, from, sendBytes, scratch, recvBytes, use);
   }
   // Asked only where every rank is on this host (readDirectly).
   bool readsEveryPeer() override ECCL_REQUIRES(comm_.caller_) {
@@ -108,6 +96,19 @@ class Communicator::OpLinks final : public coll::Links {
   uint8_t* scratch(int slot, size_t bytes) override ECCL_REQUIRES(comm_.caller_) { return comm_.scratch(slot, bytes); }
 
  private:
+  // An exchange through the peer's slots; false where its messages take the device.
+  bool overSlots(int peer, uint32_t tag, const void* from, size_t sendBytes, void* into, size_t recvBytes,
+                 const FunctionRef<void(const uint8_t*)>* use) ECCL_REQUIRES(comm_.caller_) {
+    const transport::MemberId member = comm_.view_.rankToMember[peer];
+    transport::FastChannel* slots = comm_.fast_->route(member, std::max(sendBytes, recvBytes));
+    if (!slots) return false;
+    try {
+      comm_.fast_->exchange(slots, member, peer, tag, from, sendBytes, into, recvBytes, use);
+    } catch (const Error& e) {
+      throw labelled(e);
+    }
+    return true;
+  }
   Error labelled(const Error& e) const ECCL_REQUIRES(comm_.caller_) {
     return Error(e.code(), fmt::format("{}: {}", comm_.opLabel(name_, seq_), e.what()));
   }
