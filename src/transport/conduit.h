@@ -75,6 +75,10 @@ class Conduit {
   // buffers on both ends hide it) roomForBulk says yes and the device
   // counts instead, from the peer's reports (FrameType::kBulkRead).
   virtual bool seesPeerReads() const { return false; }
+  // What the peer wrote may still be on its way after its write returned
+  // (kernel buffers, the network): an empty read is no proof that nothing
+  // more of it comes. Not so for a ring in shared memory.
+  virtual bool bytesTrailWrites() const { return false; }
   virtual bool roomForBulk() const { return true; }
   // Like armWakeup, for a device that holds bulk frames back: lets the
   // peer's next read wake pollFd(); false when roomForBulk() already holds.

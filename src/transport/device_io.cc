@@ -85,6 +85,8 @@ void LaneDevice::flushLocked(Lane& lane, bool startWrite) {
   if (!lane.rendezvous.writes.empty()) reapZeroCopyWritesLocked(lane);
   if (!writeQueuedLocked(lane)) return;
   if (startWrite && lane.conduit && startZeroCopyWriteLocked(lane) && !writeQueuedLocked(lane)) return;
+  // A write whose notice just went out completes now, not a pass later.
+  if (!lane.rendezvous.writes.empty()) reapZeroCopyWritesLocked(lane);
   setWantOutLocked(lane, lane.streamWantsRoom());
 }
 
@@ -186,6 +188,7 @@ bool LaneDevice::writeQueuedLocked(Lane& lane) {
       continue;
     }
     if (item.header[7] & FrameHeader::kBulkCredit) lane.bulk.credit().sent(item.length);
+    if (item.notice) lane.rendezvous.noticesWritten = std::max(lane.rendezvous.noticesWritten, item.notice);
     RequestPtr r = std::move(item.request);
     lane.sendQueue.pop_front();
     finishChunkLocked(r);
@@ -620,11 +623,11 @@ void LaneDevice::progressLoop() {
 // Small frames arrive through the lane's receive buffer, several per
 // recv(); a large payload is read straight into its destination. A short
 // read means the socket is empty, so no recv() is spent on EAGAIN.
-bool LaneDevice::readLocked(Lane& lane, bool mayUnlock) {
+bool LaneDevice::readLocked(Lane& lane, bool mayUnlock, bool* drained) {
   lane.reading = true;
   const uint64_t ticket = lane.readTicket = ++readTickets_;
   const uint64_t token = lane.token;
-  if (!readFramesLocked(lane, mayUnlock)) {
+  if (!readFramesLocked(lane, mayUnlock, drained)) {
     // Closed meanwhile; while the lock was released it may even have been
     // destroyed (its peer removed; another lane may live at its address
     // now, read by someone else) or opened again (a new connection, a new
@@ -645,10 +648,11 @@ bool LaneDevice::readLocked(Lane& lane, bool mayUnlock) {
 // completion does not wait for megabytes of another transfer (epoll is
 // level-triggered and a lane in memory is looked at every pass: what is
 // left is read next pass).
-bool LaneDevice::readFramesLocked(Lane& lane, bool mayUnlock) {
+bool LaneDevice::readFramesLocked(Lane& lane, bool mayUnlock, bool* drainedOut) {
   const uint64_t token = lane.token;
   size_t budget = kReadBudgetPerEvent;
   bool drained = false, readOnce = false;
+  if (drainedOut) *drainedOut = false;
   for (;;) {
     while (lane.rxBegin < lane.rxEnd) {
       size_t want;
@@ -659,6 +663,7 @@ bool LaneDevice::readFramesLocked(Lane& lane, bool mayUnlock) {
       if (!advanceLocked(lane, n)) return false;
     }
     lane.rxBegin = lane.rxEnd = 0;
+    if (drainedOut) *drainedOut = drained;
     if (drained || budget == 0 || (readOnce && foregroundCompleted_)) return true;
     readOnce = true;
     size_t want;
@@ -682,13 +687,17 @@ bool LaneDevice::readFramesLocked(Lane& lane, bool mayUnlock) {
         markLeftLocked(p);
         return false;
       }
+      // Another lane of a dying peer is being drained: that drain fails it.
+      if (p.drainingLanes) return false;
       std::string failure = rc < 0 ? lane.conduit->failure() : std::string();
       std::string why = rc == 0            ? "closed the connection"
                         : failure.empty() ? fmt::format("connection error: {}", strerror(error))
                                           : fmt::format("lane failed: {}", failure);
       const bool closed = rc == 0 || (failure.empty() && (error == ECONNRESET || error == EPIPE));
-      failPeerLocked(remote, ecclRemoteError, fmt::format("peer {} {} (lane {})", p.label, why, lane.key.lane), true,
-                     0, closed ? FailureEvidence::kPeerClosed : FailureEvidence::kObserved);
+      std::string reason = fmt::format("peer {} {} (lane {})", p.label, why, lane.key.lane);
+      readWhatFailedPeerSentLocked(remote, /*mayWait=*/false);
+      failPeerLocked(remote, ecclRemoteError, reason, true, 0,
+                     closed ? FailureEvidence::kPeerClosed : FailureEvidence::kObserved);
       return false;
     }
     size_t got = static_cast<size_t>(rc);

@@ -279,6 +279,69 @@ void LaneDevice::discardOrphanedPayloadsLocked() {
       lane->discarding = true;
 }
 
+// Everything a failing member wrote before it went is read before the
+// failure is applied, on every lane: a peer that completed its part and
+// exited leaves its last frames (a receive's data) in lanes other than the
+// one that saw it close, and a notice from the coordinator can come before
+// any of them. With mayWait (the caller may let the lock go), a lane
+// another thread copies from with the lock released (a payload straight
+// into its receive buffer) is waited for, or its message would fail half
+// copied; and a lane whose bytes trail the peer's writes (a socket) is read
+// until it closes or stays quiet for kQuiet. A pass of readLocked stops
+// early once a foreground request completes, so a lane is read until it is
+// empty. Bounded: a member judged failed while alive may still be writing,
+// and a copy that never ends must not hold the verdict back.
+void LaneDevice::readWhatFailedPeerSentLocked(MemberId member, bool mayWait) {
+  constexpr int kMaxPassesPerLane = 64;
+  constexpr auto kQuiet = std::chrono::milliseconds(20);
+  const Deadline deadline = Clock::now() + std::chrono::seconds(2);
+  auto peer = [&]() ECCL_REQUIRES(mu_) -> Peer* {
+    auto it = peers_.find(member);
+    return it == peers_.end() || it->second.state == Peer::State::kFailed ? nullptr : &it->second;
+  };
+  auto pause = [&](std::chrono::milliseconds slice) ECCL_REQUIRES(mu_) {
+    copyWaiters_++;  // a copy that ends wakes us
+    cv_.waitUntil(mu_, std::min(deadline, Clock::now() + slice));
+    copyWaiters_--;
+  };
+  Peer* p = peer();
+  while (mayWait && p && p->drainingLanes && Clock::now() < deadline) {  // another thread drains it: let it finish
+    pause(std::chrono::milliseconds(10));
+    p = peer();
+  }
+  if (!p || p->drainingLanes) return;
+  p->drainingLanes = true;
+  const bool foregroundBefore = foregroundCompleted_;
+  bool foregroundDuring = false;
+  for (size_t i = 0; p && i < p->lanes.size(); ++i) {
+    Clock::time_point lastBytes = Clock::now();
+    for (int pass = 0; pass < kMaxPassesPerLane; ++pass) {
+      const bool mayPause = mayWait && Clock::now() < deadline;
+      if (p->lanes[i]->reading && mayPause) {
+        pause(std::chrono::milliseconds(10));
+        if (!(p = peer()) || i >= p->lanes.size()) break;
+        continue;
+      }
+      Lane& lane = *p->lanes[i];
+      if (!lane.conduit || lane.reading) break;
+      foregroundCompleted_ = false;
+      bool drained = false;
+      const uint64_t before = stats_.bytesReceived;
+      const bool open = readLocked(lane, /*mayUnlock=*/false, &drained);
+      foregroundDuring = foregroundDuring || foregroundCompleted_;
+      if (!open) break;
+      if (stats_.bytesReceived != before) lastBytes = Clock::now();
+      if (!drained) continue;
+      if (!mayPause || !lane.conduit->bytesTrailWrites() || Clock::now() - lastBytes >= kQuiet) break;
+      pause(std::chrono::milliseconds(2));
+      if (!(p = peer()) || i >= p->lanes.size()) break;
+    }
+  }
+  foregroundCompleted_ = foregroundBefore || foregroundDuring;
+  if ((p = peer())) p->drainingLanes = false;
+  if (mayWait) cv_.notifyAll();
+}
+
 void LaneDevice::failPeerLocked(MemberId member, ecclResult_t code, const std::string& reason, bool flood,
                                 uint64_t fromSeq, FailureEvidence evidence) {
   auto it = peers_.find(member);

@@ -146,6 +146,7 @@ bool LaneDevice::startZeroCopyWriteLocked(Lane& lane) {
 
 void LaneDevice::zeroCopyWriteStartedLocked(Lane& lane, SendItem& item, bool more) {
   item.ticket = ++lane.rendezvous.started;
+  item.notice = ++lane.rendezvous.noticesQueued;
   stats_.bytesSent += item.length;
   stats_.zeroCopyChunksSent++;
   if (item.prewritten) {  // its header follows the write on the lane: there is nobody to ask
@@ -157,6 +158,7 @@ void LaneDevice::zeroCopyWriteStartedLocked(Lane& lane, SendItem& item, bool mor
   } else {
     queueControlLocked(lane, FrameType::kLanded, encodeChunkRef(item.chunk), /*flush=*/false);
   }
+  lane.sendQueue.back().notice = item.notice;
   lane.rendezvous.heldBack = more;
 }
 
@@ -200,8 +202,10 @@ bool LaneDevice::writeHeldZeroCopyLocked(Lane& lane) {
 }
 
 bool LaneDevice::zeroCopyWriteFinishedLocked(const Lane& lane) const {
-  return !lane.rendezvous.writes.empty() && lane.rendezvous.writes.front().ticket != 0 &&
-         lane.rendezvous.writes.front().ticket <= lane.conduit->zeroCopyWritesDone();
+  if (lane.rendezvous.writes.empty()) return false;
+  const SendItem& oldest = lane.rendezvous.writes.front();
+  return oldest.ticket != 0 && oldest.ticket <= lane.conduit->zeroCopyWritesDone() &&
+         oldest.notice <= lane.rendezvous.noticesWritten;
 }
 
 void LaneDevice::reapZeroCopyWritesLocked(Lane& lane) {

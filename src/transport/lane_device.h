@@ -143,6 +143,7 @@ struct Peer {
   Clock::time_point lastPong{};  // the peer's progress thread answered a ping
   Clock::time_point pingSent{};  // checkAlive's ping, until a pong answers it
   bool leftReported = false;     // left in order, then an op needed it
+  bool drainingLanes = false;    // readWhatFailedPeerSentLocked is reading its lanes
   uint64_t incarnation = 0;      // Device::peerIncarnation
   // Receives the peer announced (kReceiveReady), by epoch, op and tag.
   struct ReceiveReady {
@@ -246,9 +247,7 @@ class LaneDevice final : public Device {
     // What the member sent before it died is read first: a survivor that
     // reported another's failure and then exited often raced its own
     // notice, and the notice names the real culprit.
-    if (auto it = peers_.find(member); it != peers_.end() && it->second.state != Peer::State::kFailed)
-      for (auto& lane : it->second.lanes)
-        if (lane->conduit && it->second.state != Peer::State::kFailed) readLocked(*lane);
+    readWhatFailedPeerSentLocked(member, /*mayWait=*/true);
     failPeerLocked(member, code, reason, /*flood=*/true, neededFrom);
   }
   bool checkAlive(MemberId member, int64_t silentMs) override;
@@ -412,8 +411,9 @@ class LaneDevice final : public Device {
   // read (a pass over the lanes, whose callers hold no state across it).
   // Both return false when the lane closed or went away meanwhile: the
   // caller must not touch it again.
-  bool readLocked(Lane& lane, bool mayUnlock = false) ECCL_REQUIRES(mu_);
-  bool readFramesLocked(Lane& lane, bool mayUnlock) ECCL_REQUIRES(mu_);
+  bool readLocked(Lane& lane, bool mayUnlock = false, bool* drained = nullptr) ECCL_REQUIRES(mu_);
+  bool readFramesLocked(Lane& lane, bool mayUnlock, bool* drained = nullptr) ECCL_REQUIRES(mu_);
+  void readWhatFailedPeerSentLocked(MemberId member, bool mayWait) ECCL_REQUIRES(mu_);
   // The posted receive whose user buffer the lane's payload goes to, when
   // that may be read into without the lock; null otherwise.
   RequestPtr unlockedReadTargetLocked(const Lane& lane) ECCL_REQUIRES(mu_);

@@ -32,6 +32,7 @@ struct LaneRendezvous {
   // back one pass or waiting for a send slot).
   std::deque<SendItem> writes;
   uint64_t started = 0;  // writes started on the lane (SendItem::ticket's last)
+  uint64_t noticesQueued = 0, noticesWritten = 0;  // SendItem::notice
   // Cleared writes left unstarted by the one-write-per-pass rule
   // (startZeroCopyWriteLocked): the device must come back to them, not sleep.
   bool heldBack = false;

@@ -35,6 +35,12 @@ struct SendItem {
   bool intoAnnounced = false;
   uint64_t messageBytes = 0;  // the whole message's length (an announced receive must match it)
   uint64_t ticket = 0; // its write's number on the lane (0: not started)
+  // A zero-copy write and the frame that tells the receiver it landed
+  // (kLanded, or the header of a prewritten chunk) share this number
+  // (LaneRendezvous::notices): the send completes only once that frame is
+  // on the lane, so a sender that exits after its sends completed leaves
+  // nothing the receiver still needs in its own queue.
+  uint64_t notice = 0;
   // Keeps the bytes after the request failed or was cancelled (the frame
   // must still be whole on the wire, or its chunk still sent; a pinned
   // buffer's pages stay readable through the pin).

@@ -8,6 +8,7 @@
 #include <sys/un.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstring>
 
@@ -600,6 +601,64 @@ TEST_P(DeviceOverEachBackEnd, DrivingWaiterWakesWhenAnotherThreadFailsThePeer) {
   auto woke = Clock::now();
   notifier.join();
   EXPECT_LT(woke - failedAt, std::chrono::milliseconds(500));
+}
+
+// A sender whose last send completed and which then died leaves that
+// send's last bytes in the lanes (or, after a write into our memory, the
+// frame saying it landed), and the coordinator's verdict can come while
+// this side still copies them, maybe on another thread with the lock
+// released: what was sent before the death arrives whole, and only later
+// receives fail. Repeated: the verdict falls at another point of the copy.
+// Sizes: a message through the lanes' rings (under Pair's shared-memory
+// single-copy bound) and one written into our memory.
+TEST_P(DeviceOverEachBackEnd, AVerdictRightAfterTheLastSendLetsItsBytesArrive) {
+  const bool slow = GetParam() == "ib";  // Soft-RoCE under an emulated CPU
+  for (int round = 0; round < (slow ? 2 : 12); ++round) {
+    std::vector<uint8_t> sent(round % 2 ? (slow ? 1 << 20 : 8 << 20) : 48 << 10), into(sent.size());
+    for (size_t i = 0; i < sent.size(); ++i) sent[i] = static_cast<uint8_t>(i * 7 + (i >> 12) + round);
+    const int64_t ms = (slow ? 60000 : 10000) * timeScale();
+    Pair p(2, GetParam());
+    std::vector<uint8_t> first(16 << 10, 1), firstIn(first.size());  // through a ring, not the fast path's slots
+    char late = 0;
+    auto warm = p.b->irecv(0, 1, 0, firstIn.data(), firstIn.size());
+    auto r = p.b->irecv(0, 2, 0, into.data(), into.size());
+    auto after = p.b->irecv(0, 3, 0, &late, 1);
+    // The receiver's own thread drives its lanes meanwhile, copying with the
+    // lock released, as a caller's wait does.
+    std::string received;
+    std::atomic<bool> warmed{false};
+    std::thread receiver([&] {
+      try {
+        p.b->wait(warm, deadlineAfterMs(ms), "first recv");
+        warmed = true;
+        p.b->wait(r, deadlineAfterMs(ms), "recv");
+      } catch (const Error& e) {
+        received = e.what();
+      }
+    });
+    // The receiver went to sleep on its lanes before the first one opened:
+    // the new lanes' first frames must wake it (they once waited out its
+    // one-second poll).
+    const auto sending = Clock::now();
+    p.a->wait(p.a->isend(1, 1, 0, first.data(), first.size()), deadlineAfterMs(ms), "first send");
+    while ((!warmed || p.b->lanesUp(0) < 2) && Clock::now() - sending < std::chrono::milliseconds(ms))
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    EXPECT_LT(Clock::now() - sending, std::chrono::milliseconds(500 * timeScale())) << "round " << round;
+    // Both ends' lanes are up (a verdict before the receiver accepted a
+    // lane would find nothing to read there: not this test's race).
+    p.a->wait(p.a->isend(1, 2, 0, sent.data(), sent.size()), deadlineAfterMs(ms), "send");
+    p.b->failPeer(0, ecclRemoteError, "the coordinator: rank 0 died");
+    receiver.join();
+    EXPECT_EQ(received, "") << "round " << round;
+    EXPECT_TRUE(into == sent) << "round " << round << ": the message arrived changed";
+    try {
+      p.b->wait(after, deadlineAfterMs(ms), "recv");
+      ADD_FAILURE() << "round " << round << ": a receive nothing was sent for completed";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("rank 0 died"), std::string::npos) << e.what();
+    }
+    p.b.reset();  // first: the side that gave the other up closes its lanes at once
+  }
 }
 
 // After a wait the lanes stay with callers for a short lease; a member that

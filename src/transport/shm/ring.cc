@@ -45,7 +45,10 @@ Ring* Ring::create(void* memory, size_t capacity) {
   r->closed_.store(0, std::memory_order_relaxed);
   r->head_.store(0, std::memory_order_relaxed);
   r->tail_.store(0, std::memory_order_relaxed);
-  r->readerArmed_.store(0, std::memory_order_relaxed);
+  // The reader has not looked yet, so the first write rings: a thread that
+  // sleeps on the lanes armed those it knew, not this one, and an unarmed
+  // new ring's first frames once waited out that sleep (a second).
+  r->readerArmed_.store(1, std::memory_order_relaxed);
   r->writerArmed_.store(0, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_release);
   r->magic_ = kMagic;

@@ -27,6 +27,7 @@ class TcpConduit final : public Conduit {
   }
 
   bool readsBesideCalls() const override { return true; }  // recv beside send on one socket
+  bool bytesTrailWrites() const override { return true; }
 
   ssize_t read(void* into, size_t n) override {
     ssize_t rc = ::recv(fd_.get(), into, n, MSG_DONTWAIT);
