@@ -23,11 +23,33 @@ std::shared_ptr<FastChannel> LaneDevice::fastChannel(MemberId member, Deadline d
 }
 
 void LaneDevice::foregroundBeside(MemberId member) {
+  // Well inside the lease (kLeaseMs) and bulk's quiet time (2 ms): a
+  // turn per read cost 5% of a 1-64 MiB allreduce alone.
+  constexpr int64_t kBesideEveryNs = 500'000;
+  const auto now = Clock::now();
+  const int64_t nowNs = std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count();
+  if (nowNs - lastBesideNs_.load(std::memory_order_relaxed) < kBesideEveryNs) return;
+  lastBesideNs_.store(nowNs, std::memory_order_relaxed);
   MutexLock lock(mu_);
   auto it = peers_.find(member);
   if (it == peers_.end()) return;
-  const auto now = Clock::now();
   for (auto& lane : it->second.lanes) lane->bulk.foregroundPosted(now);
+  // A caller reading peers in place posts nothing on the lanes and waits on
+  // none, so the progress thread would copy the lanes' bulk (a snapshot's
+  // replication) beside it: on a host with a core per rank that thread
+  // takes the core of a rank its partner waits for (a 4 MiB allreduce
+  // during a 64 MiB snapshot, 2 ranks: 1.2-1.8 GB/s, 7 alone). The caller
+  // takes the lanes between its reads instead, as a caller waiting on them
+  // does, under the same lease (4.5-4.7 GB/s, the snapshot no slower).
+  // Only while the lanes carry something: an idle progress thread costs
+  // nothing, a leased one ticks every kLeaseMs.
+  const uint64_t moved = stats_.bytesReceived + stats_.bytesSent;
+  serviceLanesLocked();
+  bool busy = stats_.bytesReceived + stats_.bytesSent != moved;
+  for (const Lane* lane : memoryLanes_) busy = busy || !lane->bulk.empty();
+  if (!busy) return;
+  setCallerOwnedLocked(true);
+  leaseUntil_ = std::max(leaseUntil_, now + std::chrono::milliseconds(kLeaseMs));
 }
 
 bool LaneDevice::sharesHostWith(MemberId member) {

@@ -506,6 +506,9 @@ class LaneDevice final : public Device {
 
   const DeviceOptions opt_;
   std::atomic<uint64_t> failureEvents_{0};
+  // foregroundBeside's last turn (steady clock, ns): reads in place come
+  // every 256 KiB, a turn is worth taking every kBesideEvery.
+  std::atomic<int64_t> lastBesideNs_{0};
   // Back ends in the order a dial tries them.
   std::vector<std::unique_ptr<Backend>> backends_;
   std::string address_;
