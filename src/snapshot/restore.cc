@@ -183,7 +183,10 @@ std::vector<std::string> Snapshots::fetch(const std::vector<Need>& needs, const 
       }
       auto headBytes = podBytes(head);
       send(from, kReplyHead, headBytes->data(), headBytes->size(), headBytes);
+      // Always a data message, empty when there is no copy: the requester
+      // posted its receive with the request (fetch's ask).
       if (head.have && head.bytes) send(from, kReplyData, data->data(), data->size(), data);
+      else send(from, kReplyData, nullptr, 0, nullptr);
     }, request);
   };
   if (!plan[static_cast<size_t>(rank_)].fresh) {
@@ -229,42 +232,57 @@ std::vector<std::string> Snapshots::fetch(const std::vector<Need>& needs, const 
     auto request = std::make_shared<Request>();
     *request = Request{need.entry.version, need.owner, 0, 0, {}};
     setName(*request, need.name);
-    send(from, kRequest, request.get(), sizeof(Request), request);
-    auto head = std::make_shared<ReplyHead>();
-    auto r = device.irecv(members_[from], loop.nextRecv(from, kReplyHead), kReplyHead, head.get(), sizeof(ReplyHead));
-    loop.add(std::move(r), [&, from, head](const transport::Request& got) {
+    // The head and the data are both received into place, posted before
+    // the request goes: the data (a rendezvous over shared memory or RDMA)
+    // then lands in the pool's buffer, not in staging to be copied again.
+    // The reply is judged once both are in.
+    struct Reply {
+      ReplyHead head{};
+      std::shared_ptr<Buffer> data;
+      bool headIn = false, dataIn = false, headOk = false, dataOk = false;
+    };
+    auto reply = std::make_shared<Reply>();
+    reply->data = pool_->take(need.entry.bytes);
+    auto judge = [&, from, reply] {
+      if (!reply->headIn || !reply->dataIn) return;
       const Need& need = needs[item];
-      auto next = [&] {
+      if (!reply->headOk) {
         tried++;
-        ask();
-      };
+        return ask();
+      }
+      Copy copy{need.entry, reply->data};
+      if (!reply->dataOk || !copy.intact()) {
+        log::warn("snapshot restore (rank {}): rank {}'s copy of '{}' is corrupt; asking another", rank_, from,
+                  need.name);
+        tried++;
+        return ask();
+      }
+      {
+        MutexLock lock(mu_);
+        if (need.owner == rank_) store_.ownCommitted[need.name] = copy;
+        else store_.heldCommitted[need.owner][need.name] = copy;
+      }
+      item++, tried = 0, sourceFailed = false;
+      ask();
+    };
+    auto r = device.irecv(members_[from], loop.nextRecv(from, kReplyHead), kReplyHead, &reply->head, sizeof(ReplyHead));
+    auto r2 = device.irecvUpTo(members_[from], loop.nextRecv(from, kReplyData), kReplyData, reply->data->data(),
+                               need.entry.bytes);
+    send(from, kRequest, request.get(), sizeof(Request), request);
+    loop.add(std::move(r), [&, reply, judge](const transport::Request& got) {
+      const Need& need = needs[item];
       if (got.state.load() != transport::Request::kDone) sourceFailed = true;
-      if (got.state.load() != transport::Request::kDone || !head->have || head->bytes != need.entry.bytes ||
-          head->crc != need.entry.crc)
-        return next();
-      std::shared_ptr<Buffer> data = pool_->take(head->bytes);
-      auto landed = [&, data](bool ok) {
-        Copy copy{need.entry, data};
-        if (!ok || !copy.intact()) {
-          log::warn("snapshot restore (rank {}): rank {}'s copy of '{}' is corrupt; asking another", rank_, from,
-                    need.name);
-          return next();
-        }
-        {
-          MutexLock lock(mu_);
-          if (need.owner == rank_) store_.ownCommitted[need.name] = copy;
-          else store_.heldCommitted[need.owner][need.name] = copy;
-        }
-        item++, tried = 0, sourceFailed = false;
-        ask();
-      };
-      if (head->bytes == 0) return landed(true);
-      auto r2 = device.irecv(members_[from], loop.nextRecv(from, kReplyData), kReplyData, data->data(), data->size());
-      loop.add(std::move(r2), [landed, &sourceFailed](const transport::Request& got2) {
-        if (got2.state.load() != transport::Request::kDone) sourceFailed = true;
-        landed(got2.state.load() == transport::Request::kDone);
-      }, data);
-    }, head);
+      reply->headIn = true;
+      reply->headOk = got.state.load() == transport::Request::kDone && reply->head.have &&
+                      reply->head.bytes == need.entry.bytes && reply->head.crc == need.entry.crc;
+      judge();
+    }, reply);
+    loop.add(std::move(r2), [&, reply, judge](const transport::Request& got) {
+      if (got.state.load() != transport::Request::kDone) sourceFailed = true;
+      reply->dataIn = true;
+      reply->dataOk = got.state.load() == transport::Request::kDone && got.bytes == needs[item].entry.bytes;
+      judge();
+    }, reply);
   };
   if (!needs.empty()) ask();
   if (needs.empty() && plan[static_cast<size_t>(rank_)].needs == 0) fetched = true;
