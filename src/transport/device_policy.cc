@@ -338,7 +338,9 @@ void LaneDevice::readWhatFailedPeerSentLocked(MemberId member, bool mayWait) {
     }
   }
   foregroundCompleted_ = foregroundBefore || foregroundDuring;
-  if ((p = peer())) p->drainingLanes = false;
+  // Cleared even on a peer failed meanwhile: a later incarnation under the
+  // same entry must see its own end of file.
+  if (auto it = peers_.find(member); it != peers_.end()) it->second.drainingLanes = false;
   if (mayWait) cv_.notifyAll();
 }
 
