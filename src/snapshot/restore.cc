@@ -246,16 +246,16 @@ std::vector<std::string> Snapshots::fetch(const std::vector<Need>& needs, const 
     auto judge = [&, from, reply] {
       if (!reply->headIn || !reply->dataIn) return;
       const Need& need = needs[item];
-      if (!reply->headOk) {
+      auto next = [&] {
         tried++;
-        return ask();
-      }
+        ask();
+      };
+      if (!reply->headOk) return next();
       Copy copy{need.entry, reply->data};
       if (!reply->dataOk || !copy.intact()) {
         log::warn("snapshot restore (rank {}): rank {}'s copy of '{}' is corrupt; asking another", rank_, from,
                   need.name);
-        tried++;
-        return ask();
+        return next();
       }
       {
         MutexLock lock(mu_);
